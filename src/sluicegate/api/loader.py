@@ -1,0 +1,150 @@
+"""Load and validate a multi-document YAML configuration.
+
+Documents are told apart by ``kind``. Kinds that belong to the inference-extension, llm-d
+or sluicegate API groups must be valid; other Kubernetes objects in the same file (an
+``HTTPRoute``, a ``Deployment``) are skipped, so users can point sluicegate at the manifests
+they already have. Every error names the document, the object, the field and the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from sluicegate.api.resources import (
+    KINDS,
+    EndpointPickerConfig,
+    GatewayConfig,
+    GatewaySettings,
+    InferenceModel,
+    InferenceObjective,
+    InferencePool,
+)
+
+_OUR_GROUPS = ("inference.networking.", "llm-d.ai", "sluicegate.dev")
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; ``str()`` lists every problem found."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass(slots=True)
+class Config:
+    """Everything read from the configuration, cross-checked."""
+
+    pools: dict[str, InferencePool] = field(default_factory=dict)
+    models: dict[str, InferenceModel] = field(default_factory=dict)
+    """InferenceModels by their public ``modelName``."""
+    objectives: dict[str, InferenceObjective] = field(default_factory=dict)
+    picker: EndpointPickerConfig | None = None
+    gateway: GatewaySettings = field(default_factory=GatewaySettings)
+    skipped: list[str] = field(default_factory=list)
+    """Descriptions of documents of other kinds that were ignored."""
+
+
+def load_config(path: str | Path) -> Config:
+    """Read ``path``; raises :class:`ConfigError` (or ``OSError`` if it cannot be read)."""
+    text = Path(path).read_text(encoding="utf-8")
+    return parse_config(text, source=str(path))
+
+
+def parse_config(text: str, source: str = "<config>") -> Config:
+    """Parse YAML ``text`` holding one or more documents."""
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{source}: not valid YAML: {exc}"]) from None
+    return build_config(documents, source)
+
+
+def build_config(documents: Iterable[Any], source: str = "<config>") -> Config:
+    """Validate already-parsed documents (dicts) into a :class:`Config`."""
+    config = Config()
+    problems: list[str] = []
+    for number, doc in enumerate(documents, start=1):
+        where = f"{source} document {number}"
+        if not isinstance(doc, dict):
+            problems.append(f"{where}: expected a mapping with apiVersion and kind")
+            continue
+        kind, api_version = doc.get("kind"), str(doc.get("apiVersion", ""))
+        name = (
+            (doc.get("metadata") or {}).get("name")
+            if isinstance(doc.get("metadata"), dict)
+            else None
+        )
+        label = f"{where} ({kind} {name})" if name else f"{where} ({kind})"
+        model_cls = KINDS.get(kind) if isinstance(kind, str) else None
+        if model_cls is None:
+            if api_version.startswith(_OUR_GROUPS) or not kind:
+                problems.append(
+                    f"{label}: unknown kind {kind!r}; expected one of {', '.join(KINDS)}"
+                )
+            else:
+                config.skipped.append(label)
+            continue
+        try:
+            obj = model_cls.model_validate(doc)
+        except ValidationError as exc:
+            problems.extend(_describe(label, exc))
+            continue
+        _add(config, obj, label, problems)
+    _cross_check(config, problems)
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def _describe(label: str, exc: ValidationError) -> list[str]:
+    out = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+        out.append(f"{label}: {path or '(document)'}: {err['msg']}")
+    return out
+
+
+def _add(config: Config, obj: BaseModel, label: str, problems: list[str]) -> None:
+    if isinstance(obj, InferencePool):
+        if obj.metadata.name in config.pools:
+            problems.append(f"{label}: duplicate InferencePool {obj.metadata.name!r}")
+        config.pools[obj.metadata.name] = obj
+    elif isinstance(obj, InferenceModel):
+        public = obj.spec.model_name
+        if public in config.models:
+            problems.append(f"{label}: another InferenceModel already serves modelName {public!r}")
+        config.models[public] = obj
+    elif isinstance(obj, InferenceObjective):
+        if obj.metadata.name in config.objectives:
+            problems.append(f"{label}: duplicate InferenceObjective {obj.metadata.name!r}")
+        config.objectives[obj.metadata.name] = obj
+    elif isinstance(obj, EndpointPickerConfig):
+        if config.picker is not None:
+            problems.append(f"{label}: only one EndpointPickerConfig is allowed")
+        config.picker = obj
+    elif isinstance(obj, GatewayConfig):
+        config.gateway = obj.spec
+
+
+def _cross_check(config: Config, problems: list[str]) -> None:
+    for model in config.models.values():
+        ref = model.spec.pool_ref.name
+        if ref not in config.pools:
+            problems.append(
+                f"InferenceModel {model.metadata.name!r}: poolRef names unknown "
+                f"InferencePool {ref!r}"
+            )
+    for objective in config.objectives.values():
+        ref = objective.spec.pool_ref.name
+        if ref not in config.pools:
+            problems.append(
+                f"InferenceObjective {objective.metadata.name!r}: poolRef names "
+                f"unknown InferencePool {ref!r}"
+            )

@@ -1,0 +1,279 @@
+"""Resource shapes users already write for the Gateway API Inference Extension.
+
+Accepted kinds (reference anchors, section B):
+
+- ``InferencePool`` — v1 (``inference.networking.k8s.io``: ``selector.matchLabels``,
+  ``targetPorts``, ``endpointPickerRef``) and v1alpha2 (``inference.networking.x-k8s.io``:
+  ``selector`` map, ``targetPortNumber``, ``extensionRef``). For use without Kubernetes a
+  pool may list its servers in ``spec.endpoints`` (a sluicegate extension).
+- ``InferenceModel`` v1alpha2 — ``modelName``, ``criticality``, weighted ``targetModels``.
+- ``InferenceObjective`` v1alpha2 — ``priority`` (negative = sheddable).
+- ``EndpointPickerConfig`` — ``plugins`` and ``schedulingProfiles`` (GIE and llm-d groups).
+- ``GatewayConfig`` (``sluicegate.dev/v1alpha1``) — settings of the standalone gateway.
+
+Every model validates strictly (unknown fields are errors) so a typo is reported, not
+ignored; field names are the manifests' camelCase.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class ObjectMeta(BaseModel):
+    """Kubernetes object metadata; fields other than these are accepted and ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: Annotated[str, Field(min_length=1, max_length=253)]
+    namespace: str = "default"
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class Resource(Model):
+    api_version: str
+    kind: str
+    metadata: ObjectMeta
+
+
+# ---------------------------------------------------------------------------- InferencePool
+
+
+class PortNumber(Model):
+    number: Annotated[int, Field(ge=1, le=65535)]
+
+
+class EndpointPickerRef(Model):
+    group: str = ""
+    kind: str = "Service"
+    name: str
+    port: PortNumber | None = None
+    failure_mode: Literal["FailOpen", "FailClose"] = "FailClose"
+
+
+class ExtensionRef(Model):
+    """v1alpha2 ``extensionRef``."""
+
+    group: str = ""
+    kind: str = "Service"
+    name: str
+    port_number: Annotated[int, Field(ge=1, le=65535)] | None = None
+    failure_mode: Literal["FailOpen", "FailClose"] = "FailClose"
+
+
+class LabelSelector(Model):
+    match_labels: dict[str, str] = Field(default_factory=dict)
+
+
+class StaticEndpoint(Model):
+    """A model server listed explicitly (standalone use, no Kubernetes)."""
+
+    address: str
+    """``host:port`` or ``http://host:port``."""
+    name: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    engine_type: str = "vllm"
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        rest = value.removeprefix("http://").removeprefix("https://").rstrip("/")
+        host, sep, port = rest.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(f"address must be host:port, got {value!r}")
+        return value
+
+
+class InferencePoolSpec(Model):
+    selector: LabelSelector | dict[str, str] = Field(default_factory=dict)
+    target_ports: Annotated[list[PortNumber], Field(max_length=8)] = Field(default_factory=list)
+    target_port_number: Annotated[int, Field(ge=1, le=65535)] | None = None
+    app_protocol: Literal["http", "kubernetes.io/h2c"] = "http"
+    endpoint_picker_ref: EndpointPickerRef | None = None
+    extension_ref: ExtensionRef | None = None
+    endpoints: list[StaticEndpoint] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _ports(self) -> InferencePoolSpec:
+        ports = [p.number for p in self.target_ports]
+        if len(set(ports)) != len(ports):
+            raise ValueError("targetPorts must be unique")
+        if not ports and self.target_port_number is None and not self.endpoints:
+            raise ValueError("a pool needs targetPorts (or targetPortNumber, or endpoints)")
+        return self
+
+    @property
+    def match_labels(self) -> dict[str, str]:
+        sel = self.selector
+        return dict(sel.match_labels) if isinstance(sel, LabelSelector) else dict(sel)
+
+    @property
+    def ports(self) -> list[int]:
+        if self.target_ports:
+            return [p.number for p in self.target_ports]
+        return [self.target_port_number] if self.target_port_number else []
+
+    @property
+    def failure_mode(self) -> str:
+        ref = self.endpoint_picker_ref or self.extension_ref
+        return ref.failure_mode if ref else "FailClose"
+
+
+class InferencePool(Resource):
+    kind: Literal["InferencePool"]
+    spec: InferencePoolSpec
+
+
+# ---------------------------------------------------------------------------- InferenceModel
+
+
+class PoolRef(Model):
+    group: str = ""
+    kind: str = "InferencePool"
+    name: str
+
+
+class TargetModel(Model):
+    name: Annotated[str, Field(min_length=1, max_length=253)]
+    weight: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+
+
+Criticality = Literal["Critical", "Standard", "Sheddable"]
+
+
+class InferenceModelSpec(Model):
+    model_name: Annotated[str, Field(min_length=1, max_length=256)]
+    criticality: Criticality | None = None
+    target_models: Annotated[list[TargetModel], Field(max_length=10)] = Field(default_factory=list)
+    pool_ref: PoolRef
+
+    @model_validator(mode="after")
+    def _weights(self) -> InferenceModelSpec:
+        weighted = [t.weight is not None for t in self.target_models]
+        if any(weighted) and not all(weighted):
+            raise ValueError("targetModels weights must be set on all targets or on none")
+        names = [t.name for t in self.target_models]
+        if len(set(names)) != len(names):
+            raise ValueError("targetModels names must be unique")
+        return self
+
+
+class InferenceModel(Resource):
+    kind: Literal["InferenceModel"]
+    spec: InferenceModelSpec
+
+
+# ---------------------------------------------------------------------------- InferenceObjective
+
+
+class InferenceObjectiveSpec(Model):
+    priority: int | None = None
+    pool_ref: PoolRef
+
+
+class InferenceObjective(Resource):
+    kind: Literal["InferenceObjective"]
+    spec: InferenceObjectiveSpec
+
+
+# ---------------------------------------------------------------------------- EndpointPickerConfig
+
+
+class PluginSpec(Model):
+    type: Annotated[str, Field(min_length=1)]
+    name: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def ref(self) -> str:
+        return self.name or self.type
+
+
+class ProfilePluginRef(Model):
+    plugin_ref: Annotated[str, Field(min_length=1)]
+    weight: Annotated[float, Field(ge=0)] | None = None
+
+
+class SchedulingProfileSpec(Model):
+    name: Annotated[str, Field(min_length=1)]
+    plugins: list[ProfilePluginRef] = Field(default_factory=list)
+
+
+class PluginRef(Model):
+    plugin_ref: str
+
+
+class EndpointPickerConfig(Model):
+    """``EndpointPickerConfig``: plugins and scheduling profiles. It has no metadata."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    api_version: str
+    kind: Literal["EndpointPickerConfig"]
+    feature_gates: list[str] = Field(default_factory=list)
+    plugins: list[PluginSpec] = Field(default_factory=list)
+    scheduling_profiles: list[SchedulingProfileSpec] = Field(default_factory=list)
+    saturation_detector: PluginRef | None = None
+    flow_control: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _references(self) -> EndpointPickerConfig:
+        names = [p.ref for p in self.plugins]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"plugin names must be unique: {', '.join(duplicates)}")
+        known = set(names)
+        for profile in self.scheduling_profiles:
+            for ref in profile.plugins:
+                if ref.plugin_ref not in known:
+                    raise ValueError(
+                        f"schedulingProfiles {profile.name!r} references unknown plugin "
+                        f"{ref.plugin_ref!r}"
+                    )
+        profiles = [p.name for p in self.scheduling_profiles]
+        if len(set(profiles)) != len(profiles):
+            raise ValueError("schedulingProfiles names must be unique")
+        return self
+
+
+# ---------------------------------------------------------------------------- GatewayConfig
+
+
+class GatewaySettings(Model):
+    """Settings of the standalone gateway. Durations are in milliseconds."""
+
+    api_keys: list[str] = Field(default_factory=list)
+    """Bearer tokens accepted from clients; empty = no authentication."""
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 16 * 1024 * 1024
+    scrape_interval_ms: Annotated[float, Field(gt=0)] = 50.0
+    scrape_timeout_ms: Annotated[float, Field(gt=0)] = 1000.0
+    metrics_staleness_ms: Annotated[float, Field(gt=0)] = 1000.0
+    models_refresh_interval_ms: Annotated[float, Field(gt=0)] = 10_000.0
+    eject_after_failures: Annotated[int, Field(ge=1)] = 3
+    max_retries: Annotated[int, Field(ge=0)] = 2
+    connect_timeout_ms: Annotated[float, Field(gt=0)] = 2000.0
+    request_timeout_ms: Annotated[float, Field(gt=0)] = 600_000.0
+
+
+class GatewayConfig(Model):
+    api_version: str
+    kind: Literal["GatewayConfig"]
+    metadata: ObjectMeta | None = None
+    spec: GatewaySettings = Field(default_factory=GatewaySettings)
+
+
+KINDS: dict[str, type[BaseModel]] = {
+    "InferencePool": InferencePool,
+    "InferenceModel": InferenceModel,
+    "InferenceObjective": InferenceObjective,
+    "EndpointPickerConfig": EndpointPickerConfig,
+    "GatewayConfig": GatewayConfig,
+}

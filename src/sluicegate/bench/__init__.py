@@ -1,0 +1,1 @@
+"""The benchmark lab: workloads, simulated clusters, load runners, reports and plots."""

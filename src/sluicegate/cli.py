@@ -1,0 +1,229 @@
+"""The ``sluicegate`` command: serve, sim and friends."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from rich.console import Console
+
+console = Console(stderr=True)
+
+
+def _run(main: Coroutine[Any, Any, None]) -> None:
+    try:
+        import uvloop
+
+        runner: Callable[[Coroutine[Any, Any, None]], None] = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency; fall back quietly
+        runner = asyncio.run
+    with contextlib.suppress(KeyboardInterrupt):
+        runner(main)
+
+
+def _cmd_sim(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from sluicegate.sim.faults import parse_fault_spec
+    from sluicegate.sim.profiles import get_profile
+    from sluicegate.sim.run import fault_table, serve_pool
+    from sluicegate.sim.server import ReplicaOptions
+
+    try:
+        profile = get_profile(args.profile)
+        if args.max_loras is not None:
+            profile = replace(profile, max_loras=args.max_loras)
+        faults = fault_table([parse_fault_spec(s) for s in args.fault], args.replicas)
+    except (KeyError, ValueError) as exc:
+        console.print(f"[red]error:[/] {exc.args[0]}")
+        return 2
+    if args.time_scale <= 0:
+        console.print("[red]error:[/] --time-scale must be positive")
+        return 2
+    loras = dict(_split_lora(spec) for spec in args.lora)
+    options = ReplicaOptions(
+        profile=profile,
+        served_model_name=args.served_model_name,
+        time_scale=args.time_scale,
+        lora_modules=loras,
+        enable_lora=args.enable_lora or bool(loras),
+        enable_prefix_caching=not args.no_prefix_caching,
+        legacy_metric_names=args.legacy_metrics,
+        seed=args.seed,
+    )
+    try:
+        _run(serve_pool(options, args.replicas, args.host, args.port, faults, console))
+    except OSError as exc:  # a port in use, an address not ours...
+        console.print(f"[red]error:[/] cannot serve on {args.host}:{args.port}: {exc}")
+        return 1
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from sluicegate.api.loader import ConfigError, load_config
+    from sluicegate.gateway.app import GatewayOptions
+    from sluicegate.gateway.run import ServeOptions, serve
+    from sluicegate.scheduling.config import load_preset
+    from sluicegate.scheduling.registry import PluginConfigError
+
+    try:
+        picker = load_preset(args.policy) if args.policy else None
+        if args.config:
+            load_config(args.config)  # fail fast with every problem listed
+    except (ConfigError, PluginConfigError, OSError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
+    options = ServeOptions(
+        host=args.host,
+        port=args.port,
+        config_path=Path(args.config) if args.config else None,
+        picker=picker,
+        sim_replicas=args.sim_replicas,
+        sim_profile=args.sim_profile,
+        sim_time_scale=args.sim_time_scale,
+        gateway=GatewayOptions(
+            seed=args.seed, access_log=args.access_log, api_keys=list(args.api_key)
+        ),
+    )
+    _run(serve(options, console))
+    return 0
+
+
+def _split_lora(spec: str) -> tuple[str, str]:
+    name, _, path = spec.partition("=")
+    return name, path or f"/adapters/{name}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sluicegate",
+        description="An inference gateway for self-hosted LLM fleets.",
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    serve = sub.add_parser(
+        "serve",
+        help="run the gateway (default: in front of an embedded simulated pool)",
+        description="Run the OpenAI-compatible gateway. Without --config it starts a "
+        "simulated pool in-process and fronts it.",
+    )
+    serve.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="YAML with InferencePool/InferenceModel/... documents",
+    )
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument(
+        "--policy",
+        default=None,
+        metavar="PRESET",
+        help="scheduling preset (default, round-robin, random, least-request, "
+        "...); overrides the config's EndpointPickerConfig",
+    )
+    serve.add_argument(
+        "--api-key", action="append", default=[], help="accepted bearer token (repeatable)"
+    )
+    serve.add_argument("--access-log", action="store_true", help="log one JSON line per request")
+    serve.add_argument("--seed", type=int, default=0, help="seed of the scheduler's RNG")
+    serve.add_argument(
+        "--sim-replicas",
+        type=int,
+        default=4,
+        help="embedded pool size when no --config (default 4)",
+    )
+    serve.add_argument(
+        "--sim-profile",
+        default="llama3-8b-h100",
+        help="embedded pool's engine profile (default llama3-8b-h100)",
+    )
+    serve.add_argument(
+        "--sim-time-scale",
+        type=float,
+        default=1.0,
+        help="embedded pool's wall seconds per simulated second",
+    )
+    serve.set_defaults(func=_cmd_serve)
+
+    sim = sub.add_parser(
+        "sim",
+        help="run simulated vLLM-compatible model servers",
+        description="Run N simulated vLLM servers on consecutive ports.",
+    )
+    sim.add_argument("--replicas", type=int, default=1, help="number of servers (default 1)")
+    sim.add_argument("--host", default="127.0.0.1")
+    sim.add_argument(
+        "--port",
+        type=int,
+        default=8000,
+        help="first port; replica i listens on port+i (default 8000)",
+    )
+    sim.add_argument(
+        "--profile",
+        default="llama3-8b-h100",
+        help="engine profile (default llama3-8b-h100); see docs/simulator.md",
+    )
+    sim.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="wall seconds per simulated second (default 1.0 = real time)",
+    )
+    sim.add_argument(
+        "--served-model-name",
+        default=None,
+        help="model name clients use (default: the profile's model)",
+    )
+    sim.add_argument(
+        "--lora",
+        action="append",
+        default=[],
+        metavar="NAME[=PATH]",
+        help="a LoRA adapter loaded at start (repeatable)",
+    )
+    sim.add_argument(
+        "--enable-lora", action="store_true", help="accept LoRA adapters loaded at run time"
+    )
+    sim.add_argument(
+        "--max-loras",
+        type=int,
+        default=None,
+        help="distinct adapters per batch (default: the profile's)",
+    )
+    sim.add_argument("--no-prefix-caching", action="store_true")
+    sim.add_argument(
+        "--legacy-metrics", action="store_true", help="also export vllm:gpu_cache_usage_perc"
+    )
+    sim.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="[REPLICA:]KEY=VALUE,...",
+        help="inject faults, e.g. 1:error_rate=0.5,error_status=503 (repeatable)",
+    )
+    sim.add_argument("--seed", type=int, default=0)
+    sim.set_defaults(func=_cmd_sim)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        sys.exit(2)
+    sys.exit(args.func(args))

@@ -1,0 +1,173 @@
+"""Endpoints and what the gateway knows about each of them.
+
+An :class:`Endpoint` is one model-server rank at ``host:port``. Its state has three
+sources, kept apart so each can be reasoned about:
+
+- :class:`EngineMetrics`: the last successful scrape of the server's ``/metrics``
+  (immutable; replaced whole by each scrape, stamped with the clock time it was taken);
+- :class:`ServedModels`: the base model and LoRA adapters the server lists in ``/v1/models``;
+- :class:`InFlight`: the requests and tokens this gateway dispatched to it and that have
+  not finished, updated synchronously on every dispatch and completion, so load is visible
+  between scrapes and a burst is never sent to one endpoint because its last scrape looked
+  idle.
+
+Health (connection failures, ejection until a probe succeeds) lives here too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class EngineMetrics:
+    """One scrape of a model server's metrics. Times are clock seconds."""
+
+    scraped_at: float
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float = 0.0
+    """KV-cache usage, 0..1."""
+    running_loras: frozenset[str] = frozenset()
+    waiting_loras: frozenset[str] = frozenset()
+    max_loras: int = 0
+    """LoRA adapters per batch; 0 when the server does not report LoRA."""
+    block_size: int | None = None
+    """KV block size in tokens, from ``cache_config_info``."""
+    num_gpu_blocks: int | None = None
+    prefix_cache_queries: float = 0.0
+    prefix_cache_hits: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModels:
+    """Models a server answers for, from ``/v1/models``."""
+
+    base_models: frozenset[str] = frozenset()
+    adapters: frozenset[str] = frozenset()
+    fetched_at: float = -1.0
+
+    def serves(self, model: str) -> bool:
+        return model in self.base_models or model in self.adapters
+
+    @property
+    def known(self) -> bool:
+        return self.fetched_at >= 0
+
+
+@dataclass(slots=True)
+class InFlight:
+    """Work this gateway dispatched to an endpoint and that has not finished.
+
+    ``prompt_tokens`` counts uncached prompt tokens still to prefill (released at the first
+    response byte); ``decode_tokens`` the expected output tokens of running requests
+    (released at completion). ``*_since_scrape`` count what was dispatched after the last
+    metrics scrape and reset when a new one arrives.
+    """
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    decode_tokens: int = 0
+    requests_since_scrape: int = 0
+    prompt_tokens_since_scrape: int = 0
+
+    def dispatch(self, prompt_tokens: int, decode_tokens: int) -> None:
+        self.requests += 1
+        self.prompt_tokens += prompt_tokens
+        self.decode_tokens += decode_tokens
+        self.requests_since_scrape += 1
+        self.prompt_tokens_since_scrape += prompt_tokens
+
+    def first_token(self, prompt_tokens: int) -> None:
+        self.prompt_tokens = max(0, self.prompt_tokens - prompt_tokens)
+
+    def complete(self, prompt_tokens_left: int, decode_tokens: int) -> None:
+        self.requests = max(0, self.requests - 1)
+        self.prompt_tokens = max(0, self.prompt_tokens - prompt_tokens_left)
+        self.decode_tokens = max(0, self.decode_tokens - decode_tokens)
+
+    def scraped(self) -> None:
+        self.requests_since_scrape = 0
+        self.prompt_tokens_since_scrape = 0
+
+
+@dataclass(slots=True)
+class Health:
+    """Connection health. An endpoint is ejected after ``consecutive_failures`` reaches the
+    configured threshold and comes back when a probe (scrape) succeeds."""
+
+    consecutive_failures: int = 0
+    ejected: bool = False
+    last_error: str = ""
+
+
+@dataclass(slots=True, eq=False)
+class Endpoint:
+    """One model-server rank the gateway can send requests to."""
+
+    name: str
+    host: str
+    port: int
+    pool: str = "default"
+    labels: dict[str, str] = field(default_factory=dict)
+    engine_type: str = "vllm"
+    scheme: str = "http"
+    metrics: EngineMetrics | None = None
+    models: ServedModels = field(default_factory=ServedModels)
+    inflight: InFlight = field(default_factory=InFlight)
+    health: Health = field(default_factory=Health)
+    index: int = 0
+    """Position in its pool, stable for the endpoint's life (used by index-based plugins)."""
+
+    @property
+    def address(self) -> str:
+        """``host:port`` as the endpoint-picker protocol names endpoints."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://{self.address}"
+
+    def is_stale(self, now: float, staleness_s: float) -> bool:
+        """True when there is no scrape or the last one is older than ``staleness_s``."""
+        m = self.metrics
+        return m is None or now - m.scraped_at > staleness_s
+
+    # Load estimates combine the last scrape with the gateway's own accounting. They never
+    # report less load than the gateway itself has put on the endpoint.
+
+    @property
+    def waiting(self) -> int:
+        """Waiting requests: the scrape's count, or what our own in-flight count implies."""
+        m = self.metrics
+        if m is None:
+            return self.inflight.requests  # never scraped: assume all of it waits
+        return max(m.waiting, self.inflight.requests - m.running)
+
+    @property
+    def running(self) -> int:
+        """Running requests: the scrape's count, or what our in-flight count implies."""
+        m = self.metrics
+        if m is None:
+            return self.inflight.requests
+        return max(m.running, self.inflight.requests - m.waiting)
+
+    def kv_usage(self, capacity_tokens: int | None = None) -> float:
+        """KV usage 0..1: the scrape plus prompt tokens dispatched since it, when the
+        capacity in tokens is known; 1.0 when the endpoint has never been scraped."""
+        m = self.metrics
+        if m is None:
+            return 1.0
+        usage = m.kv_usage
+        cap = capacity_tokens or self.kv_capacity_tokens
+        if cap:
+            usage += self.inflight.prompt_tokens_since_scrape / cap
+        return min(1.0, usage)
+
+    @property
+    def kv_capacity_tokens(self) -> int | None:
+        m = self.metrics
+        if m is None or not m.block_size or not m.num_gpu_blocks:
+            return None
+        return m.block_size * m.num_gpu_blocks

@@ -1,0 +1,326 @@
+"""The gateway's ``/metrics``, under the reference endpoint picker's names where they exist.
+
+Names (reference anchors, section H): ``inference_objective_*`` per model,
+``inference_pool_*`` per pool (computed when scraped), ``inference_extension_*`` for the
+scheduler. sluicegate's own additions are prefixed ``sluicegate_``. Latencies are seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sluicegate.clock import Clock
+from sluicegate.datalayer.datastore import Datastore
+
+# Request latency buckets 5 ms .. 1 h; TPOT 0.5 ms .. 360 s (anchors H).
+_LATENCY = (
+    0.005,
+    0.025,
+    0.05,
+    0.1,
+    0.2,
+    0.4,
+    0.6,
+    0.8,
+    1.0,
+    1.25,
+    1.5,
+    2,
+    3,
+    4,
+    5,
+    6,
+    8,
+    10,
+    15,
+    20,
+    30,
+    45,
+    60,
+    120,
+    180,
+    240,
+    300,
+    360,
+    480,
+    600,
+    900,
+    1200,
+    1800,
+    2700,
+    3600,
+)
+_TPOT = (
+    0.0005,
+    0.00075,
+    0.001,
+    0.0015,
+    0.002,
+    0.003,
+    0.004,
+    0.005,
+    0.006,
+    0.008,
+    0.01,
+    0.013,
+    0.016,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.06,
+    0.08,
+    0.1,
+    0.125,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.6,
+    0.8,
+    1,
+    1.5,
+    2,
+    3,
+    4.5,
+    6,
+    12,
+    18,
+    24,
+    30,
+    60,
+    120,
+    180,
+    240,
+    300,
+    360,
+)
+_TOKENS = (
+    1,
+    8,
+    16,
+    32,
+    64,
+    128,
+    256,
+    512,
+    1024,
+    2048,
+    4096,
+    8192,
+    16384,
+    32778,
+    65536,
+    131072,
+    262144,
+    524288,
+    1048576,
+)
+_MICRO = (
+    0.00001,
+    0.00002,
+    0.00005,
+    0.0001,
+    0.0002,
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.5,
+    1.0,
+)
+_RATIO = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+
+_MODEL = ("model_name", "target_model_name")
+
+
+class GatewayMetrics:
+    """Every metric the gateway exports, in its own registry."""
+
+    def __init__(
+        self,
+        datastore: Datastore,
+        clock: Clock,
+        staleness_s: float,
+        prefix_index_size: Callable[[], int] | None = None,
+    ) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "inference_objective_request", "Requests received, by model.", _MODEL, registry=r
+        )
+        self.errors = Counter(
+            "inference_objective_request_error",
+            "Requests answered with an error, by model and code.",
+            (*_MODEL, "error_code"),
+            registry=r,
+        )
+        self.duration = Histogram(
+            "inference_objective_request_duration_seconds",
+            "End-to-end request latency in seconds.",
+            _MODEL,
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "inference_objective_request_ttft_seconds",
+            "Time to first byte of the response in seconds.",
+            _MODEL,
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "inference_objective_request_tpot_seconds",
+            "Mean time per output token after the first, in seconds.",
+            _MODEL,
+            buckets=_TPOT,
+            registry=r,
+        )
+        self.input_tokens = Histogram(
+            "inference_objective_input_tokens",
+            "Prompt tokens per request (as the server counts).",
+            _MODEL,
+            buckets=_TOKENS,
+            registry=r,
+        )
+        self.output_tokens = Histogram(
+            "inference_objective_output_tokens",
+            "Completion tokens per request.",
+            _MODEL,
+            buckets=_TOKENS,
+            registry=r,
+        )
+        self.cached_tokens = Histogram(
+            "inference_objective_prompt_cached_tokens",
+            "Prompt tokens served from the prefix cache.",
+            _MODEL,
+            buckets=_TOKENS,
+            registry=r,
+        )
+        self.running = Gauge(
+            "inference_objective_running_requests",
+            "Requests in flight, by model.",
+            ("model_name",),
+            registry=r,
+        )
+        self.scheduler_duration = Histogram(
+            "inference_extension_scheduler_e2e_duration_seconds",
+            "Time to parse, resolve and schedule one request, in seconds.",
+            buckets=_MICRO,
+            registry=r,
+        )
+        self.scheduler_attempts = Counter(
+            "inference_extension_scheduler_attempts",
+            "Scheduling attempts by outcome.",
+            ("status",),
+            registry=r,
+        )
+        self.prefix_hit_ratio = Histogram(
+            "inference_extension_prefix_indexer_hit_ratio",
+            "Share of a request's prompt blocks found on the chosen endpoint.",
+            buckets=_RATIO,
+            registry=r,
+        )
+        self.overhead = Histogram(
+            "sluicegate_gateway_overhead_seconds",
+            "Time a request spends in the gateway itself (before the upstream is called), "
+            "in seconds.",
+            buckets=_MICRO,
+            registry=r,
+        )
+        self.retries = Counter(
+            "sluicegate_upstream_retries",
+            "Requests sent again to another endpoint after a failure.",
+            registry=r,
+        )
+        self.upstream_failures = Counter(
+            "sluicegate_upstream_failures",
+            "Upstream failures by endpoint and kind.",
+            ("endpoint", "kind"),
+            registry=r,
+        )
+        r.register(_PoolCollector(datastore, clock, staleness_s, prefix_index_size))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _PoolCollector(Collector):
+    """Per-pool gauges computed from endpoint state at scrape time."""
+
+    def __init__(
+        self,
+        datastore: Datastore,
+        clock: Clock,
+        staleness_s: float,
+        prefix_index_size: Callable[[], int] | None,
+    ) -> None:
+        self._datastore = datastore
+        self._clock = clock
+        self._staleness = staleness_s
+        self._prefix_size = prefix_index_size
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        now = self._clock.now()
+        kv = GaugeMetricFamily(
+            "inference_pool_average_kv_cache_utilization",
+            "Mean KV-cache use of the pool's fresh endpoints (0..1).",
+            labels=["name"],
+        )
+        queue = GaugeMetricFamily(
+            "inference_pool_average_queue_size",
+            "Mean waiting requests per fresh endpoint.",
+            labels=["name"],
+        )
+        running = GaugeMetricFamily(
+            "inference_pool_average_running_requests",
+            "Mean running requests per fresh endpoint.",
+            labels=["name"],
+        )
+        ready = GaugeMetricFamily(
+            "inference_pool_ready_pods", "Endpoints neither ejected nor stale.", labels=["name"]
+        )
+        per_pod = GaugeMetricFamily(
+            "inference_pool_per_pod_queue_size",
+            "Waiting requests per endpoint.",
+            labels=["name", "model_server_pod"],
+        )
+        inflight = GaugeMetricFamily(
+            "sluicegate_endpoint_inflight_requests",
+            "Requests this gateway has in flight per endpoint.",
+            labels=["name", "model_server_pod"],
+        )
+        for pool in self._datastore.pools.values():
+            fresh = [
+                e
+                for e in pool.endpoints
+                if not e.health.ejected and not e.is_stale(now, self._staleness)
+            ]
+            n = len(fresh)
+            kv.add_metric([pool.name], sum(e.kv_usage() for e in fresh) / n if n else 0.0)
+            queue.add_metric([pool.name], sum(e.waiting for e in fresh) / n if n else 0.0)
+            running.add_metric([pool.name], sum(e.running for e in fresh) / n if n else 0.0)
+            ready.add_metric([pool.name], n)
+            for e in pool.endpoints:
+                per_pod.add_metric([pool.name, e.name], e.waiting)
+                inflight.add_metric([pool.name, e.name], e.inflight.requests)
+        yield from (kv, queue, running, ready, per_pod, inflight)
+        if self._prefix_size is not None:
+            size = GaugeMetricFamily(
+                "inference_extension_prefix_indexer_size", "Block hashes held by the prefix index."
+            )
+            size.add_metric([], self._prefix_size())
+            yield size

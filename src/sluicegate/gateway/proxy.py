@@ -1,0 +1,317 @@
+"""Forwarding a routed request to its endpoint, and the answer back to the client.
+
+- Streaming answers are passed through chunk by chunk as they arrive; nothing is buffered
+  except, when the model name must be rewritten back, the tail of an incomplete SSE event.
+- Non-streaming answers are read whole, so a failure anywhere before the client has seen a
+  byte is retried on the next endpoint — a server dying mid-generation costs the client
+  nothing but time. A streaming request is retried only until its first byte is forwarded;
+  after that a failure ends the stream with an SSE error event.
+- Retried: connection failures and upstream 429/502/503/504 answers, up to ``max_retries``
+  other endpoints. A timeout waiting for a byte is a 504 and is not retried (the request
+  may still be running there).
+- A client disconnect cancels the handler, which closes the upstream connection so the
+  model server aborts the request too.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from sluicegate.clock import Clock
+from sluicegate.datalayer.collector import Collector
+from sluicegate.gateway.metrics import GatewayMetrics
+from sluicegate.requestcontrol.director import Dispatch
+from sluicegate.requestcontrol.errors import GatewayError
+
+RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+SERVED_HEADER = "x-gateway-destination-endpoint-served"
+
+# Hop-by-hop and recomputed headers are not forwarded in either direction.
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "content-encoding",
+    }
+)
+
+
+@dataclass(slots=True)
+class ProxySettings:
+    """Timeouts in seconds."""
+
+    max_retries: int = 2
+    connect_timeout_s: float = 2.0
+    read_timeout_s: float = 600.0
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What happened upstream, for metrics and logs. Token counts as the server reports."""
+
+    status: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    chunks: int = 0
+    error: str | None = None
+
+
+def upstream_headers(
+    client: Mapping[str, str], strip: frozenset[str], request_id: str, strip_authorization: bool
+) -> dict[str, str]:
+    """Client headers to forward: minus hop-by-hop, routing-control and (if ours) auth."""
+    out: dict[str, str] = {}
+    for name, value in client.items():
+        lower = name.lower()
+        if lower in _HOP_BY_HOP or lower in strip:
+            continue
+        if strip_authorization and lower == "authorization":
+            continue
+        out[name] = value
+    out["x-request-id"] = request_id
+    return out
+
+
+def _client_headers(upstream: Mapping[str, str], dispatch: Dispatch) -> dict[str, str]:
+    out = {k: v for k, v in upstream.items() if k.lower() not in _HOP_BY_HOP}
+    out[SERVED_HEADER] = dispatch.endpoint.address
+    out["x-request-id"] = dispatch.request.request_id
+    out.update(dispatch.response_headers)
+    return out
+
+
+class ModelNameRewriter:
+    """Puts the client's model name back where the server wrote the target's."""
+
+    __slots__ = ("_pattern", "_replacement")
+
+    def __init__(self, target: str, public: str) -> None:
+        self._pattern = re.compile(rb'("model"\s*:\s*)' + re.escape(orjson.dumps(target)))
+        self._replacement = rb"\g<1>" + orjson.dumps(public).replace(b"\\", b"\\\\")
+
+    def __call__(self, data: bytes) -> bytes:
+        return self._pattern.sub(self._replacement, data)
+
+
+class Proxy:
+    """Sends dispatches upstream with retries, and relays answers."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        collector: Collector | None,
+        metrics: GatewayMetrics,
+        settings: ProxySettings,
+        clock: Clock,
+    ) -> None:
+        self.session = session
+        self.clock = clock
+        self.collector = collector
+        self.metrics = metrics
+        self.settings = settings
+
+    async def forward(
+        self, request: web.Request, dispatch: Dispatch, raw: bytes, headers: dict[str, str]
+    ) -> tuple[web.StreamResponse, Outcome]:
+        """Relay ``dispatch`` and return the client response plus what happened."""
+        body = dispatch.body if dispatch.body is not None else raw
+        path = request.path
+        outcome = Outcome()
+        timeout = aiohttp.ClientTimeout(
+            total=None,
+            sock_connect=self.settings.connect_timeout_s,
+            sock_read=self.settings.read_timeout_s,
+        )
+        retries_left = self.settings.max_retries
+        while True:
+            endpoint = dispatch.endpoint
+            try:
+                upstream = await self.session.post(
+                    f"{endpoint.url}{path}", data=body, headers=headers, timeout=timeout
+                )
+            except (aiohttp.ClientConnectionError, aiohttp.ClientOSError) as exc:
+                failure: str | None = f"connect: {type(exc).__name__}"
+                upstream = None
+            except TimeoutError:
+                failure = "connect: timeout"
+                upstream = None
+            else:
+                failure = None
+            if upstream is not None and upstream.status in RETRYABLE_STATUS and retries_left:
+                failure = f"status {upstream.status}"
+                upstream.close()
+                upstream = None
+            if upstream is not None:
+                try:
+                    if dispatch.request.stream:
+                        response = await self._relay_stream(request, dispatch, upstream, outcome)
+                    else:
+                        response = await self._relay_whole(dispatch, upstream, outcome)
+                    return response, outcome
+                except _RetryableError as exc:
+                    failure = str(exc)
+                finally:
+                    _done_with(upstream)
+            assert failure is not None
+            self.metrics.upstream_failures.labels(endpoint.name, failure.split(":")[0]).inc()
+            if self.collector is not None and not failure.startswith("status"):
+                self.collector.record_failure(endpoint, failure)
+            if retries_left <= 0 or dispatch.retry_next() is None:
+                raise GatewayError(
+                    502,
+                    f"upstream {endpoint.address} failed: {failure}",
+                    code="upstream_error",
+                    reason="upstream-failure",
+                )
+            retries_left -= 1
+            self.metrics.retries.inc()
+
+    async def _relay_whole(
+        self, dispatch: Dispatch, upstream: aiohttp.ClientResponse, outcome: Outcome
+    ) -> web.Response:
+        try:
+            data = await upstream.read()
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+            raise _RetryableError(f"read: {type(exc).__name__}") from None
+        except TimeoutError:
+            raise GatewayError(
+                504,
+                "upstream did not answer in time",
+                code="upstream_timeout",
+                reason="upstream-timeout",
+            ) from None
+        dispatch.mark_first_byte(self.clock.now())
+        outcome.status = upstream.status
+        payload = _json_or_none(data)
+        if isinstance(payload, dict):
+            _read_usage(payload.get("usage"), outcome)
+            if dispatch.rewrites_model and payload.get("model") == dispatch.request.target_model:
+                payload["model"] = dispatch.request.model
+                data = orjson.dumps(payload)
+        return web.Response(
+            status=upstream.status, body=data, headers=_client_headers(upstream.headers, dispatch)
+        )
+
+    async def _relay_stream(
+        self,
+        request: web.Request,
+        dispatch: Dispatch,
+        upstream: aiohttp.ClientResponse,
+        outcome: Outcome,
+    ) -> web.StreamResponse:
+        outcome.status = upstream.status
+        rewrite = (
+            ModelNameRewriter(dispatch.request.target_model, dispatch.request.model)
+            if dispatch.rewrites_model
+            else None
+        )
+        content = upstream.content
+        try:
+            first = await content.readany()
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+            raise _RetryableError(f"read: {type(exc).__name__}") from None
+        except TimeoutError:
+            raise GatewayError(
+                504,
+                "upstream did not answer in time",
+                code="upstream_timeout",
+                reason="upstream-timeout",
+            ) from None
+        response = web.StreamResponse(
+            status=upstream.status, headers=_client_headers(upstream.headers, dispatch)
+        )
+        await response.prepare(request)
+        pending = b""
+        chunk = first
+        try:
+            while chunk:
+                if outcome.chunks == 0:
+                    dispatch.mark_first_byte(self.clock.now())
+                outcome.chunks += chunk.count(b"data:")
+                if b'"usage"' in chunk:
+                    _scan_usage(chunk, outcome)
+                if rewrite is not None:
+                    pending += chunk
+                    cut = pending.rfind(b"\n\n") + 2
+                    if cut >= 2:
+                        await response.write(rewrite(pending[:cut]))
+                        pending = pending[cut:]
+                else:
+                    await response.write(chunk)
+                chunk = await content.readany()
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as exc:
+            outcome.error = f"stream: {type(exc).__name__}"
+            error = GatewayError(
+                502,
+                "the model server failed while streaming",
+                code="upstream_error",
+                reason="upstream-failure",
+            )
+            await response.write(b"data: " + error.body() + b"\n\n")
+        if pending:
+            await response.write(rewrite(pending) if rewrite is not None else pending)
+        await response.write_eof()
+        return response
+
+
+def _done_with(upstream: aiohttp.ClientResponse) -> None:
+    """Reuse the connection of a fully read answer; close a half-read one, which aborts
+    the request on the model server."""
+    if upstream.content.at_eof():
+        upstream.release()
+    else:
+        upstream.close()
+
+
+class _RetryableError(Exception):
+    """The upstream failed before anything reached the client."""
+
+
+def _json_or_none(data: bytes) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _read_usage(usage: object, outcome: Outcome) -> None:
+    if not isinstance(usage, dict):
+        return
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if isinstance(prompt, int):
+        outcome.prompt_tokens = prompt
+    if isinstance(completion, int):
+        outcome.completion_tokens = completion
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+        outcome.cached_tokens = details["cached_tokens"]
+
+
+def _scan_usage(chunk: bytes, outcome: Outcome) -> None:
+    for event in chunk.split(b"\n\n"):
+        start = event.find(b"{")
+        if start < 0 or b'"usage"' not in event:
+            continue
+        payload = _json_or_none(event[start:])
+        if isinstance(payload, dict):
+            _read_usage(payload.get("usage"), outcome)
+
+
+__all__ = ["ModelNameRewriter", "Outcome", "Proxy", "ProxySettings", "upstream_headers"]

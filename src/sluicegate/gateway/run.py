@@ -1,0 +1,152 @@
+"""``sluicegate serve``: run the gateway until interrupted, reloading its configuration.
+
+With ``--config`` the gateway fronts the servers the file lists. Without it, it starts a
+simulated pool in the same process (the embedded default), so a newcomer can curl it.
+The configuration file is re-read when it changes (checked every second) or on SIGHUP; an
+invalid new version is reported and the running one kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+from sluicegate.api.loader import Config, ConfigError, build_config, load_config
+from sluicegate.api.resources import EndpointPickerConfig
+from sluicegate.gateway.app import Gateway, GatewayOptions
+from sluicegate.sim.profiles import get_profile
+from sluicegate.sim.server import ReplicaOptions, SimCluster
+
+log = logging.getLogger("sluicegate.gateway")
+
+EMBEDDED_POOL = "sim-pool"
+
+
+@dataclass(slots=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    config_path: Path | None = None
+    picker: EndpointPickerConfig | None = None
+    """Overrides the configuration's EndpointPickerConfig (``--policy``)."""
+    sim_replicas: int = 4
+    sim_profile: str = "llama3-8b-h100"
+    sim_time_scale: float = 1.0
+    gateway: GatewayOptions = field(default_factory=GatewayOptions)
+
+
+def embedded_config(urls: list[str], picker: EndpointPickerConfig | None) -> Config:
+    """A configuration with one pool of the given simulated servers."""
+    docs: list[object] = [
+        {
+            "apiVersion": "inference.networking.k8s.io/v1",
+            "kind": "InferencePool",
+            "metadata": {"name": EMBEDDED_POOL},
+            "spec": {
+                "targetPorts": [{"number": 8000}],
+                "endpoints": [{"address": u, "name": f"sim-{i}"} for i, u in enumerate(urls)],
+            },
+        }
+    ]
+    config = build_config(docs, "<embedded>")
+    config.picker = picker
+    return config
+
+
+def _read(path: Path, picker: EndpointPickerConfig | None) -> Config:
+    config = load_config(path)
+    if picker is not None:
+        config.picker = picker
+    return config
+
+
+async def serve(options: ServeOptions, console: Console) -> None:
+    cluster: SimCluster | None = None
+    if options.config_path is None:
+        profile = get_profile(options.sim_profile)
+        cluster = SimCluster(
+            ReplicaOptions(profile, time_scale=options.sim_time_scale), options.sim_replicas
+        )
+        await cluster.start()
+        config = embedded_config(cluster.urls, options.picker)
+    else:
+        config = _read(options.config_path, options.picker)
+    gateway = Gateway(config, options.gateway)
+    await gateway.start(options.host, options.port)
+    _announce(console, gateway, cluster, options)
+    stop = asyncio.Event()
+    reload_now = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    with contextlib.suppress(NotImplementedError):
+        loop.add_signal_handler(signal.SIGHUP, reload_now.set)
+    watcher = None
+    if options.config_path is not None:
+        watcher = asyncio.create_task(_watch(options, gateway, reload_now))
+    try:
+        await stop.wait()
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        await gateway.stop()
+        if cluster is not None:
+            await cluster.stop()
+
+
+async def _watch(options: ServeOptions, gateway: Gateway, reload_now: asyncio.Event) -> None:
+    path = options.config_path
+    assert path is not None
+    last = _mtime(path)
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(reload_now.wait(), timeout=1.0)
+        forced = reload_now.is_set()
+        reload_now.clear()
+        current = _mtime(path)
+        if not forced and current == last:
+            continue
+        last = current
+        try:
+            config = _read(path, options.picker)
+        except (ConfigError, OSError) as exc:
+            log.error("configuration %s not applied; keeping the running one:\n%s", path, exc)
+            continue
+        gateway.apply_config(config)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return -1.0
+
+
+def _announce(
+    console: Console, gateway: Gateway, cluster: SimCluster | None, options: ServeOptions
+) -> None:
+    url = f"http://{options.host}:{gateway.port}"
+    console.print(f"[bold]sluicegate[/] gateway listening on [cyan]{url}[/]")
+    if cluster is not None:
+        model = cluster.replicas[0].model_name
+        console.print(
+            f"  fronting an embedded simulated pool: {len(cluster.replicas)} × "
+            f"{options.sim_profile} at {', '.join(cluster.urls)}"
+        )
+        console.print(
+            f"\nTry:\n  curl {url}/v1/completions -H 'content-type: application/json' \\\n"
+            f'    -d \'{{"model": "{model}", "prompt": "Hello, sluicegate", '
+            f'"max_tokens": 16}}\'\n'
+            f"  curl {url}/metrics | grep inference_\n"
+        )
+    else:
+        for pool in gateway.datastore.pools.values():
+            console.print(f"  pool {pool.name}: {len(pool.endpoints)} endpoint(s)")

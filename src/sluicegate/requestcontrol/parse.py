@@ -1,0 +1,175 @@
+"""Reading an OpenAI-style request: only the fields the gateway acts on.
+
+The body is decoded once; ``model``, ``stream``, ``max_tokens`` / ``max_completion_tokens``,
+``prompt`` / ``messages`` and ``cache_salt`` are checked (leniently, as model servers do);
+every other field passes through untouched. The prompt text used for prefix affinity is the
+completion prompt's UTF-8 bytes, or the chat ``messages`` serialised as JSON — prefix-stable
+across the turns of a conversation. Control headers are parsed here too, so a malformed one
+(``x-slo-ttft-ms: soon``) is a 400 before any decision is made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from sluicegate.lax import LaxValueError, as_bool, as_float, as_int
+from sluicegate.requestcontrol.errors import bad_request
+from sluicegate.tokens import BYTES_PER_TOKEN, count_bytes_tokens
+
+RequestKind = Literal["completions", "chat"]
+
+# Header names (reference anchors, sections A and E). The first name of each pair is the
+# current one; the second is kept as an alias.
+SLO_TTFT_HEADERS = ("x-llm-d-slo-ttft-ms", "x-slo-ttft-ms")
+SLO_TPOT_HEADERS = ("x-llm-d-slo-tpot-ms", "x-slo-tpot-ms")
+OBJECTIVE_HEADERS = ("x-gateway-inference-objective", "x-llm-d-inference-objective")
+FAIRNESS_HEADERS = ("x-gateway-inference-fairness-id", "x-llm-d-inference-fairness-id")
+MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
+REQUEST_ID_HEADER = "x-request-id"
+DEFAULT_FLOW = "default-flow"
+MAX_HEADER_ID_LENGTH = 256
+
+# Headers a client may not pass through the gateway: they steer routing.
+CONTROL_HEADERS = frozenset(
+    {
+        *OBJECTIVE_HEADERS,
+        *FAIRNESS_HEADERS,
+        MODEL_REWRITE_HEADER,
+        "x-gateway-destination-endpoint",
+        "x-gateway-destination-endpoint-subset",
+        "x-gateway-destination-endpoint-served",
+    }
+)
+
+
+@dataclass(slots=True)
+class ParsedRequest:
+    """A decoded request. Token counts are built-in tokens (4 bytes each)."""
+
+    kind: RequestKind
+    body: dict[str, Any]
+    model: str
+    stream: bool
+    max_tokens: int | None
+    prompt: bytes
+    prompt_tokens: int
+    cache_salt: str
+    slo_ttft_ms: float | None
+    slo_tpot_ms: float | None
+    objective: str | None
+    fairness_id: str
+    model_rewrite: str | None
+    body_bytes: int
+
+
+def parse_request(kind: RequestKind, raw: bytes, headers: Mapping[str, str]) -> ParsedRequest:
+    """Decode and check ``raw`` for the ``kind`` route; raises a 400 GatewayError.
+
+    ``headers`` must have lower-case names.
+    """
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise bad_request("request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("'model' is required and must be a non-empty string", "model")
+    try:
+        stream = as_bool(body["stream"], "stream") if body.get("stream") is not None else False
+        max_tokens = _max_tokens(body)
+        prompt = _chat_prompt(body) if kind == "chat" else _completion_prompt(body)
+        slo_ttft = _positive_ms(headers, SLO_TTFT_HEADERS)
+        slo_tpot = _positive_ms(headers, SLO_TPOT_HEADERS)
+    except LaxValueError as exc:
+        raise bad_request(str(exc), exc.field) from None
+    salt = body.get("cache_salt")
+    if salt is not None and not isinstance(salt, str):
+        raise bad_request("'cache_salt' must be a string", "cache_salt")
+    return ParsedRequest(
+        kind=kind,
+        body=body,
+        model=model,
+        stream=stream,
+        max_tokens=max_tokens,
+        prompt=prompt,
+        prompt_tokens=count_bytes_tokens(prompt),
+        cache_salt=salt or "",
+        slo_ttft_ms=slo_ttft,
+        slo_tpot_ms=slo_tpot,
+        objective=_identifier(headers, OBJECTIVE_HEADERS),
+        fairness_id=_identifier(headers, FAIRNESS_HEADERS) or DEFAULT_FLOW,
+        model_rewrite=_identifier(headers, (MODEL_REWRITE_HEADER,)),
+        body_bytes=len(raw),
+    )
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    for field in ("max_completion_tokens", "max_tokens"):
+        value = body.get(field)
+        if value is not None:
+            number = as_int(value, field)
+            if number < 1:
+                raise LaxValueError(field, f"'{field}' must be at least 1, got {number}")
+            return number
+    return None
+
+
+def _completion_prompt(body: dict[str, Any]) -> bytes:
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt.encode()
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return "".join(prompt).encode()
+        if all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+            return b"".join((t & 0xFFFFFFFF).to_bytes(BYTES_PER_TOKEN, "little") for t in prompt)
+    raise LaxValueError(
+        "prompt", "'prompt' must be a string, a list of strings, or a list of token ids"
+    )
+
+
+def _chat_prompt(body: dict[str, Any]) -> bytes:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise LaxValueError("messages", "'messages' must be a non-empty list")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise LaxValueError("messages", f"messages[{i}] must be an object with a 'role'")
+    return orjson.dumps(messages)
+
+
+def _header(headers: Mapping[str, str], names: tuple[str, ...]) -> str | None:
+    for name in names:
+        value = headers.get(name)
+        if value is not None:
+            return value
+    return None
+
+
+def _positive_ms(headers: Mapping[str, str], names: tuple[str, ...]) -> float | None:
+    value = _header(headers, names)
+    if value is None or value.strip() == "":
+        return None
+    name = next(n for n in names if n in headers)
+    number = as_float(value, name)
+    if number <= 0:
+        raise LaxValueError(name, f"header '{name}' must be a positive number of ms")
+    return number
+
+
+def _identifier(headers: Mapping[str, str], names: tuple[str, ...]) -> str | None:
+    value = _header(headers, names)
+    if value is None:
+        return None
+    value = value.strip()
+    if not value:
+        return None
+    if len(value) > MAX_HEADER_ID_LENGTH:
+        raise bad_request(f"header '{names[0]}' is longer than {MAX_HEADER_ID_LENGTH} chars")
+    return value

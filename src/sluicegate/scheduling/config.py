@@ -1,0 +1,142 @@
+"""Build a :class:`Scheduler` from an ``EndpointPickerConfig``.
+
+Defaults are injected the way the reference endpoint picker does (anchors, section B):
+a ``single-profile-handler`` when there is one profile and no handler, a
+``max-score-picker`` for a profile without a picker, weight 1.0 for an unweighted scorer,
+and any producer a plugin reads (``requires``) when the configuration lacks one. With no
+configuration at all the ``default`` preset applies: ``queue-scorer`` ×2,
+``kv-cache-utilization-scorer`` ×2, ``prefix-cache-scorer`` ×3, ``max-score-picker``.
+
+Presets (``presets/*.yaml``) are named configurations shipped with sluicegate: ``default``,
+``round-robin`` (what a Kubernetes Service does), ``random``, ``least-request`` and more;
+``sluicegate serve --policy NAME`` and the benchmark lab select them by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from importlib import resources
+
+import yaml
+
+from sluicegate.api.resources import EndpointPickerConfig
+from sluicegate.scheduling.framework import (
+    DataProducer,
+    EndpointObserver,
+    Filter,
+    Picker,
+    Plugin,
+    PluginContext,
+    PreRequest,
+    ProfileHandler,
+    Scorer,
+)
+from sluicegate.scheduling.registry import PluginConfigError, create_plugin, resolve_type
+from sluicegate.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
+
+DEFAULT_PRESET = "default"
+
+
+def preset_names() -> list[str]:
+    """Names of the shipped presets."""
+    folder = resources.files("sluicegate.scheduling").joinpath("presets")
+    return sorted(
+        p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")
+    )
+
+
+def load_preset(name: str) -> EndpointPickerConfig:
+    """The shipped preset called ``name``."""
+    folder = resources.files("sluicegate.scheduling").joinpath("presets")
+    path = folder.joinpath(f"{name}.yaml")
+    if not path.is_file():
+        raise PluginConfigError(
+            f"unknown scheduling preset {name!r}; known presets: {', '.join(preset_names())}"
+        )
+    return EndpointPickerConfig.model_validate(yaml.safe_load(path.read_text()))
+
+
+class BuiltScheduler:
+    """A scheduler plus every plugin instance it was built from."""
+
+    def __init__(self, scheduler: Scheduler, plugins: dict[str, Plugin]) -> None:
+        self.scheduler = scheduler
+        self.plugins = plugins
+
+    @property
+    def observers(self) -> list[EndpointObserver]:
+        return [p for p in self.plugins.values() if isinstance(p, EndpointObserver)]
+
+
+def build_scheduler(config: EndpointPickerConfig | None, context: PluginContext) -> BuiltScheduler:
+    """Instantiate and wire the plugins of ``config`` (the default preset if None)."""
+    if config is None:
+        config = load_preset(DEFAULT_PRESET)
+    plugins: dict[str, Plugin] = {}
+    context = replace(context, lookup=plugins)
+    for plugin_spec in config.plugins:
+        plugins[plugin_spec.ref] = create_plugin(
+            plugin_spec.type, plugin_spec.ref, plugin_spec.parameters, context
+        )
+
+    # Producers that configured plugins read, created when missing.
+    present = {type(p).type_name for p in plugins.values()}
+    auto: list[Plugin] = []
+    for plugin in list(plugins.values()):
+        for needed in plugin.requires:
+            canonical = resolve_type(needed).type_name
+            if canonical not in present:
+                created = create_plugin(canonical, canonical, None, context)
+                plugins[canonical] = created
+                auto.append(created)
+                present.add(canonical)
+
+    profiles: dict[str, SchedulerProfile] = {}
+    specs = config.scheduling_profiles
+    if not specs:
+        raise PluginConfigError("the configuration has no schedulingProfiles")
+    for spec in specs:
+        filters: list[Filter] = []
+        scorers: list[WeightedScorer] = []
+        picker: Picker | None = None
+        for ref in spec.plugins:
+            plugin = plugins[ref.plugin_ref]
+            if isinstance(plugin, Filter):
+                filters.append(plugin)
+            if isinstance(plugin, Scorer):
+                scorers.append(WeightedScorer(plugin, 1.0 if ref.weight is None else ref.weight))
+            elif ref.weight is not None:
+                raise PluginConfigError(
+                    f"profile {spec.name!r}: weight given to {ref.plugin_ref!r}, which is not a "
+                    "scorer"
+                )
+            if isinstance(plugin, Picker):
+                if picker is not None:
+                    raise PluginConfigError(f"profile {spec.name!r} has more than one picker")
+                picker = plugin
+        if picker is None:
+            name = f"{spec.name}-max-score-picker"
+            created_picker = create_plugin("max-score-picker", name, None, context)
+            assert isinstance(created_picker, Picker)
+            plugins[name] = picker = created_picker
+        profiles[spec.name] = SchedulerProfile(spec.name, picker, filters, scorers)
+
+    handlers = [p for p in plugins.values() if isinstance(p, ProfileHandler)]
+    if len(handlers) > 1:
+        raise PluginConfigError("more than one profile handler is configured")
+    if handlers:
+        handler = handlers[0]
+    elif len(profiles) == 1:
+        created_handler = create_plugin(
+            "single-profile-handler", "single-profile-handler", None, context
+        )
+        assert isinstance(created_handler, ProfileHandler)
+        handler = plugins["single-profile-handler"] = created_handler
+    else:
+        raise PluginConfigError("several schedulingProfiles need a profile handler plugin")
+
+    ordered = auto + [p for p in plugins.values() if p not in auto]
+    producers = [p for p in ordered if isinstance(p, DataProducer)]
+    pre_request = [p for p in ordered if isinstance(p, PreRequest)]
+    scheduler = Scheduler(handler, profiles, producers, pre_request)
+    return BuiltScheduler(scheduler, plugins)

@@ -1,0 +1,265 @@
+"""The scheduling framework's interfaces.
+
+One scheduling cycle picks endpoints for one request:
+
+    ProfileHandler chooses profiles to run → each profile runs
+        Filters   (drop endpoints that must not serve the request)
+        Scorers   (each returns a score in [0, 1] per endpoint; combined as Σ weight·score)
+        Picker    (chooses the endpoint(s) from the scores)
+    → ProfileHandler names the primary profile, whose first endpoint gets the request.
+
+Before the cycle, DataProducers compute per-request data that plugins share through the
+:class:`CycleState` (for example the prefix-cache match of every endpoint); after it,
+PreRequest hooks learn the decision (for example to record the prompt as cached on the
+chosen endpoint). Plugins never do I/O and never read the wall clock: they get time and
+randomness from the :class:`PluginContext` they were built with.
+
+Each plugin type is one module under ``scheduling/plugins/`` whose docstring states its
+inputs, parameters with defaults, and formula.
+"""
+
+from __future__ import annotations
+
+import abc
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+from sluicegate.clock import Clock
+from sluicegate.datalayer.endpoint import Endpoint
+
+T = TypeVar("T")
+
+
+class StateKey(Generic[T]):
+    """A typed key for data shared between plugins during one request."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"StateKey({self.name!r})"
+
+
+class CycleState:
+    """Per-request data produced and consumed by plugins."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self) -> None:
+        self._data: dict[StateKey[Any], Any] = {}
+
+    def get(self, key: StateKey[T]) -> T | None:
+        value: T | None = self._data.get(key)
+        return value
+
+    def put(self, key: StateKey[T], value: T) -> None:
+        self._data[key] = value
+
+
+RESPONSE_HEADERS: StateKey[dict[str, str]] = StateKey("response-headers")
+"""Headers plugins want added to the client's response (e.g. a session token)."""
+
+
+@dataclass(slots=True)
+class LLMRequest:
+    """What scheduling knows about one request. Token counts are built-in tokens."""
+
+    request_id: str
+    model: str
+    """Model name the client asked for."""
+    target_model: str
+    """Model or LoRA adapter the request is sent to (after InferenceModel resolution)."""
+    prompt: bytes
+    """Prompt text used for prefix affinity: the prompt, or the serialised messages."""
+    prompt_tokens: int
+    arrival: float
+    """Clock time (s) the gateway received the request."""
+    max_tokens: int | None = None
+    stream: bool = False
+    is_adapter: bool = False
+    """True when ``target_model`` is a LoRA adapter rather than a base model."""
+    priority: int = 0
+    """Objective priority; negative means sheddable."""
+    fairness_id: str = "default-flow"
+    objective: str | None = None
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+    cache_salt: str = ""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    """Request headers, lower-cased names."""
+    body_bytes: int = 0
+
+    @property
+    def sheddable(self) -> bool:
+        return self.priority < 0
+
+
+@dataclass(slots=True)
+class PluginContext:
+    """What a plugin may use: the clock and a seed for its random choices."""
+
+    clock: Clock
+    seed: int = 0
+    lookup: Mapping[str, Plugin] = field(default_factory=dict)
+    """Plugins by name, for plugins that read another plugin's output."""
+
+    def rng_for(self, plugin_name: str) -> random.Random:
+        """A random stream of the plugin's own, fixed by the seed and the plugin's name, so
+        adding or removing one plugin does not change another's choices."""
+        return random.Random(f"{self.seed}:{plugin_name}")
+
+
+class PluginParameters(BaseModel):
+    """Base of plugin parameter models: camelCase in YAML, unknown keys rejected."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class Plugin(abc.ABC):
+    """Base of every plugin. ``type_name`` is the name used in configuration.
+
+    A plugin with parameters declares a nested ``Parameters`` model (a subclass of
+    :class:`PluginParameters`) and annotates ``params`` with it; the registry validates
+    configuration against it and passes the result to the constructor.
+    """
+
+    type_name: ClassVar[str] = ""
+    requires: ClassVar[tuple[str, ...]] = ()
+    """Types of producer plugins this plugin reads; created automatically if missing."""
+    Parameters: ClassVar[type[PluginParameters]] = PluginParameters
+    params: PluginParameters
+
+    def __init__(
+        self, name: str, context: PluginContext, params: PluginParameters | None = None
+    ) -> None:
+        self.name = name
+        self.context = context
+        self.rng = context.rng_for(name)
+        self.params = params if params is not None else type(self).Parameters()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+class DataProducer(Plugin):
+    """Computes request data before scheduling and stores it in the cycle state."""
+
+    @abc.abstractmethod
+    def produce(
+        self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> None:
+        """Compute data for ``request`` over the candidate ``endpoints``."""
+
+
+class Filter(Plugin):
+    """Removes endpoints that should not serve a request."""
+
+    @abc.abstractmethod
+    def filter(
+        self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> list[Endpoint]:
+        """The endpoints to keep, in their original order."""
+
+
+class Scorer(Plugin):
+    """Scores endpoints for a request; each score is in [0, 1], higher is better."""
+
+    category: ClassVar[str] = "balance"
+    """``affinity``, ``distribution`` or ``balance`` (informational)."""
+
+    @abc.abstractmethod
+    def score(
+        self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> list[float]:
+        """One score per endpoint, aligned with ``endpoints``."""
+
+
+@dataclass(slots=True)
+class ScoredEndpoint:
+    endpoint: Endpoint
+    score: float
+
+
+class Picker(Plugin):
+    """Chooses endpoints from scored candidates: the primary first, then fallbacks."""
+
+    @abc.abstractmethod
+    def pick(
+        self, request: LLMRequest, state: CycleState, scored: Sequence[ScoredEndpoint]
+    ) -> list[Endpoint]:
+        """At least one endpoint when ``scored`` is non-empty."""
+
+
+class PreRequest(Plugin):
+    """Learns the scheduling decision before the request is sent."""
+
+    @abc.abstractmethod
+    def pre_request(self, request: LLMRequest, state: CycleState, result: SchedulingResult) -> None:
+        """Called once per scheduled request."""
+
+
+class EndpointObserver(Plugin):
+    """Learns when an endpoint leaves the pool, to drop state kept for it."""
+
+    @abc.abstractmethod
+    def forget_endpoint(self, endpoint: Endpoint) -> None:
+        """``endpoint`` is gone; release whatever is held for it."""
+
+
+@dataclass(slots=True)
+class ProfileResult:
+    """The endpoints one profile chose, best first."""
+
+    targets: list[Endpoint]
+    scores: dict[str, float] = field(default_factory=dict)
+    """Combined score per endpoint name (for diagnostics)."""
+
+
+@dataclass(slots=True)
+class SchedulingResult:
+    profile_results: dict[str, ProfileResult]
+    primary_profile: str
+
+    @property
+    def targets(self) -> list[Endpoint]:
+        """The primary profile's endpoints: the destination first, then fallbacks."""
+        return self.profile_results[self.primary_profile].targets
+
+
+class ProfileHandler(Plugin):
+    """Decides which profiles run for a request and which result is primary."""
+
+    @abc.abstractmethod
+    def pick_profiles(
+        self,
+        request: LLMRequest,
+        state: CycleState,
+        profiles: Mapping[str, SchedulerProfileLike],
+        results: Mapping[str, ProfileResult | None],
+    ) -> list[str]:
+        """Names of the profiles to run next; an empty list ends the cycle."""
+
+    @abc.abstractmethod
+    def process_results(
+        self, request: LLMRequest, state: CycleState, results: Mapping[str, ProfileResult | None]
+    ) -> SchedulingResult:
+        """Combine the profiles' results; raise :class:`SchedulingError` if none is usable."""
+
+
+class SchedulerProfileLike(abc.ABC):
+    """What a profile handler may see of a profile."""
+
+    name: str
+
+
+class SchedulingError(Exception):
+    """No endpoint can take the request (every candidate was filtered out)."""

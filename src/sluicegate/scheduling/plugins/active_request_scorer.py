@@ -1,0 +1,59 @@
+"""``active-request-scorer``: prefer endpoints with fewer requests in flight from this gateway.
+
+Type: scorer (distribution). Inputs: each endpoint's in-flight requests r (count) — those
+this gateway dispatched and that have not completed (``inflight.requests``, updated at
+dispatch and completion, so it needs no scrape).
+Parameters (reference anchors, section D, give only the names and defaults):
+
+- ``idleThreshold`` T (0): an endpoint with at most T requests in flight is idle.
+- ``maxBusyScore`` B (1.0, in [0, 1]): scale of the scores of busy endpoints.
+
+Formula, with ``maxR`` the largest r among the candidates:
+
+- idle (``r ≤ T``) → **1.0**;
+- busy (``r > T``) → ``B · (maxR − r) / (maxR − T)``, which lies in [0, B): the busiest
+  candidate scores 0 and a busy endpoint never reaches an idle one's 1.0.
+
+With the defaults this is llm-d's ``active-request-scorer``
+(``pkg/plugins/scorer/active_request.go``): 1.0 for no requests, else ``(maxR − r) / maxR``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import Field
+
+from sluicegate.datalayer.endpoint import Endpoint
+from sluicegate.scheduling.framework import CycleState, LLMRequest, PluginParameters, Scorer
+from sluicegate.scheduling.registry import register
+
+
+@register()
+class ActiveRequestScorer(Scorer):
+    type_name = "active-request-scorer"
+    category = "distribution"
+
+    class Parameters(PluginParameters):
+        idle_threshold: int = Field(0, ge=0)
+        max_busy_score: float = Field(1.0, ge=0.0, le=1.0)
+
+    params: Parameters
+
+    def score(
+        self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> list[float]:
+        idle = self.params.idle_threshold
+        max_r = idle
+        for e in endpoints:
+            r = e.inflight.requests
+            if r > max_r:
+                max_r = r
+        if max_r == idle:  # every candidate is idle
+            return [1.0] * len(endpoints)
+        scale = self.params.max_busy_score / (max_r - idle)
+        out: list[float] = []
+        for e in endpoints:
+            r = e.inflight.requests
+            out.append(1.0 if r <= idle else scale * (max_r - r))
+        return out

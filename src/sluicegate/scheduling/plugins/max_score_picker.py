@@ -1,0 +1,43 @@
+"""``max-score-picker``: the highest combined score wins; ties are broken at random.
+
+Type: picker. Parameters: ``maxNumOfEndpoints`` (1) — how many endpoints to return, best
+first; more than one gives the proxy ordered fallbacks.
+
+Algorithm: shuffle the candidates, then stable-sort by score, highest first, so equal
+scores are ordered at random (reference anchors, section D).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import Field
+
+from sluicegate.datalayer.endpoint import Endpoint
+from sluicegate.scheduling.framework import (
+    CycleState,
+    LLMRequest,
+    Picker,
+    PluginParameters,
+    ScoredEndpoint,
+)
+from sluicegate.scheduling.registry import register
+
+
+class PickerParameters(PluginParameters):
+    max_num_of_endpoints: int = Field(1, ge=1)
+
+
+@register()
+class MaxScorePicker(Picker):
+    type_name = "max-score-picker"
+    Parameters = PickerParameters
+    params: PickerParameters
+
+    def pick(
+        self, request: LLMRequest, state: CycleState, scored: Sequence[ScoredEndpoint]
+    ) -> list[Endpoint]:
+        order = list(scored)
+        self.rng.shuffle(order)
+        order.sort(key=lambda s: s.score, reverse=True)
+        return [s.endpoint for s in order[: self.params.max_num_of_endpoints]]

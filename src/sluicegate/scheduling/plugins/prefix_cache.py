@@ -1,0 +1,166 @@
+"""Approximate prefix-cache affinity: ``approx-prefix-cache-producer`` and ``prefix-cache-scorer``.
+
+``approx-prefix-cache-producer`` — type: data producer and pre-request hook.
+Inputs: the request's prompt (completions: the prompt text; chat: the JSON-serialised
+``messages``), its target model and ``cache_salt``. It cuts the prompt's UTF-8 bytes into
+blocks of ``blockSizeTokens`` built-in tokens (4 bytes each), hashes them as a chain
+(xxhash64, seeded by target model and cache salt, so a hash names the whole prefix), and
+looks each candidate up in the :class:`~sluicegate.scheduling.prefix_index.PrefixIndex`.
+After scheduling it records the prompt's blocks for the chosen endpoint.
+
+Parameters (reference anchors, section D; defaults follow the current endpoint picker):
+
+- ``blockSizeTokens`` (64): tokens per block. Smaller blocks match more finely but cost
+  more hashing and memory; 64 is the floor the anchor adopted after small blocks exhausted
+  memory.
+- ``maxPrefixTokensToMatch`` (131072): tokens of the prompt considered; 0 = whole prompt.
+- ``lruCapacityPerServer`` (31250): blocks remembered per endpoint when its KV capacity is
+  unknown (8B model on an 80 GB H100 with 16-token blocks, the anchor's assumption),
+  rescaled to this block size.
+- ``autoTune`` (true): size each endpoint's memory from its scraped ``cache_config_info``
+  (``num_gpu_blocks × block_size`` tokens).
+
+``prefix-cache-scorer`` — type: scorer (affinity). Reads the producer's match.
+Parameters: ``matchLengthWeight`` w (0), ``matchLengthScaleTokens`` (8192).
+Formula: ``w · min(1, matchTokens / scale)² + (1 − w) · matchBlocks / totalBlocks``; with the
+default w = 0 this is the share of the prompt's blocks the endpoint holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pydantic import Field
+
+from sluicegate.datalayer.endpoint import Endpoint
+from sluicegate.scheduling.framework import (
+    CycleState,
+    DataProducer,
+    EndpointObserver,
+    LLMRequest,
+    PluginContext,
+    PluginParameters,
+    PreRequest,
+    SchedulingResult,
+    Scorer,
+    StateKey,
+)
+from sluicegate.scheduling.prefix_index import PrefixIndex
+from sluicegate.scheduling.registry import register
+from sluicegate.tokens import block_hashes, hash_seed
+
+PRODUCER_TYPE = "approx-prefix-cache-producer"
+
+# The anchor's default per-endpoint memory, in 16-token blocks.
+_DEFAULT_LRU_BLOCKS_16 = 31_250
+
+
+@dataclass(slots=True)
+class PrefixMatch:
+    """How much of a request's prompt each candidate probably has cached."""
+
+    hashes: list[int]
+    block_tokens: int
+    matched_blocks: dict[str, int]
+    """Leading blocks recorded per endpoint name."""
+
+    @property
+    def total_blocks(self) -> int:
+        return len(self.hashes)
+
+    def score(self, endpoint: str) -> float:
+        """Share of the prompt's blocks the endpoint holds, 0..1 (0 for an empty prompt)."""
+        total = len(self.hashes)
+        return self.matched_blocks.get(endpoint, 0) / total if total else 0.0
+
+
+PREFIX_MATCH: StateKey[PrefixMatch] = StateKey("prefix-match")
+
+
+@register()
+class ApproxPrefixCacheProducer(DataProducer, PreRequest, EndpointObserver):
+    type_name = PRODUCER_TYPE
+
+    class Parameters(PluginParameters):
+        block_size_tokens: int = Field(64, ge=1)
+        max_prefix_tokens_to_match: int = Field(131_072, ge=0)
+        lru_capacity_per_server: int = Field(_DEFAULT_LRU_BLOCKS_16, ge=1)
+        auto_tune: bool = True
+
+    params: Parameters
+
+    def __init__(self, name: str, context: PluginContext, params: PluginParameters | None = None):
+        super().__init__(name, context, params)
+        p = self.params
+        default_blocks = max(1, p.lru_capacity_per_server * 16 // p.block_size_tokens)
+        self.index = PrefixIndex(default_blocks)
+        self._max_blocks = -(-p.max_prefix_tokens_to_match // p.block_size_tokens)
+
+    def capacity_blocks(self, endpoint: Endpoint) -> int | None:
+        """Blocks to remember for ``endpoint``: its KV capacity when known and auto-tuned."""
+        if not self.params.auto_tune:
+            return None
+        tokens = endpoint.kv_capacity_tokens
+        return max(1, tokens // self.params.block_size_tokens) if tokens else None
+
+    def produce(
+        self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> None:
+        p = self.params
+        seed = hash_seed(request.target_model, request.cache_salt)
+        hashes = block_hashes(
+            request.prompt,
+            p.block_size_tokens,
+            seed,
+            max_blocks=self._max_blocks,
+            include_partial=True,
+        )
+        matched = self.index.match(hashes, (e.name for e in endpoints))
+        state.put(PREFIX_MATCH, PrefixMatch(hashes, p.block_size_tokens, matched))
+
+    def pre_request(self, request: LLMRequest, state: CycleState, result: SchedulingResult) -> None:
+        match = state.get(PREFIX_MATCH)
+        if match is None or not match.hashes:
+            return
+        target = result.targets[0]
+        self.index.insert(target.name, match.hashes, self.capacity_blocks(target))
+
+    def forget_endpoint(self, endpoint: Endpoint) -> None:
+        self.index.remove_endpoint(endpoint.name)
+
+
+@register()
+class PrefixCacheScorer(Scorer):
+    type_name = "prefix-cache-scorer"
+    category = "affinity"
+    requires = (PRODUCER_TYPE,)
+
+    class Parameters(PluginParameters):
+        match_length_weight: float = Field(0.0, ge=0.0, le=1.0)
+        match_length_scale_tokens: int = Field(8192, ge=1)
+        prefix_match_info_producer_name: str = ""
+        """Accepted for compatibility with reference configurations; sluicegate has one
+        approximate producer, which is always the one read."""
+
+    params: Parameters
+
+    def score(
+        self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> list[float]:
+        match = state.get(PREFIX_MATCH)
+        if match is None or not match.hashes:
+            return [0.0] * len(endpoints)
+        w = self.params.match_length_weight
+        scale = self.params.match_length_scale_tokens
+        total = match.total_blocks
+        out: list[float] = []
+        for e in endpoints:
+            blocks = match.matched_blocks.get(e.name, 0)
+            share = blocks / total
+            if w:
+                length = min(1.0, blocks * match.block_tokens / scale)
+                out.append(w * length * length + (1.0 - w) * share)
+            else:
+                out.append(share)
+        return out

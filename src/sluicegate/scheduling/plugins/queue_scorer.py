@@ -1,0 +1,41 @@
+"""``queue-scorer``: prefer endpoints with shorter waiting queues.
+
+Type: scorer (distribution). Inputs: each endpoint's waiting requests — the last scrape's
+``vllm:num_requests_waiting``, raised to what the gateway's own in-flight count implies
+(in-flight − running) so a stale scrape cannot hide a queue the gateway built itself.
+Parameters: none.
+
+Formula: ``score = (maxQ − q) / (maxQ − minQ)`` over the candidates; 1.0 for every endpoint
+when all queues are equal (reference anchors, section D).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sluicegate.datalayer.endpoint import Endpoint
+from sluicegate.scheduling.framework import CycleState, LLMRequest, Scorer
+from sluicegate.scheduling.registry import register
+
+
+def min_max_inverse(values: Sequence[float]) -> list[float]:
+    """``(max − v) / (max − min)`` per value, in [0, 1]; all 1.0 when the values are equal
+    (and ``[]`` for no values). Shared by the scorers that rank endpoints by a load count."""
+    if not values:
+        return []
+    lo, hi = min(values), max(values)
+    if hi == lo:
+        return [1.0] * len(values)
+    span = hi - lo
+    return [(hi - v) / span for v in values]
+
+
+@register()
+class QueueScorer(Scorer):
+    type_name = "queue-scorer"
+    category = "distribution"
+
+    def score(
+        self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> list[float]:
+        return min_max_inverse([e.waiting for e in endpoints])

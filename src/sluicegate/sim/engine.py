@@ -1,0 +1,474 @@
+"""The engine model: one vLLM instance as a clock-free state machine.
+
+``Engine.step(now)`` runs one iteration the way vLLM's v1 scheduler does:
+
+1. Running sequences first, in order, within the token budget
+   (``max_num_batched_tokens``): one token for a decoding sequence, the next prefill chunk
+   for a sequence still prefilling. A sequence that cannot get the KV blocks it needs
+   preempts the newest running sequence (recompute: its blocks are released, it goes back
+   to the front of the waiting queue) until it fits or preempts itself.
+2. If nothing was preempted, waiting sequences in FCFS order while budget and
+   ``max_num_seqs`` allow: each reuses its longest cached prefix (automatic prefix caching),
+   then prefills what is left, chunked. At most ``max_loras`` distinct LoRA adapters run at
+   once; a sequence whose adapter does not fit is skipped and keeps its place.
+3. A sequence whose every known token is computed samples one token. Sequences reaching
+   their output length finish and release their blocks.
+
+The iteration's duration comes from the profile's step-time function. The caller owns
+time: results of a step taken at ``now`` become visible at ``now + duration``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+import xxhash
+
+from sluicegate.sim.kvcache import BlockPool
+from sluicegate.sim.profiles import EngineProfile
+from sluicegate.sim.text import output_bytes
+from sluicegate.tokens import BYTES_PER_TOKEN, block_hashes, count_bytes_tokens, hash_seed
+
+_xxh64 = xxhash.xxh64_intdigest
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """One request inside the engine. Token counts are in built-in tokens; times in s."""
+
+    request_id: str
+    prompt: bytes
+    max_output_tokens: int
+    finish_reason: str
+    """Reason reported when ``max_output_tokens`` is reached: ``length`` or ``stop``."""
+    arrival: float
+    hash_seed: int
+    output_seed: int
+    lora: str | None = None
+    prompt_tokens: int = 0
+    status: SeqStatus = SeqStatus.WAITING
+    num_computed: int = 0
+    num_output: int = 0
+    num_cached_prompt_tokens: int = -1
+    """Prompt tokens found in the prefix cache at first scheduling (-1: not yet scheduled)."""
+    num_preemptions: int = 0
+    first_scheduled: float = -1.0
+    first_token_time: float = -1.0
+    last_token_time: float = -1.0
+    finish_time: float = -1.0
+    blocks: list[int] = field(default_factory=list)
+    hashes: list[int] = field(default_factory=list)
+    """Chained hashes of the full blocks of prompt + output known so far."""
+    num_registered: int = 0
+    """Leading blocks already registered in the prefix cache (or found there)."""
+
+    def __post_init__(self) -> None:
+        self.prompt_tokens = count_bytes_tokens(self.prompt)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens known so far: prompt plus generated."""
+        return self.prompt_tokens + self.num_output
+
+    @property
+    def finished(self) -> bool:
+        return self.status in (SeqStatus.FINISHED, SeqStatus.ABORTED)
+
+    def output_text(self, start: int = 0, end: int | None = None) -> str:
+        """Generated text of tokens ``start``..``end`` (default: all generated so far)."""
+        stop = self.num_output if end is None else end
+        return output_bytes(self.output_seed, start, stop).decode()
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What one iteration did. ``duration`` is in seconds."""
+
+    duration: float = 0.0
+    batched_tokens: int = 0
+    emitted: list[Sequence] = field(default_factory=list)
+    """Sequences that produced a token (their first or a later one)."""
+    finished: list[Sequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    loaded_loras: list[str] = field(default_factory=list)
+
+    @property
+    def idle(self) -> bool:
+        return self.batched_tokens == 0
+
+
+@dataclass(slots=True)
+class EngineCounters:
+    """Cumulative counters in the units vLLM reports them (tokens, requests)."""
+
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prompt_tokens: int = 0
+    prompt_tokens_computed: int = 0
+    prompt_tokens_cached: int = 0
+    generation_tokens: int = 0
+    preemptions: int = 0
+    steps: int = 0
+    finished_by_reason: dict[str, int] = field(default_factory=dict)
+
+
+class Engine:
+    """A simulated vLLM engine for one model (and its LoRA adapters)."""
+
+    def __init__(self, profile: EngineProfile, enable_prefix_caching: bool = True) -> None:
+        self.profile = profile
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(profile.num_gpu_blocks)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.counters = EngineCounters()
+        self.num_deferred = 0
+        """Waiting sequences skipped in the last step for LoRA capacity."""
+        self._gpu_loras: OrderedDict[str, None] = OrderedDict()
+        self._by_id: dict[str, Sequence] = {}
+
+    # ------------------------------------------------------------------ requests
+
+    def add(self, seq: Sequence) -> None:
+        """Queue ``seq``; its prompt plus output must fit ``max_model_len`` and the KV cache."""
+        if seq.request_id in self._by_id:
+            raise ValueError(f"duplicate request id {seq.request_id!r}")
+        total = seq.prompt_tokens + seq.max_output_tokens
+        limit = min(self.profile.max_model_len, self.profile.kv_capacity_tokens)
+        if seq.prompt_tokens == 0:
+            raise ValueError("empty prompt")
+        if total > limit:
+            raise ValueError(f"{total} tokens exceed the engine limit of {limit}")
+        if self.enable_prefix_caching:
+            seq.hashes = block_hashes(seq.prompt, self.profile.block_size, seq.hash_seed)
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+        self._by_id[seq.request_id] = seq
+
+    def abort(self, request_id: str, now: float) -> Sequence | None:
+        """Remove a request wherever it is; returns it, or None if unknown or finished."""
+        seq = self._by_id.pop(request_id, None)
+        if seq is None:
+            return None
+        if seq.status is SeqStatus.WAITING:
+            self.waiting.remove(seq)
+        elif seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+        self.pool.release(seq.blocks)
+        seq.blocks = []
+        seq.status = SeqStatus.ABORTED
+        seq.finish_time = now
+        self._count_finish("abort")
+        return seq
+
+    def get(self, request_id: str) -> Sequence | None:
+        return self._by_id.get(request_id)
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+    def running_loras(self) -> list[str]:
+        return sorted({s.lora for s in self.running if s.lora})
+
+    def waiting_loras(self) -> list[str]:
+        return sorted({s.lora for s in self.waiting if s.lora})
+
+    # ------------------------------------------------------------------ stepping
+
+    def step(self, now: float) -> StepResult:
+        """Run one iteration starting at ``now`` (seconds)."""
+        p = self.profile
+        budget = p.max_num_batched_tokens
+        result = StepResult()
+        scheduled: list[tuple[Sequence, int]] = []
+
+        running = self.running
+        i = 0
+        while i < len(running):
+            seq = running[i]
+            k = min(seq.num_tokens - seq.num_computed, budget)
+            if k <= 0:
+                i += 1
+                continue
+            if self._reserve(seq, k):
+                scheduled.append((seq, k))
+                budget -= k
+                i += 1
+                continue
+            # Out of blocks: preempt from the back until this sequence fits.
+            fitted = False
+            while running:
+                victim = running.pop()
+                self._preempt(victim)
+                result.preempted.append(victim)
+                if victim is seq:
+                    break
+                if self._reserve(seq, k):
+                    scheduled.append((seq, k))
+                    budget -= k
+                    i += 1
+                    fitted = True
+                    break
+            if not fitted:
+                break
+
+        if not result.preempted:
+            self._schedule_waiting(now, budget, scheduled, result)
+
+        if not scheduled:
+            return result
+
+        # Execute: account time, then advance every scheduled sequence.
+        batched = 0
+        decode_seqs = 0
+        decode_ctx = 0
+        prefill_flops = 0.0
+        with_lora = False
+        for seq, k in scheduled:
+            batched += k
+            if seq.lora:
+                with_lora = True
+            if k == 1 and seq.num_computed > 0:
+                decode_seqs += 1
+                decode_ctx += seq.num_computed + 1
+            else:
+                prefill_flops += p.prefill_attention_flops(k, seq.num_computed)
+        step_ms = p.step_ms(batched, decode_seqs, decode_ctx, prefill_flops, with_lora)
+        step_ms += p.lora_load_ms * len(result.loaded_loras)
+        duration = step_ms / 1000.0
+        done_at = now + duration
+        result.duration = duration
+        result.batched_tokens = batched
+        self.counters.steps += 1
+
+        bs = p.block_size
+        counters = self.counters
+        for seq, k in scheduled:
+            was_prefilling = seq.num_computed < seq.prompt_tokens
+            seq.num_computed += k
+            if self.enable_prefix_caching:
+                full = seq.num_computed // bs
+                if full > seq.num_registered:
+                    self._register_blocks(seq, full)
+            if seq.num_computed < seq.num_tokens:
+                continue
+            # Every known token is computed: sample one.
+            if was_prefilling and seq.num_output == 0:
+                counters.prompt_tokens += seq.prompt_tokens
+            seq.num_output += 1
+            counters.generation_tokens += 1
+            if seq.first_token_time < 0:
+                seq.first_token_time = done_at
+            seq.last_token_time = done_at
+            result.emitted.append(seq)
+            if seq.num_output >= seq.max_output_tokens:
+                self._finish(seq, done_at)
+                result.finished.append(seq)
+        if result.finished:
+            self.running = [s for s in self.running if s.status is SeqStatus.RUNNING]
+        return result
+
+    # ------------------------------------------------------------------ internals
+
+    def _schedule_waiting(
+        self,
+        now: float,
+        budget: int,
+        scheduled: list[tuple[Sequence, int]],
+        result: StepResult,
+    ) -> None:
+        p = self.profile
+        waiting = self.waiting
+        skipped: list[Sequence] = []
+        active_loras = {s.lora for s in self.running if s.lora}
+        while waiting and budget > 0 and len(self.running) < p.max_num_seqs:
+            seq = waiting[0]
+            if seq.lora and seq.lora not in active_loras and len(active_loras) >= p.max_loras:
+                skipped.append(waiting.popleft())
+                continue
+            hit_blocks = self._cached_prefix(seq)
+            computed = len(hit_blocks) * p.block_size
+            k = min(seq.num_tokens - computed, budget)
+            needed = math.ceil((computed + k) / p.block_size) - len(hit_blocks)
+            if self.pool.free_after_touch(hit_blocks) < needed:
+                break
+            waiting.popleft()
+            self.pool.touch(hit_blocks)
+            seq.blocks = hit_blocks + self.pool.allocate(needed)
+            seq.num_computed = computed
+            seq.num_registered = len(hit_blocks)
+            seq.status = SeqStatus.RUNNING
+            if self.enable_prefix_caching:
+                self.counters.prefix_cache_queries += seq.num_tokens
+                self.counters.prefix_cache_hits += computed
+            if seq.first_scheduled < 0:
+                seq.first_scheduled = now
+            if seq.num_cached_prompt_tokens < 0:
+                cached = min(computed, seq.prompt_tokens)
+                seq.num_cached_prompt_tokens = cached
+                self.counters.prompt_tokens_cached += cached
+                self.counters.prompt_tokens_computed += seq.prompt_tokens - cached
+            if seq.lora:
+                if seq.lora not in active_loras:
+                    active_loras.add(seq.lora)
+                self._activate_lora(seq.lora, result)
+            self.running.append(seq)
+            scheduled.append((seq, k))
+            budget -= k
+        self.num_deferred = len(skipped)
+        if skipped:
+            waiting.extendleft(reversed(skipped))
+
+    def _cached_prefix(self, seq: Sequence) -> list[int]:
+        if not self.enable_prefix_caching:
+            return []
+        # At least one token must be computed, so the last token never counts as a hit.
+        limit = (seq.num_tokens - 1) // self.profile.block_size
+        self._extend_hashes(seq, limit)
+        return self.pool.longest_cached_prefix(seq.hashes, limit)
+
+    def _reserve(self, seq: Sequence, k: int) -> bool:
+        """Make sure ``seq`` has blocks for ``k`` more tokens; False if the pool is short."""
+        needed = math.ceil((seq.num_computed + k) / self.profile.block_size) - len(seq.blocks)
+        if needed <= 0:
+            return True
+        if needed > self.pool.num_free:
+            return False
+        seq.blocks.extend(self.pool.allocate(needed))
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.pool.release(seq.blocks)
+        seq.blocks = []
+        seq.num_computed = 0
+        seq.num_registered = 0
+        seq.num_preemptions += 1
+        seq.status = SeqStatus.WAITING
+        self.counters.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _finish(self, seq: Sequence, now: float) -> None:
+        self.pool.release(seq.blocks)
+        seq.blocks = []
+        seq.status = SeqStatus.FINISHED
+        seq.finish_time = now
+        self._by_id.pop(seq.request_id, None)
+        self._count_finish(seq.finish_reason)
+
+    def _count_finish(self, reason: str) -> None:
+        by_reason = self.counters.finished_by_reason
+        by_reason[reason] = by_reason.get(reason, 0) + 1
+
+    def _activate_lora(self, name: str, result: StepResult) -> None:
+        gpu = self._gpu_loras
+        if name in gpu:
+            gpu.move_to_end(name)
+            return
+        if len(gpu) >= self.profile.max_loras:
+            in_use = {s.lora for s in self.running if s.lora}
+            for resident in list(gpu):
+                if resident not in in_use:
+                    del gpu[resident]
+                    break
+        gpu[name] = None
+        result.loaded_loras.append(name)
+
+    def _extend_hashes(self, seq: Sequence, n_blocks: int) -> None:
+        """Compute chained hashes for the first ``n_blocks`` blocks of prompt + output."""
+        hashes = seq.hashes
+        if len(hashes) >= n_blocks:
+            return
+        bs_bytes = self.profile.block_size * BYTES_PER_TOKEN
+        prompt = seq.prompt
+        h = hashes[-1] if hashes else seq.hash_seed
+        for b in range(len(hashes), n_blocks):
+            start, end = b * bs_bytes, (b + 1) * bs_bytes
+            if end <= len(prompt):
+                chunk = prompt[start:end]
+            else:
+                # Generated tokens start at the first token boundary after the prompt.
+                prompt_end = seq.prompt_tokens * BYTES_PER_TOKEN
+                head = prompt[start:].ljust(max(0, prompt_end - start), b"\0")
+                first_out = max(0, (start - prompt_end) // BYTES_PER_TOKEN)
+                last_out = (end - prompt_end) // BYTES_PER_TOKEN
+                chunk = head + output_bytes(seq.output_seed, first_out, last_out)
+            h = _xxh64(chunk, h)
+            hashes.append(h)
+
+    def _register_blocks(self, seq: Sequence, full_blocks: int) -> None:
+        self._extend_hashes(seq, full_blocks)
+        register = self.pool.register
+        blocks, hashes = seq.blocks, seq.hashes
+        for b in range(seq.num_registered, full_blocks):
+            register(blocks[b], hashes[b])
+        seq.num_registered = full_blocks
+
+
+# Output lengths of requests that may stop early follow a log-normal fitted to ShareGPT's
+# first-turn replies (median 239, p90 556 Llama-3 tokens; reference anchors, section K).
+_NATURAL_LENGTH_MEDIAN = 239.0
+_NATURAL_LENGTH_SIGMA = 0.66
+
+
+def natural_output_length(seed: int) -> int:
+    """Tokens a model would generate before its end-of-sequence token (deterministic)."""
+    rng = random.Random(seed)
+    return max(
+        1, round(rng.lognormvariate(math.log(_NATURAL_LENGTH_MEDIAN), _NATURAL_LENGTH_SIGMA))
+    )
+
+
+def new_sequence(
+    request_id: str,
+    prompt: bytes,
+    *,
+    arrival: float,
+    max_tokens: int | None,
+    ignore_eos: bool,
+    max_model_len: int,
+    model: str,
+    lora: str | None = None,
+    cache_salt: str = "",
+    seed: int = 0,
+) -> Sequence:
+    """A sequence for ``prompt`` bytes as an OpenAI-style request describes it.
+
+    Without ``max_tokens`` the limit is what ``max_model_len`` leaves after the prompt. With
+    ``ignore_eos`` the engine generates exactly the limit (finish reason ``length``);
+    otherwise it stops at a natural length drawn from the prompt's hash, so the same prompt
+    always gets the same answer length (finish reason ``stop``), or at the limit.
+    """
+    prompt_tokens = count_bytes_tokens(prompt)
+    limit = max_tokens if max_tokens is not None else max(1, max_model_len - prompt_tokens)
+    output_seed = _xxh64(prompt, seed)
+    if ignore_eos:
+        length, reason = limit, "length"
+    else:
+        natural = natural_output_length(output_seed)
+        length, reason = (natural, "stop") if natural < limit else (limit, "length")
+    # The prefix-cache key covers the model or adapter and the cache salt, as vLLM's does.
+    return Sequence(
+        request_id=request_id,
+        prompt=prompt,
+        max_output_tokens=max(1, length),
+        finish_reason=reason,
+        arrival=arrival,
+        hash_seed=hash_seed(lora or model, cache_salt),
+        output_seed=output_seed,
+        lora=lora,
+    )

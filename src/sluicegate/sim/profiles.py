@@ -1,0 +1,330 @@
+"""Hardware/model profiles: engine limits, KV capacity and the step-time function.
+
+A profile answers two questions for the engine model: how much fits (KV blocks, batch
+limits, LoRA slots) and how long one engine iteration takes. Step time follows the
+iteration model of reference/anchors.md section J::
+
+    step_ms = LIN(n)                                   linear ops (QKV, O, MLP, norms), table
+            + layers * (attn_fixed_ms + ctx * kv_bytes_per_layer / bandwidth)   decode attention
+            + sum over prefill chunks of 4 * c * (p + c/2) * hidden * layers / flops
+            + overhead_ms
+
+where ``n`` is the number of tokens in the iteration (prefill-chunk tokens plus one per
+decoding sequence), ``ctx`` the total context of the decoding sequences, and a prefill
+chunk of ``c`` tokens follows ``p`` tokens already in the KV cache. ``LIN`` interpolates the
+measured per-iteration linear-op times of ``data/calibration.csv`` (vidur profiles, MIT) and
+extends the least-squares fit beyond the last row. ``docs/simulator.md`` derives each
+profile's numbers.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+
+GIB = 1024**3
+
+
+@cache
+def _calibration_columns() -> dict[str, tuple[tuple[float, ...], tuple[float, ...]]]:
+    """Columns of the calibration table as (num_tokens, ms) pairs keyed by column name."""
+    text = resources.files("sluicegate.sim").joinpath("data/calibration.csv").read_text()
+    rows = [line for line in text.splitlines() if line and not line.startswith("#")]
+    reader = csv.DictReader(rows)
+    table: dict[str, list[tuple[float, float]]] = {}
+    for row in reader:
+        n = float(row["num_tokens"])
+        for name, value in row.items():
+            if name != "num_tokens":
+                table.setdefault(name, []).append((n, float(value)))
+    return {
+        name: (tuple(p[0] for p in pts), tuple(p[1] for p in pts)) for name, pts in table.items()
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class LinearOpsCurve:
+    """Per-iteration linear-op time (ms) as a function of tokens in the batch."""
+
+    xs: tuple[float, ...]
+    ys: tuple[float, ...]
+    tail_intercept_ms: float
+    tail_slope_ms_per_token: float
+
+    @classmethod
+    def from_calibration(
+        cls, column: str, intercept_ms: float, slope_us_per_token: float
+    ) -> LinearOpsCurve:
+        xs, ys = _calibration_columns()[column]
+        return cls(xs, ys, intercept_ms, slope_us_per_token / 1000.0)
+
+    @classmethod
+    def affine(cls, intercept_ms: float, slope_ms_per_token: float) -> LinearOpsCurve:
+        return cls((), (), intercept_ms, slope_ms_per_token)
+
+    def __call__(self, n: float) -> float:
+        """Linear-op time in ms for ``n`` batched tokens (0 for an empty batch)."""
+        if n <= 0:
+            return 0.0
+        xs = self.xs
+        if not xs or n > xs[-1]:
+            return self.tail_intercept_ms + self.tail_slope_ms_per_token * n
+        if n <= xs[0]:
+            return self.ys[0]
+        i = bisect.bisect_left(xs, n)
+        x0, x1 = xs[i - 1], xs[i]
+        y0, y1 = self.ys[i - 1], self.ys[i]
+        return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineProfile:
+    """One model on one accelerator, as a vLLM instance would run it.
+
+    Limits mirror vLLM's scheduler options; times are in milliseconds unless a name says
+    otherwise.
+    """
+
+    name: str
+    description: str
+    model_name: str
+    linear_ops: LinearOpsCurve = field(repr=False)
+    num_layers: int
+    hidden_size: int
+    kv_bytes_per_token_per_layer: int
+    memory_bandwidth_bytes_per_s: float
+    attention_flops_per_s: float
+    num_gpu_blocks: int
+    block_size: int = 16
+    max_num_seqs: int = 1024
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 8192
+    max_loras: int = 4
+    max_lora_rank: int = 16
+    lora_load_ms: float = 10.0
+    lora_step_factor: float = 1.1
+    attention_fixed_ms_per_layer: float = 0.010
+    step_overhead_ms: float = 0.3
+    gpu_memory_utilization: float = 0.92
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_gpu_blocks * self.block_size
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.kv_bytes_per_token_per_layer * self.num_layers
+
+    def decode_attention_ms(self, decode_seqs: int, decode_context_tokens: int) -> float:
+        """Attention time (ms) for ``decode_seqs`` sequences holding ``decode_context_tokens``."""
+        if decode_seqs <= 0:
+            return 0.0
+        read_ms_per_layer = (
+            decode_context_tokens
+            * self.kv_bytes_per_token_per_layer
+            / self.memory_bandwidth_bytes_per_s
+            * 1e3
+        )
+        return self.num_layers * (self.attention_fixed_ms_per_layer + read_ms_per_layer)
+
+    def prefill_attention_flops(self, chunk_tokens: int, cached_tokens: int) -> float:
+        """Attention FLOPs of a prefill chunk of ``chunk_tokens`` after ``cached_tokens``."""
+        c = chunk_tokens
+        return 4.0 * c * (cached_tokens + c / 2.0) * self.hidden_size * self.num_layers
+
+    def step_ms(
+        self,
+        batched_tokens: int,
+        decode_seqs: int,
+        decode_context_tokens: int,
+        prefill_attention_flops: float,
+        with_lora: bool = False,
+    ) -> float:
+        """Duration (ms) of one iteration; 0 when nothing is batched."""
+        if batched_tokens <= 0:
+            return 0.0
+        ms = (
+            self.linear_ops(batched_tokens)
+            + self.decode_attention_ms(decode_seqs, decode_context_tokens)
+            + prefill_attention_flops / self.attention_flops_per_s * 1e3
+        )
+        if with_lora:
+            ms *= self.lora_step_factor
+        return ms + self.step_overhead_ms
+
+    def prefill_ms(self, prompt_tokens: int) -> float:
+        """Time (ms) of one iteration prefilling a single ``prompt_tokens`` prompt."""
+        flops = self.prefill_attention_flops(prompt_tokens, 0)
+        return self.step_ms(prompt_tokens, 0, 0, flops)
+
+    def decode_ms(self, batch: int, context_per_seq: int) -> float:
+        """Time (ms) of one decode iteration for ``batch`` sequences of equal context."""
+        return self.step_ms(batch, batch, batch * context_per_seq, 0.0)
+
+
+def kv_blocks_for(
+    gpu_memory_gib: float,
+    utilization: float,
+    reserved_gib: float,
+    kv_bytes_per_token: int,
+    block_size: int = 16,
+) -> int:
+    """KV blocks vLLM would allocate: (memory * utilization - reserved) / bytes per block."""
+    kv_bytes = (gpu_memory_gib * utilization - reserved_gib) * GIB
+    return int(kv_bytes // (kv_bytes_per_token * block_size))
+
+
+# H100 80 GB as vLLM sees it (79.18 GiB) and the non-KV memory of an 8B model under vLLM:
+# weights 14.99 + activation peak 4.76 + non-torch 0.13 GiB (reference anchors, section J,
+# measured for Llama-3.1-8B). Llama-2-7B's weights are 12.55 GiB.
+_H100_GIB = 79.18
+_ACTIVATION_AND_RUNTIME_GIB = 4.76 + 0.13
+_H100_BW = 2.7e12
+_H100_ATTN_FLOPS = 300e12
+# A100 80 GB: the same memory split, bandwidth from vidur's attention samples (anchors J);
+# attention FLOP rate assumed at the same ~30 % of dense bf16 peak as on H100.
+_A100_BW = 1.6e12
+_A100_ATTN_FLOPS = 95e12
+
+_LLAMA2_7B_KV_LAYER = 16_384  # 2 (K, V) * 32 KV heads * 128 dims * 2 bytes
+_LLAMA3_8B_KV_LAYER = 4_096  # 2 (K, V) * 8 KV heads * 128 dims * 2 bytes
+
+
+def _llama2_7b(
+    name: str,
+    gpu: str,
+    column: str,
+    fit: tuple[float, float],
+    bw: float,
+    flops: float,
+    max_seqs: int,
+    max_batched: int,
+) -> EngineProfile:
+    return EngineProfile(
+        name=name,
+        description=f"Llama-2-7B on one {gpu} 80GB, vLLM 0.32 defaults",
+        model_name="meta-llama/Llama-2-7b-hf",
+        linear_ops=LinearOpsCurve.from_calibration(column, *fit),
+        num_layers=32,
+        hidden_size=4096,
+        kv_bytes_per_token_per_layer=_LLAMA2_7B_KV_LAYER,
+        memory_bandwidth_bytes_per_s=bw,
+        attention_flops_per_s=flops,
+        num_gpu_blocks=kv_blocks_for(
+            _H100_GIB, 0.92, 12.55 + _ACTIVATION_AND_RUNTIME_GIB, _LLAMA2_7B_KV_LAYER * 32
+        ),
+        max_num_seqs=max_seqs,
+        max_num_batched_tokens=max_batched,
+        max_model_len=4096,
+    )
+
+
+def _llama3_8b(
+    name: str,
+    gpu: str,
+    column: str,
+    fit: tuple[float, float],
+    bw: float,
+    flops: float,
+    max_seqs: int,
+    max_batched: int,
+) -> EngineProfile:
+    return EngineProfile(
+        name=name,
+        description=f"Llama-3-8B on one {gpu} 80GB, vLLM 0.32 defaults",
+        model_name="meta-llama/Meta-Llama-3-8B",
+        linear_ops=LinearOpsCurve.from_calibration(column, *fit),
+        num_layers=32,
+        hidden_size=4096,
+        kv_bytes_per_token_per_layer=_LLAMA3_8B_KV_LAYER,
+        memory_bandwidth_bytes_per_s=bw,
+        attention_flops_per_s=flops,
+        num_gpu_blocks=kv_blocks_for(
+            _H100_GIB, 0.92, 14.99 + _ACTIVATION_AND_RUNTIME_GIB, _LLAMA3_8B_KV_LAYER * 32
+        ),
+        max_num_seqs=max_seqs,
+        max_num_batched_tokens=max_batched,
+        max_model_len=8192,
+    )
+
+
+def _builtin_profiles() -> dict[str, EngineProfile]:
+    profiles = [
+        # vLLM 0.32 `vllm serve` on a >= 70 GiB non-A100 GPU: max_num_seqs 1024,
+        # max_num_batched_tokens 8192; A100 and other GPUs: 256 / 2048 (anchors J).
+        _llama2_7b(
+            "llama2-7b-h100",
+            "H100",
+            "h100_llama2_7b_ms",
+            (2.87, 20.45),
+            _H100_BW,
+            _H100_ATTN_FLOPS,
+            1024,
+            8192,
+        ),
+        _llama3_8b(
+            "llama3-8b-h100",
+            "H100",
+            "h100_llama3_8b_est_ms",
+            (4.51, 21.21),
+            _H100_BW,
+            _H100_ATTN_FLOPS,
+            1024,
+            8192,
+        ),
+        _llama2_7b(
+            "llama2-7b-a100",
+            "A100",
+            "a100_llama2_7b_ms",
+            (2.14, 64.62),
+            _A100_BW,
+            _A100_ATTN_FLOPS,
+            256,
+            2048,
+        ),
+        _llama3_8b(
+            "llama3-8b-a100",
+            "A100",
+            "a100_llama3_8b_ms",
+            (6.40, 67.19),
+            _A100_BW,
+            _A100_ATTN_FLOPS,
+            256,
+            2048,
+        ),
+        EngineProfile(
+            name="tiny",
+            description="a toy engine for fast tests: 8,192-token KV, 16 sequences, ~2 ms steps",
+            model_name="tiny-llama",
+            linear_ops=LinearOpsCurve.affine(1.5, 0.004),
+            num_layers=4,
+            hidden_size=512,
+            kv_bytes_per_token_per_layer=2_048,
+            memory_bandwidth_bytes_per_s=2.7e11,
+            attention_flops_per_s=30e12,
+            num_gpu_blocks=512,
+            block_size=16,
+            max_num_seqs=16,
+            max_num_batched_tokens=512,
+            max_model_len=4096,
+            max_loras=2,
+            lora_load_ms=5.0,
+            step_overhead_ms=0.2,
+        ),
+    ]
+    return {p.name: p for p in profiles}
+
+
+PROFILES: dict[str, EngineProfile] = _builtin_profiles()
+
+
+def get_profile(name: str) -> EngineProfile:
+    """The built-in profile called ``name``; raises ``KeyError`` naming the known ones."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        known = ", ".join(sorted(PROFILES))
+        raise KeyError(f"unknown engine profile {name!r}; known profiles: {known}") from None

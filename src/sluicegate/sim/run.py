@@ -1,0 +1,67 @@
+"""Run a simulated pool until interrupted (the ``sluicegate sim`` command)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+
+from rich.console import Console
+
+from sluicegate.sim.faults import Faults
+from sluicegate.sim.server import ReplicaOptions, SimCluster
+
+
+def fault_table(
+    specs: list[tuple[int | None, dict[str, object]]], replicas: int
+) -> dict[int, Faults]:
+    """Faults per replica index from parsed ``--fault`` options (later ones win)."""
+    table: dict[int, Faults] = {}
+    for replica, changes in specs:
+        targets = range(replicas) if replica is None else [replica]
+        for i in targets:
+            if not 0 <= i < replicas:
+                raise ValueError(f"--fault names replica {i}, but there are {replicas}")
+            table.setdefault(i, Faults()).update(dict(changes))
+    return table
+
+
+async def serve_pool(
+    options: ReplicaOptions,
+    replicas: int,
+    host: str,
+    port: int,
+    faults: dict[int, Faults],
+    console: Console,
+) -> None:
+    cluster = SimCluster(options, replicas, faults)
+    try:
+        await cluster.start(host, port)
+    except OSError:
+        await cluster.stop()  # the replicas that did start
+        raise
+    profile = options.profile
+    console.print(
+        f"[bold]sluicegate sim[/]: {replicas} replica(s) of [cyan]{profile.name}[/] "
+        f"({profile.description}), time scale {options.time_scale}"
+    )
+    for replica in cluster.replicas:
+        console.print(
+            f"  {replica.pod_name}: http://{host}:{replica.port}  "
+            f"model [green]{replica.model_name}[/]"
+        )
+    first = cluster.replicas[0]
+    console.print(
+        f"\nTry: curl http://{host}:{first.port}/v1/completions -H 'content-type: "
+        f'application/json\' -d \'{{"model": "{first.model_name}", "prompt": '
+        f'"Hello", "max_tokens": 16}}\''
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await cluster.stop()
