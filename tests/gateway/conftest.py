@@ -47,5 +47,6 @@ async def gateway() -> AsyncIterator[GatewayFactory]:
 
 @pytest.fixture
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
+    connector = aiohttp.TCPConnector(limit=0)  # tests may hold many requests open at once
+    async with aiohttp.ClientSession(connector=connector) as session:
         yield session

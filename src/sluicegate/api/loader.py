@@ -60,7 +60,9 @@ def load_config(path: str | Path) -> Config:
 def parse_config(text: str, source: str = "<config>") -> Config:
     """Parse YAML ``text`` holding one or more documents."""
     try:
-        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+        # Empty documents stay in the list (build_config skips them) so that document
+        # numbers in messages count every document of the file.
+        documents = list(yaml.safe_load_all(text))
     except yaml.YAMLError as exc:
         raise ConfigError([f"{source}: not valid YAML: {exc}"]) from None
     return build_config(documents, source)
@@ -70,8 +72,12 @@ def build_config(documents: Iterable[Any], source: str = "<config>") -> Config:
     """Validate already-parsed documents (dicts) into a :class:`Config`."""
     config = Config()
     problems: list[str] = []
+    labels: dict[int, str] = {}  # message prefix of each validated object, by id()
+    gateway_seen = False
     for number, doc in enumerate(documents, start=1):
         where = f"{source} document {number}"
+        if doc is None:  # an empty document (``---`` twice, a trailing ``---``)
+            continue
         if not isinstance(doc, dict):
             problems.append(f"{where}: expected a mapping with apiVersion and kind")
             continue
@@ -96,8 +102,13 @@ def build_config(documents: Iterable[Any], source: str = "<config>") -> Config:
         except ValidationError as exc:
             problems.extend(_describe(label, exc))
             continue
+        labels[id(obj)] = label
+        if isinstance(obj, GatewayConfig):
+            if gateway_seen:
+                problems.append(f"{label}: only one GatewayConfig is allowed")
+            gateway_seen = True
         _add(config, obj, label, problems)
-    _cross_check(config, problems)
+    _cross_check(config, labels, problems)
     if problems:
         raise ConfigError(problems)
     return config
@@ -133,18 +144,13 @@ def _add(config: Config, obj: BaseModel, label: str, problems: list[str]) -> Non
         config.gateway = obj.spec
 
 
-def _cross_check(config: Config, problems: list[str]) -> None:
-    for model in config.models.values():
-        ref = model.spec.pool_ref.name
+def _cross_check(config: Config, labels: dict[int, str], problems: list[str]) -> None:
+    referrers: list[InferenceModel | InferenceObjective] = [
+        *config.models.values(),
+        *config.objectives.values(),
+    ]
+    for obj in referrers:
+        ref = obj.spec.pool_ref.name
         if ref not in config.pools:
-            problems.append(
-                f"InferenceModel {model.metadata.name!r}: poolRef names unknown "
-                f"InferencePool {ref!r}"
-            )
-    for objective in config.objectives.values():
-        ref = objective.spec.pool_ref.name
-        if ref not in config.pools:
-            problems.append(
-                f"InferenceObjective {objective.metadata.name!r}: poolRef names "
-                f"unknown InferencePool {ref!r}"
-            )
+            label = labels.get(id(obj), f"{obj.kind} {obj.metadata.name}")
+            problems.append(f"{label}: spec.poolRef.name: unknown InferencePool {ref!r}")

@@ -157,12 +157,15 @@ class InferenceModelSpec(Model):
 
     @model_validator(mode="after")
     def _weights(self) -> InferenceModelSpec:
+        problems: list[str] = []
         weighted = [t.weight is not None for t in self.target_models]
         if any(weighted) and not all(weighted):
-            raise ValueError("targetModels weights must be set on all targets or on none")
+            problems.append("targetModels weights must be set on all targets or on none")
         names = [t.name for t in self.target_models]
         if len(set(names)) != len(names):
-            raise ValueError("targetModels names must be unique")
+            problems.append("targetModels names must be unique")
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
 
@@ -226,21 +229,29 @@ class EndpointPickerConfig(Model):
 
     @model_validator(mode="after")
     def _references(self) -> EndpointPickerConfig:
+        # Every problem is reported, each with the path of the field it is about.
+        problems: list[str] = []
         names = [p.ref for p in self.plugins]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
-            raise ValueError(f"plugin names must be unique: {', '.join(duplicates)}")
+            problems.append(f"plugins: plugin names must be unique: {', '.join(duplicates)}")
         known = set(names)
-        for profile in self.scheduling_profiles:
-            for ref in profile.plugins:
+        for i, profile in enumerate(self.scheduling_profiles):
+            for j, ref in enumerate(profile.plugins):
                 if ref.plugin_ref not in known:
-                    raise ValueError(
-                        f"schedulingProfiles {profile.name!r} references unknown plugin "
-                        f"{ref.plugin_ref!r}"
+                    problems.append(
+                        f"schedulingProfiles.{i}.plugins.{j}.pluginRef: profile "
+                        f"{profile.name!r} references unknown plugin {ref.plugin_ref!r}"
                     )
         profiles = [p.name for p in self.scheduling_profiles]
-        if len(set(profiles)) != len(profiles):
-            raise ValueError("schedulingProfiles names must be unique")
+        duplicate_profiles = sorted({n for n in profiles if profiles.count(n) > 1})
+        if duplicate_profiles:
+            problems.append(
+                "schedulingProfiles: schedulingProfiles names must be unique: "
+                + ", ".join(duplicate_profiles)
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
 

@@ -11,7 +11,6 @@ of scheduling; the next successful scrape brings it back.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -51,6 +50,8 @@ class Collector:
         self.clock = clock
         self.settings = settings or CollectorSettings()
         self._tasks: dict[int, list[asyncio.Task[None]]] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
+        """Tasks of removed endpoints, cancelled but maybe not finished yet."""
         self._running = False
         datastore.on_added(self._start_endpoint)
         datastore.on_removed(self._stop_endpoint)
@@ -66,6 +67,8 @@ class Collector:
         self._tasks.clear()
         for task in tasks:
             task.cancel()
+        tasks += self._stopping
+        self._stopping.clear()
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def refresh(self, endpoint: Endpoint) -> None:
@@ -110,6 +113,9 @@ class Collector:
     def _stop_endpoint(self, endpoint: Endpoint) -> None:
         for task in self._tasks.pop(id(endpoint), []):
             task.cancel()
+            # Keep a reference until it has finished, so stop() can wait for it.
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
 
     async def _scrape_loop(self, endpoint: Endpoint) -> None:
         loop = asyncio.get_running_loop()
@@ -171,8 +177,3 @@ def parse_models(payload: object, now: float) -> ServedModels | None:
             continue
         (adapters if entry.get("parent") else base).add(entry["id"])
     return ServedModels(frozenset(base), frozenset(adapters), now)
-
-
-async def close_quietly(session: aiohttp.ClientSession) -> None:
-    with contextlib.suppress(Exception):
-        await session.close()

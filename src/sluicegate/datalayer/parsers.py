@@ -12,6 +12,7 @@ KV usage is the highest rank's (the one that decides admission).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -33,6 +34,8 @@ class MetricNames:
     cache_blocks_label: str = "num_gpu_blocks"
     block_size_gauge: str | None = None
     num_blocks_gauge: str | None = None
+    block_size_label_filter: tuple[str, str] | None = None
+    num_blocks_label_filter: tuple[str, str] | None = None
     prefix_queries: tuple[str, ...] = ()
     prefix_hits: tuple[str, ...] = ()
     waiting_label_filter: tuple[str, str] | None = None
@@ -73,18 +76,23 @@ ENGINES: dict[str, MetricNames] = {
         waiting_label_filter=("request_type", "waiting"),
         running_label_filter=("request_type", "scheduled"),
         kv_label_filter=("kv_cache_block_type", "fraction"),
+        block_size_gauge="nv_trt_llm_kv_cache_block_metrics",
+        num_blocks_gauge="nv_trt_llm_kv_cache_block_metrics",
+        block_size_label_filter=("kv_cache_block_type", "tokens_per"),
+        num_blocks_label_filter=("kv_cache_block_type", "max"),
     ),
 }
 
 
 class MetricsParseError(ValueError):
-    """The scrape has none of the metrics the engine type should report."""
+    """The scrape is not valid exposition text, has none of the metrics the engine type
+    should report, or reports load as NaN or infinity."""
 
 
 class MetricsParser:
     """Parses one engine type's scrapes."""
 
-    __slots__ = ("_names", "_prefixes", "_wanted")
+    __slots__ = ("_load", "_names", "_prefixes", "_wanted")
 
     def __init__(self, engine_type: str) -> None:
         try:
@@ -99,6 +107,7 @@ class MetricsParser:
                 wanted.add(single)
         self._wanted = frozenset(wanted)
         self._prefixes = tuple(sorted(wanted))
+        self._load = frozenset({*n.waiting, *n.running, *n.kv_usage})
 
     def parse(self, text: str, scraped_at: float) -> EngineMetrics:
         """The facts in ``text`` (Prometheus exposition) stamped with ``scraped_at`` (s)."""
@@ -113,8 +122,8 @@ class MetricsParser:
         running_loras, waiting_loras, max_loras = self._loras(samples)
         return EngineMetrics(
             scraped_at=scraped_at,
-            waiting=int(waiting),
-            running=int(running),
+            waiting=max(0, int(waiting)),
+            running=max(0, int(running)),
             kv_usage=min(1.0, max(0.0, kv)),
             running_loras=running_loras,
             waiting_loras=waiting_loras,
@@ -132,10 +141,21 @@ class MetricsParser:
         if not lines:
             return out
         lines.append("")
-        for family in text_string_to_metric_families("\n".join(lines)):
-            for sample in family.samples:
-                if sample.name in wanted:
+        try:
+            for family in text_string_to_metric_families("\n".join(lines)):
+                for sample in family.samples:
+                    if sample.name not in wanted:
+                        continue
+                    if not math.isfinite(sample.value):
+                        # A load gauge we cannot read must not pass for an idle server.
+                        if sample.name in self._load:
+                            raise MetricsParseError(f"{sample.name} is {sample.value}")
+                        continue
                     out.setdefault(sample.name, []).append((sample.labels, sample.value))
+        except MetricsParseError:
+            raise
+        except ValueError as exc:
+            raise MetricsParseError(f"malformed exposition text: {exc}") from None
         return out
 
     def _cache(
@@ -148,9 +168,9 @@ class MetricsParser:
                 _int_label(labels, n.cache_block_label),
                 _int_label(labels, n.cache_blocks_label),
             )
-        block = samples.get(n.block_size_gauge or "")
-        blocks = samples.get(n.num_blocks_gauge or "")
-        return (int(block[0][1]) if block else None, int(blocks[0][1]) if blocks else None)
+        block = _matching(samples.get(n.block_size_gauge or "", ()), n.block_size_label_filter)
+        blocks = _matching(samples.get(n.num_blocks_gauge or "", ()), n.num_blocks_label_filter)
+        return (int(block[0]) if block else None, int(blocks[0]) if blocks else None)
 
     def _loras(
         self, samples: dict[str, list[tuple[dict[str, str], float]]]

@@ -142,38 +142,36 @@ class Proxy:
         retries_left = self.settings.max_retries
         while True:
             endpoint = dispatch.endpoint
+            can_retry = retries_left > 0 and dispatch.has_fallback()
             try:
                 upstream = await self.session.post(
                     f"{endpoint.url}{path}", data=body, headers=headers, timeout=timeout
                 )
-            except (aiohttp.ClientConnectionError, aiohttp.ClientOSError) as exc:
-                failure: str | None = f"connect: {type(exc).__name__}"
-                upstream = None
-            except TimeoutError:
-                failure = "connect: timeout"
-                upstream = None
+            except aiohttp.SocketTimeoutError:
+                raise _upstream_timeout() from None
+            except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+                failure = f"connect: {type(exc).__name__}"
             else:
-                failure = None
-            if upstream is not None and upstream.status in RETRYABLE_STATUS and retries_left:
-                failure = f"status {upstream.status}"
-                upstream.close()
-                upstream = None
-            if upstream is not None:
-                try:
-                    if dispatch.request.stream:
-                        response = await self._relay_stream(request, dispatch, upstream, outcome)
-                    else:
-                        response = await self._relay_whole(dispatch, upstream, outcome)
-                    return response, outcome
-                except _RetryableError as exc:
-                    failure = str(exc)
-                finally:
-                    _done_with(upstream)
-            assert failure is not None
+                if upstream.status in RETRYABLE_STATUS and can_retry:
+                    failure = f"status {upstream.status}"
+                    upstream.close()
+                else:
+                    try:
+                        if dispatch.request.stream:
+                            response = await self._relay_stream(
+                                request, dispatch, upstream, outcome
+                            )
+                        else:
+                            response = await self._relay_whole(dispatch, upstream, outcome)
+                        return response, outcome
+                    except _RetryableError as exc:
+                        failure = str(exc)
+                    finally:
+                        _done_with(upstream)
             self.metrics.upstream_failures.labels(endpoint.name, failure.split(":")[0]).inc()
             if self.collector is not None and not failure.startswith("status"):
                 self.collector.record_failure(endpoint, failure)
-            if retries_left <= 0 or dispatch.retry_next() is None:
+            if not can_retry or dispatch.retry_next() is None:
                 raise GatewayError(
                     502,
                     f"upstream {endpoint.address} failed: {failure}",
@@ -188,15 +186,10 @@ class Proxy:
     ) -> web.Response:
         try:
             data = await upstream.read()
+        except TimeoutError:  # before ClientConnectionError: read timeouts are both
+            raise _upstream_timeout() from None
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
             raise _RetryableError(f"read: {type(exc).__name__}") from None
-        except TimeoutError:
-            raise GatewayError(
-                504,
-                "upstream did not answer in time",
-                code="upstream_timeout",
-                reason="upstream-timeout",
-            ) from None
         dispatch.mark_first_byte(self.clock.now())
         outcome.status = upstream.status
         payload = _json_or_none(data)
@@ -225,15 +218,10 @@ class Proxy:
         content = upstream.content
         try:
             first = await content.readany()
+        except TimeoutError:  # before ClientConnectionError: read timeouts are both
+            raise _upstream_timeout() from None
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
             raise _RetryableError(f"read: {type(exc).__name__}") from None
-        except TimeoutError:
-            raise GatewayError(
-                504,
-                "upstream did not answer in time",
-                code="upstream_timeout",
-                reason="upstream-timeout",
-            ) from None
         response = web.StreamResponse(
             status=upstream.status, headers=_client_headers(upstream.headers, dispatch)
         )
@@ -269,6 +257,15 @@ class Proxy:
             await response.write(rewrite(pending) if rewrite is not None else pending)
         await response.write_eof()
         return response
+
+
+def _upstream_timeout() -> GatewayError:
+    return GatewayError(
+        504,
+        "the model server did not answer in time",
+        code="upstream_timeout",
+        reason="upstream-timeout",
+    )
 
 
 def _done_with(upstream: aiohttp.ClientResponse) -> None:

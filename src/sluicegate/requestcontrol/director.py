@@ -105,8 +105,13 @@ class Dispatch:
         """The upstream answered: its prefill is done (prompt tokens leave the queue)."""
         if self.first_byte_at is None:
             self.first_byte_at = now
-            self.endpoint.inflight.first_token(self._charged_prompt)
-            self._released_prompt = True
+            if self.finished_at is None:  # after finish() everything is released already
+                self.endpoint.inflight.first_token(self._charged_prompt)
+                self._released_prompt = True
+
+    def has_fallback(self) -> bool:
+        """Whether a retry has somewhere to go."""
+        return any(not e.health.ejected for e in self.fallbacks)
 
     def retry_next(self) -> Endpoint | None:
         """Move to the next fallback after a failure before the first byte, or None."""

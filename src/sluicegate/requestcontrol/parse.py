@@ -171,5 +171,6 @@ def _identifier(headers: Mapping[str, str], names: tuple[str, ...]) -> str | Non
     if not value:
         return None
     if len(value) > MAX_HEADER_ID_LENGTH:
-        raise bad_request(f"header '{names[0]}' is longer than {MAX_HEADER_ID_LENGTH} chars")
+        name = next(n for n in names if n in headers)  # the header actually sent
+        raise bad_request(f"header '{name}' is longer than {MAX_HEADER_ID_LENGTH} chars", name)
     return value

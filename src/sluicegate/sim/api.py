@@ -7,12 +7,12 @@ status and name the offending field.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import orjson
 
+from sluicegate.lax import LaxValueError, as_bool, as_float, as_int
 from sluicegate.sim.text import PromptError, render_chat, render_prompt
 
 
@@ -44,62 +44,6 @@ class ApiError(Exception):
         )
 
 
-def as_int(value: object, field: str) -> int:
-    """``value`` as an int: an integer, an integral float, or a numeric string."""
-    if isinstance(value, bool):
-        raise ApiError(400, f"'{field}' must be an integer", field)
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        try:
-            number = float(value.strip())
-        except ValueError:
-            pass
-        else:
-            if number.is_integer():
-                return int(number)
-    raise ApiError(400, f"'{field}' must be an integer, got {value!r}", field)
-
-
-def as_float(value: object, field: str) -> float:
-    """``value`` as a finite float: a number or a numeric string."""
-    if isinstance(value, bool):
-        raise ApiError(400, f"'{field}' must be a number", field)
-    if isinstance(value, int | float):
-        number = float(value)
-    elif isinstance(value, str):
-        try:
-            number = float(value.strip())
-        except ValueError:
-            raise ApiError(400, f"'{field}' must be a number, got {value!r}", field) from None
-    else:
-        raise ApiError(400, f"'{field}' must be a number, got {value!r}", field)
-    if not math.isfinite(number):
-        raise ApiError(400, f"'{field}' must be finite", field)
-    return number
-
-
-_TRUE = {"true", "1", "yes", "on", "t", "y"}
-_FALSE = {"false", "0", "no", "off", "f", "n"}
-
-
-def as_bool(value: object, field: str) -> bool:
-    """``value`` as a bool: a JSON boolean, 0/1, or a string such as ``"true"``."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str):
-        lowered = value.strip().lower()
-        if lowered in _TRUE:
-            return True
-        if lowered in _FALSE:
-            return False
-    raise ApiError(400, f"'{field}' must be a boolean, got {value!r}", field)
-
-
 @dataclass(slots=True)
 class GenerateRequest:
     """The fields of a completions or chat request the simulator acts on."""
@@ -117,6 +61,13 @@ class GenerateRequest:
 
 def parse_generate(raw: bytes, chat: bool) -> GenerateRequest:
     """Parse and validate a ``/v1/completions`` (or chat, if ``chat``) request body."""
+    try:
+        return _parse_generate(raw, chat)
+    except LaxValueError as exc:
+        raise ApiError(400, str(exc), exc.field) from None
+
+
+def _parse_generate(raw: bytes, chat: bool) -> GenerateRequest:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

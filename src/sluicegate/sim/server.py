@@ -125,7 +125,9 @@ class Replica:
         self._t0 = loop.time()
         self._engine_now = 0.0
         app = self._build_app()
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        self._runner = web.AppRunner(
+            app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0
+        )
         await self._runner.setup()
         self._site = web.TCPSite(self._runner, host, port)
         await self._site.start()
@@ -135,23 +137,26 @@ class Replica:
         self._driver = asyncio.create_task(self._drive(), name=f"sim-engine-{self.index}")
 
     async def stop(self) -> None:
-        """Stop serving: cut open connections, stop the engine, close the port."""
-        for transport in list(self._transports):
-            transport.abort()
-        self._transports.clear()
+        """Die like a crashed server: close the port, cut every connection, drop all work."""
+        if self._site is not None:
+            await self._site.stop()  # no new connections from here on
+            self._site = None
         if self._driver is not None:
             self._driver.cancel()
             await asyncio.gather(self._driver, return_exceptions=True)
             self._driver = None
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
         now = self._sim_now()
         for request_id in list(self._handles):
             self.engine.abort(request_id, now)
         for handle in self._handles.values():
             handle.publish()
         self._handles.clear()
+        for transport in list(self._transports):
+            transport.abort()
+        self._transports.clear()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
 
     async def restart(self, host: str = "127.0.0.1") -> None:
         """Come back on the same port with an empty engine (a restarted server)."""
@@ -395,9 +400,7 @@ class Replica:
             frames: list[bytes] = []
             if chat and sent == 0:
                 # As vLLM does, the role arrives with the first token, not before it.
-                role_usage = (
-                    api.usage(seq.prompt_tokens, 0, 0) if params.continuous_usage else None
-                )
+                role_usage = api.usage(seq.prompt_tokens, 0, 0) if params.continuous_usage else None
                 frames.append(
                     api.stream_chunk(
                         seq.request_id, created, model, chat, "", None, role_usage, role=True
