@@ -11,8 +11,15 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.text import Text
 
 console = Console(stderr=True)
+
+
+def _fail(message: str, status: int = 2) -> int:
+    """Print ``message`` as an error (verbatim: no markup) and return ``status``."""
+    console.print(Text("error: ", style="bold red") + Text(message))
+    return status
 
 
 def _run(main: Coroutine[Any, Any, None]) -> None:
@@ -40,11 +47,10 @@ def _cmd_sim(args: argparse.Namespace) -> int:
             profile = replace(profile, max_loras=args.max_loras)
         faults = fault_table([parse_fault_spec(s) for s in args.fault], args.replicas)
     except (KeyError, ValueError) as exc:
-        console.print(f"[red]error:[/] {exc.args[0]}")
+        return _fail(str(exc.args[0]))
         return 2
     if args.time_scale <= 0:
-        console.print("[red]error:[/] --time-scale must be positive")
-        return 2
+        return _fail("--time-scale must be positive")
     loras = dict(_split_lora(spec) for spec in args.lora)
     options = ReplicaOptions(
         profile=profile,
@@ -59,8 +65,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     try:
         _run(serve_pool(options, args.replicas, args.host, args.port, faults, console))
     except OSError as exc:  # a port in use, an address not ours...
-        console.print(f"[red]error:[/] cannot serve on {args.host}:{args.port}: {exc}")
-        return 1
+        return _fail(f"cannot serve on {args.host}:{args.port}: {exc}", status=1)
     return 0
 
 
@@ -78,8 +83,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         if args.config:
             load_config(args.config)  # fail fast with every problem listed
     except (ConfigError, PluginConfigError, OSError) as exc:
-        console.print(f"[red]error:[/] {exc}")
-        return 2
+        return _fail(str(exc))
     options = ServeOptions(
         host=args.host,
         port=args.port,
@@ -92,7 +96,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             seed=args.seed, access_log=args.access_log, api_keys=list(args.api_key)
         ),
     )
-    _run(serve(options, console))
+    try:
+        _run(serve(options, console))
+    except OSError as exc:
+        return _fail(f"cannot serve on {args.host}:{args.port}: {exc}", status=1)
     return 0
 
 

@@ -103,6 +103,10 @@ class InferencePoolSpec(Model):
 
     @model_validator(mode="after")
     def _ports(self) -> InferencePoolSpec:
+        names = [e.name or e.address for e in self.endpoints]
+        duplicated = sorted({n for n in names if names.count(n) > 1})
+        if duplicated:
+            raise ValueError(f"endpoints must have distinct names: {', '.join(duplicated)}")
         ports = [p.number for p in self.target_ports]
         if len(set(ports)) != len(ports):
             raise ValueError("targetPorts must be unique")
@@ -217,8 +221,6 @@ class PluginRef(Model):
 class EndpointPickerConfig(Model):
     """``EndpointPickerConfig``: plugins and scheduling profiles. It has no metadata."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
-
     api_version: str
     kind: Literal["EndpointPickerConfig"]
     feature_gates: list[str] = Field(default_factory=list)
@@ -226,6 +228,13 @@ class EndpointPickerConfig(Model):
     scheduling_profiles: list[SchedulingProfileSpec] = Field(default_factory=list)
     saturation_detector: PluginRef | None = None
     flow_control: dict[str, Any] | None = None
+    # Sections of the reference endpoint picker's configuration that sluicegate accepts so
+    # existing files load, and does not act on: metrics collection is built in
+    # (datalayer/), and requests are always parsed as OpenAI-style.
+    data_layer: dict[str, Any] | None = None
+    data: dict[str, Any] | None = None
+    parser: dict[str, Any] | None = None
+    engine_configs: list[Any] | dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _references(self) -> EndpointPickerConfig:

@@ -127,7 +127,11 @@ class Collector:
         interval = self.settings.scrape_interval_s
         while True:
             started = loop.time()
-            await self._scrape_once(endpoint, parser)
+            try:
+                await self._scrape_once(endpoint, parser)
+            except Exception as exc:  # a bug must not stop this endpoint's scrapes for good
+                log.exception("endpoint %s: unexpected scrape failure", endpoint.name)
+                self.record_failure(endpoint, f"scrape: {type(exc).__name__}: {exc}")
             await asyncio.sleep(max(0.0, interval - (loop.time() - started)))
 
     async def _scrape_once(self, endpoint: Endpoint, parser: MetricsParser) -> None:
@@ -147,7 +151,11 @@ class Collector:
     async def _models_loop(self, endpoint: Endpoint) -> None:
         retry = min(1.0, self.settings.models_interval_s)
         while True:
-            ok = await self._list_models(endpoint)
+            try:
+                ok = await self._list_models(endpoint)
+            except Exception:
+                log.exception("endpoint %s: unexpected failure listing models", endpoint.name)
+                ok = False
             await asyncio.sleep(self.settings.models_interval_s if ok else retry)
 
     async def _list_models(self, endpoint: Endpoint) -> bool:

@@ -79,6 +79,8 @@ class Dispatch:
     _charged_prompt: int = 0
     _charged_decode: int = 0
     _released_prompt: bool = False
+    _holding: bool = False
+    """Whether ``endpoint``'s in-flight counters currently carry this request."""
 
     @property
     def rewrites_model(self) -> bool:
@@ -96,8 +98,12 @@ class Dispatch:
         )
         self._released_prompt = False
         self.endpoint.inflight.dispatch(self._charged_prompt, self._charged_decode)
+        self._holding = True
 
     def _release(self) -> None:
+        if not self._holding:
+            return
+        self._holding = False
         prompt_left = 0 if self._released_prompt else self._charged_prompt
         self.endpoint.inflight.complete(prompt_left, self._charged_decode)
 
@@ -105,7 +111,7 @@ class Dispatch:
         """The upstream answered: its prefill is done (prompt tokens leave the queue)."""
         if self.first_byte_at is None:
             self.first_byte_at = now
-            if self.finished_at is None:  # after finish() everything is released already
+            if self._holding:  # after finish() everything is released already
                 self.endpoint.inflight.first_token(self._charged_prompt)
                 self._released_prompt = True
 
@@ -125,8 +131,7 @@ class Dispatch:
                 self.attempts += 1
                 self._charge()
                 return candidate
-        self.finished_at = -1.0  # nothing left: the caller answers the failure
-        return None
+        return None  # nothing left: the caller answers the failure
 
     def finish(self, now: float) -> None:
         """The request is over (success, failure or cancellation); release its charges."""
@@ -167,8 +172,10 @@ class Director:
         now = self.clock.now()
         model_route = self.models.route(parsed.model)
         pool_name = model_route.pool if model_route is not None else self.models.default_pool
-        if pool_name is None or pool_name not in self.datastore.pools:
+        if pool_name is None:
             raise unknown_model(parsed.model)
+        if pool_name not in self.datastore.pools:
+            raise no_endpoint(f"pool '{pool_name}' has no endpoints")
         pool = self.datastore.pools[pool_name]
         if parsed.model_rewrite:
             target = parsed.model_rewrite

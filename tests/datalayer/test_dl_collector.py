@@ -1,0 +1,511 @@
+"""The collector: scrape loops, /v1/models discovery, ejection and recovery, task lifetime.
+
+Model servers are small aiohttp servers whose answers each test scripts (``fake_server``
+in this folder's conftest); time stamps come from a :class:`ManualClock`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from sluicegate.clock import ManualClock
+from sluicegate.datalayer.collector import Collector, CollectorSettings, parse_models
+from sluicegate.datalayer.datastore import Datastore, EndpointSpec
+from sluicegate.datalayer.endpoint import Endpoint, ServedModels
+
+POOL = "pool"
+FAST = CollectorSettings(
+    scrape_interval_s=0.01, scrape_timeout_s=2.0, models_interval_s=0.02, eject_after=3
+)
+
+
+async def wait_for(condition: Callable[[], bool], within: float = 3.0) -> None:
+    """Poll ``condition`` until it holds; fail after ``within`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.005)
+
+
+def collector_tasks() -> list[asyncio.Task[Any]]:
+    return [
+        t
+        for t in asyncio.all_tasks()
+        if t.get_name().startswith(("scrape-", "models-")) and not t.done()
+    ]
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(100.0)
+
+
+@pytest.fixture
+def datastore() -> Datastore:
+    return Datastore()
+
+
+@pytest.fixture
+async def make_collector(
+    datastore: Datastore, client_session: aiohttp.ClientSession, clock: ManualClock
+) -> AsyncIterator[Callable[..., Collector]]:
+    made: list[Collector] = []
+
+    def make(settings: CollectorSettings = FAST) -> Collector:
+        collector = Collector(datastore, client_session, clock, settings)
+        made.append(collector)
+        return collector
+
+    yield make
+    for collector in made:
+        await collector.stop()
+
+
+@pytest.fixture
+def refused_port() -> Iterator[int]:
+    """A local port that refuses connections (bound, never listening)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    yield sock.getsockname()[1]
+    sock.close()
+
+
+def add(datastore: Datastore, *endpoints: tuple[str, int], engine: str = "vllm") -> list[Endpoint]:
+    specs = [EndpointSpec(f"ep-{port}", host, port, engine_type=engine) for host, port in endpoints]
+    datastore.set_endpoints(POOL, specs)
+    return datastore.pools[POOL].endpoints
+
+
+# --------------------------------------------------------------------------- scraping
+
+
+async def test_refresh_fills_metrics_and_models(
+    fake_server: Any,
+    datastore: Datastore,
+    make_collector: Any,
+    clock: ManualClock,
+    gauges: Any,
+    models_payload: Any,
+) -> None:
+    server = await fake_server()
+    server.set_metrics(gauges(waiting=2, running=5, kv=0.25))
+    server.set_models(models_payload("llama", "sql-lora", "chat-lora"))
+    (ep,) = add(datastore, server.address)
+    ep.inflight.dispatch(100, 10)
+    collector = make_collector()
+
+    await collector.refresh(ep)
+
+    assert ep.metrics is not None
+    assert (ep.metrics.waiting, ep.metrics.running, ep.metrics.kv_usage) == (2, 5, 0.25)
+    assert ep.metrics.scraped_at == 100.0
+    assert ep.inflight.requests_since_scrape == 0
+    assert ep.inflight.prompt_tokens_since_scrape == 0
+    assert ep.inflight.requests == 1  # only the since-scrape counters reset
+    assert ep.inflight.prompt_tokens == 100
+    assert ep.models == ServedModels(
+        frozenset({"llama"}), frozenset({"sql-lora", "chat-lora"}), 100.0
+    )
+    assert ep.models.known
+    assert ep.models.serves("sql-lora")
+    assert not ep.models.serves("other")
+
+
+async def test_real_vllm_scrape_over_http(
+    fake_server: Any, datastore: Datastore, make_collector: Any, vllm_scrape: str
+) -> None:
+    server = await fake_server()
+    server.set_metrics(vllm_scrape)
+    (ep,) = add(datastore, server.address)
+    await make_collector().refresh(ep)
+    assert ep.metrics is not None
+    assert (ep.metrics.block_size, ep.metrics.num_gpu_blocks) == (128, 8192)
+    assert ep.kv_capacity_tokens == 128 * 8192
+
+
+async def test_scrape_loop_uses_injected_clock(
+    fake_server: Any, datastore: Datastore, make_collector: Any, clock: ManualClock, gauges: Any
+) -> None:
+    server = await fake_server()
+    (ep,) = add(datastore, server.address)
+    collector = make_collector()
+    collector.start()
+    await wait_for(lambda: ep.metrics is not None)
+    assert ep.metrics is not None
+    assert ep.metrics.scraped_at == 100.0
+
+    server.set_metrics(gauges(waiting=9))
+    clock.advance(2.5)
+    ep.inflight.dispatch(40, 4)
+    assert ep.inflight.requests_since_scrape == 1
+    await wait_for(lambda: ep.metrics is not None and ep.metrics.waiting == 9)
+    assert ep.metrics is not None
+    assert ep.metrics.scraped_at == 102.5
+    await wait_for(lambda: ep.inflight.requests_since_scrape == 0)
+    assert ep.inflight.prompt_tokens_since_scrape == 0
+    assert not ep.is_stale(clock.now(), 1.0)
+
+
+async def test_models_loop_discovers_adapters(
+    fake_server: Any, datastore: Datastore, make_collector: Any, models_payload: Any
+) -> None:
+    server = await fake_server()
+    (ep,) = add(datastore, server.address)
+    make_collector().start()
+    await wait_for(lambda: ep.models.known)
+    assert ep.models.base_models == frozenset({"base"})
+    assert ep.models.adapters == frozenset()
+
+    server.set_models(models_payload("base", "new-lora"))
+    await wait_for(lambda: "new-lora" in ep.models.adapters)
+    assert ep.models.base_models == frozenset({"base"})
+
+
+async def test_models_failures_keep_the_last_list(
+    fake_server: Any, datastore: Datastore, make_collector: Any, models_payload: Any
+) -> None:
+    server = await fake_server()
+    server.set_models(models_payload("base", "a"))
+    (ep,) = add(datastore, server.address)
+    collector = make_collector()
+    await collector.refresh(ep)
+    before = ep.models
+    for body, status in [(b"not json", 200), (b'{"data": 5}', 200), (b"{}", 500)]:
+        server.set_models(body, status)
+        await collector.refresh(ep)
+        assert ep.models is before
+    # /v1/models failures do not count as connection failures.
+    assert ep.health.consecutive_failures == 0
+
+
+async def test_endpoints_added_after_start_are_scraped(
+    fake_server: Any, datastore: Datastore, make_collector: Any
+) -> None:
+    a, b = await fake_server(), await fake_server()
+    collector = make_collector()
+    add(datastore, a.address)
+    collector.start()
+    first, second = add(datastore, a.address, b.address)
+    await wait_for(lambda: first.metrics is not None and second.metrics is not None)
+    assert b.hits["/metrics"] >= 1
+
+
+async def test_not_started_collector_does_not_scrape(
+    fake_server: Any, datastore: Datastore, make_collector: Any
+) -> None:
+    server = await fake_server()
+    make_collector()
+    (ep,) = add(datastore, server.address)
+    await asyncio.sleep(0.05)
+    assert server.hits["/metrics"] == 0
+    assert ep.metrics is None
+    assert collector_tasks() == []
+
+
+# --------------------------------------------------------------------------- failures
+
+
+FailureSetup = Callable[[Any], Awaitable[None]]
+
+
+async def _status_500(server: Any) -> None:
+    server.set_metrics("internal error", status=500)
+
+
+async def _timeout(server: Any) -> None:
+    server.set_metrics("vllm:num_requests_waiting 1\n", delay=0.25)
+
+
+async def _garbage(server: Any) -> None:
+    server.set_metrics(b"\x00\xff<html>definitely not prometheus</html>")
+
+
+async def _malformed(server: Any) -> None:
+    server.set_metrics('vllm:num_requests_waiting{engine="0" 3\n')
+
+
+async def _non_finite(server: Any) -> None:
+    server.set_metrics("vllm:num_requests_waiting +Inf\n")
+
+
+async def _stopped(server: Any) -> None:
+    await server.stop()
+
+
+@pytest.mark.parametrize(
+    "fail",
+    [_status_500, _timeout, _garbage, _malformed, _non_finite, _stopped],
+    ids=["500", "timeout", "garbage", "malformed", "non-finite", "connection-refused"],
+)
+async def test_failures_eject_and_keep_old_snapshot(
+    fake_server: Any,
+    datastore: Datastore,
+    make_collector: Any,
+    clock: ManualClock,
+    fail: FailureSetup,
+) -> None:
+    server = await fake_server()
+    (ep,) = add(datastore, server.address)
+    timeout = 0.1 if fail is _timeout else 2.0
+    collector = make_collector(
+        CollectorSettings(scrape_interval_s=0.01, scrape_timeout_s=timeout, eject_after=3)
+    )
+    for _ in range(20):  # a loaded machine may miss a 0.1 s deadline now and then
+        await collector.refresh(ep)
+        if ep.metrics is not None:
+            break
+    assert ep.health.consecutive_failures == 0
+    snapshot = ep.metrics
+    assert snapshot is not None
+    ep.inflight.dispatch(10, 10)
+
+    await fail(server)
+    for failures in (1, 2, 3, 4):
+        clock.advance(1.0)
+        await collector.refresh(ep)
+        assert ep.health.consecutive_failures == failures
+        assert ep.health.ejected is (failures >= 3)
+        assert ep.health.last_error.startswith("scrape: ")
+        assert ep.metrics is snapshot  # the old snapshot stays, with its old time stamp
+    # ... so it is stale by age, never mistaken for a fresh idle scrape.
+    assert ep.is_stale(clock.now(), 1.0)
+    # Since-scrape accounting is not reset by a failed scrape.
+    assert ep.inflight.requests_since_scrape == 1
+
+
+async def test_success_unejects(
+    fake_server: Any, datastore: Datastore, make_collector: Any, clock: ManualClock, gauges: Any
+) -> None:
+    server = await fake_server()
+    (ep,) = add(datastore, server.address)
+    collector = make_collector()
+    server.set_metrics("oops", status=503)
+    for _ in range(3):
+        await collector.refresh(ep)
+    assert ep.health.ejected
+    assert ep.metrics is None
+
+    server.set_metrics(gauges(running=1))
+    clock.advance(5.0)
+    await collector.refresh(ep)
+    assert not ep.health.ejected
+    assert ep.health.consecutive_failures == 0
+    assert ep.metrics is not None
+    assert ep.metrics.scraped_at == 105.0
+
+
+async def test_loop_ejects_then_recovers(
+    fake_server: Any, datastore: Datastore, make_collector: Any, gauges: Any
+) -> None:
+    server = await fake_server()
+    (ep,) = add(datastore, server.address)
+    make_collector().start()
+    await wait_for(lambda: ep.metrics is not None)
+    server.set_metrics("down", status=500)
+    await wait_for(lambda: ep.health.ejected)
+    assert ep.health.consecutive_failures >= 3
+    # Ejected endpoints are still probed, and come back on the first success.
+    server.set_metrics(gauges())
+    await wait_for(lambda: not ep.health.ejected)
+    assert ep.health.consecutive_failures == 0
+
+
+async def test_connection_refused_from_the_start(
+    datastore: Datastore, make_collector: Any, refused_port: int
+) -> None:
+    (ep,) = add(datastore, ("127.0.0.1", refused_port))
+    collector = make_collector()
+    for _ in range(3):
+        await collector.refresh(ep)
+    assert ep.health.ejected
+    assert ep.metrics is None
+    assert not ep.models.known
+    assert "ClientConnectorError" in ep.health.last_error or "Connect" in ep.health.last_error
+
+
+async def test_record_failure_and_success_from_proxy(
+    datastore: Datastore, make_collector: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    (ep,) = add(datastore, ("127.0.0.1", 1))
+    collector = make_collector(CollectorSettings(eject_after=2))
+    with caplog.at_level(logging.INFO, logger="sluicegate.datalayer"):
+        collector.record_failure(ep, "connect: refused")
+        assert not ep.health.ejected
+        collector.record_failure(ep, "connect: refused again")
+        assert ep.health.ejected
+        assert ep.health.last_error == "connect: refused again"
+        collector.record_failure(ep, "third")
+        assert ep.health.consecutive_failures == 3
+        collector.record_success(ep)
+    assert not ep.health.ejected
+    assert ep.health.consecutive_failures == 0
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("ejected after 2 failures" in m for m in messages) == 1  # logged once
+    assert any("is back" in m for m in messages)
+
+
+async def test_unknown_engine_type_is_not_scraped(
+    fake_server: Any, datastore: Datastore, make_collector: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = await fake_server()
+    (ep,) = add(datastore, server.address, engine="tgi")
+    with caplog.at_level(logging.ERROR, logger="sluicegate.datalayer"):
+        make_collector().start()
+        await wait_for(lambda: ep.models.known)  # models are still listed
+    assert server.hits["/metrics"] == 0
+    assert ep.metrics is None
+    assert any("unknown engine type 'tgi'" in r.getMessage() for r in caplog.records)
+
+
+# --------------------------------------------------------------------------- task lifetime
+
+
+async def test_removed_endpoints_stop_being_scraped(
+    fake_server: Any, datastore: Datastore, make_collector: Any
+) -> None:
+    a, b = await fake_server(), await fake_server()
+    collector = make_collector()
+    collector.start()
+    ep_a, ep_b = add(datastore, a.address, b.address)
+    await wait_for(lambda: ep_a.metrics is not None and ep_b.metrics is not None)
+    assert len(collector_tasks()) == 4
+
+    add(datastore, b.address)  # a leaves the pool
+    b_tasks = {f"scrape-{ep_b.name}", f"models-{ep_b.name}"}
+    await wait_for(lambda: {t.get_name() for t in collector_tasks()} == b_tasks)
+    await asyncio.sleep(0.02)  # let a request that was already sent reach the server
+    hits = a.hits["/metrics"]
+    seen_b = b.hits["/metrics"]
+    await asyncio.sleep(0.08)
+    assert a.hits["/metrics"] == hits
+    assert b.hits["/metrics"] > seen_b
+
+    await collector.stop()
+    assert collector_tasks() == []
+
+
+async def test_stop_leaves_no_task_after_removals(
+    fake_server: Any, datastore: Datastore, make_collector: Any
+) -> None:
+    server = await fake_server()
+    collector = make_collector()
+    collector.start()
+    (ep,) = add(datastore, server.address)
+    await wait_for(lambda: ep.metrics is not None)
+    datastore.remove_pool(POOL)
+    # stop() right away, without yielding to the loop first: the tasks cancelled on removal
+    # must be finished when it returns too.
+    await collector.stop()
+    assert collector_tasks() == []
+
+
+async def test_stop_cancels_tasks_mid_request(
+    fake_server: Any, datastore: Datastore, make_collector: Any
+) -> None:
+    server = await fake_server()
+    server.set_metrics("vllm:num_requests_waiting 1\n", delay=0.3)
+    server.set_models(b"{}", delay=0.3)
+    collector = make_collector(CollectorSettings(scrape_timeout_s=5.0))
+    collector.start()
+    add(datastore, server.address)
+    await wait_for(lambda: server.hits["/metrics"] >= 1 and server.hits["/v1/models"] >= 1)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await collector.stop()
+    assert loop.time() - started < 0.5
+    assert collector_tasks() == []
+    # Adding endpoints to a stopped collector's datastore starts nothing.
+    add(datastore, server.address, ("127.0.0.1", 9))
+    assert collector_tasks() == []
+
+
+async def test_start_twice_does_not_duplicate_tasks(
+    fake_server: Any, datastore: Datastore, make_collector: Any
+) -> None:
+    server = await fake_server()
+    add(datastore, server.address)
+    collector = make_collector()
+    collector.start()
+    collector.start()
+    assert len(collector_tasks()) == 2
+
+
+# --------------------------------------------------------------------------- parse_models
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [None, [], "models", 3, {}, {"data": None}, {"data": {"id": "x"}}, {"object": "list"}],
+)
+def test_parse_models_malformed(payload: object) -> None:
+    assert parse_models(payload, 1.0) is None
+
+
+def test_parse_models_skips_bad_entries() -> None:
+    payload = {
+        "data": [
+            {"id": "base", "parent": None},
+            {"id": "lora-a", "parent": "base"},
+            {"id": 7},
+            "string-entry",
+            None,
+            {"name": "no-id"},
+            {"id": "empty-parent", "parent": ""},
+            {"id": "no-parent-key"},
+        ]
+    }
+    models = parse_models(payload, 3.0)
+    assert models == ServedModels(
+        frozenset({"base", "empty-parent", "no-parent-key"}), frozenset({"lora-a"}), 3.0
+    )
+
+
+def test_parse_models_empty_list_is_known_but_serves_nothing() -> None:
+    models = parse_models({"object": "list", "data": []}, 0.0)
+    assert models is not None
+    assert models.known
+    assert not models.serves("anything")
+
+
+def test_parse_models_real_vllm_shape() -> None:
+    raw = orjson.dumps(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": "meta-llama/Llama-3.1-8B-Instruct",
+                    "object": "model",
+                    "created": 1,
+                    "owned_by": "vllm",
+                    "root": "meta-llama/Llama-3.1-8B-Instruct",
+                    "parent": None,
+                    "max_model_len": 8192,
+                    "permission": [{"id": "modelperm-1", "object": "model_permission"}],
+                },
+                {
+                    "id": "sql-lora",
+                    "object": "model",
+                    "created": 1,
+                    "owned_by": "vllm",
+                    "root": "/adapters/sql",
+                    "parent": "meta-llama/Llama-3.1-8B-Instruct",
+                    "max_model_len": None,
+                    "permission": [],
+                },
+            ],
+        }
+    )
+    models = parse_models(orjson.loads(raw), 0.0)
+    assert models is not None
+    assert models.base_models == frozenset({"meta-llama/Llama-3.1-8B-Instruct"})
+    assert models.adapters == frozenset({"sql-lora"})
