@@ -103,6 +103,25 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_micro(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from sluicegate.bench.micro import REPORTS
+
+    names = list(REPORTS) if args.name == "all" else [args.name]
+    for name in names:
+        text = REPORTS[name](args.quick, console)
+        if args.out:
+            out = Path(args.out)
+            path = out / f"{name}.md" if out.is_dir() or len(names) > 1 else out
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            console.print(f"wrote {path}")
+        else:
+            print(text)
+    return 0
+
+
 def _split_lora(spec: str) -> tuple[str, str]:
     name, _, path = spec.partition("=")
     return name, path or f"/adapters/{name}"
@@ -162,6 +181,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="embedded pool's wall seconds per simulated second",
     )
     serve.set_defaults(func=_cmd_serve)
+
+    bench = sub.add_parser("bench", help="benchmarks", description="The benchmark lab.")
+    bench_sub = bench.add_subparsers(dest="bench_command", metavar="COMMAND", required=True)
+    micro = bench_sub.add_parser("micro", help="micro-benchmarks (scheduling cost, simulator)")
+    micro.add_argument("name", choices=["all", "scheduling", "sim"])
+    micro.add_argument("--quick", action="store_true", help="a short run (for smoke tests)")
+    micro.add_argument("--out", default=None, help="file (or folder for 'all') to write")
+    micro.set_defaults(func=_cmd_bench_micro)
 
     sim = sub.add_parser(
         "sim",

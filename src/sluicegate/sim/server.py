@@ -33,6 +33,7 @@ from sluicegate.tokens import count_bytes_tokens
 log = logging.getLogger("sluicegate.sim")
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
+_MIN_SLEEP_S = 0.001
 SIM_VERSION = "0.32.0+sluicegate.sim"
 
 
@@ -189,9 +190,12 @@ class Replica:
                 continue
             done_at = now + result.duration
             delay = self._t0 + done_at * scale - loop.time()
-            # Sleep even when behind the clock: a driver that never yields would starve the
+            # Yield even when behind the clock: a driver that never yields would starve the
             # HTTP handlers (and the whole process) whenever steps cost more than they last.
-            await asyncio.sleep(max(0.0, delay))
+            # Waits under a millisecond are not slept: the event loop's timers round them up
+            # to a whole millisecond, and the schedule is absolute, so the next wait makes up
+            # for a skipped one.
+            await asyncio.sleep(delay if delay >= _MIN_SLEEP_S else 0.0)
             self._engine_now = done_at
             self.metrics.observe_step(result)
             handles = self._handles
