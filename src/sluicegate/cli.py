@@ -73,15 +73,21 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from sluicegate.api.loader import ConfigError, load_config
+    from sluicegate.clock import MonotonicClock
     from sluicegate.gateway.app import GatewayOptions
     from sluicegate.gateway.run import ServeOptions, serve
-    from sluicegate.scheduling.config import load_preset
+    from sluicegate.scheduling.config import build_scheduler, load_preset
+    from sluicegate.scheduling.framework import PluginContext
     from sluicegate.scheduling.registry import PluginConfigError
 
+    if args.sim_time_scale <= 0:
+        return _fail("--sim-time-scale must be positive")
     try:
         picker = load_preset(args.policy) if args.policy else None
         if args.config:
-            load_config(args.config)  # fail fast with every problem listed
+            # Fail fast with every problem listed, plugins included.
+            config = load_config(args.config)
+            build_scheduler(picker or config.picker, PluginContext(MonotonicClock()))
     except (ConfigError, PluginConfigError, OSError) as exc:
         return _fail(str(exc))
     options = ServeOptions(
@@ -119,6 +125,73 @@ def _cmd_bench_micro(args: argparse.Namespace) -> int:
             console.print(f"wrote {path}")
         else:
             print(text)
+    return 0
+
+
+def _cmd_bench_list(args: argparse.Namespace) -> int:
+    from sluicegate.bench.scenarios import SCENARIOS, available_policies
+
+    for name, make in SCENARIOS.items():
+        print(f"{name:<18} {make().description}")
+    print(f"\npolicies available: {', '.join(available_policies())}")
+    return 0
+
+
+def _cmd_bench_run(args: argparse.Namespace) -> int:
+    import shlex
+    from pathlib import Path
+
+    from rich.progress import Progress
+
+    from sluicegate.bench.report import write
+    from sluicegate.bench.runner import RunPlan, run_plan
+    from sluicegate.bench.scenarios import available_policies, get_scenario
+
+    try:
+        scenario = get_scenario(args.scenario)
+    except ValueError as exc:
+        return _fail(str(exc))
+    if args.quick:
+        scenario = scenario.quick_variant()
+    if args.mode != "des":
+        return _fail(f"--mode {args.mode} is not available in this build; use --mode des")
+    policies = tuple(
+        p for p in (args.policies.split(",") if args.policies else scenario.policies) if p
+    )
+    missing = [p for p in policies if p not in available_policies()]
+    if missing:
+        console.print(f"skipping policies not available in this build: {', '.join(missing)}")
+        policies = tuple(p for p in policies if p not in missing)
+    if not policies:
+        return _fail("no policy to run")
+    try:
+        levels = tuple(float(x) for x in args.qps.split(",")) if args.qps else scenario.levels
+    except ValueError:
+        return _fail(f"--qps must be comma-separated numbers, got {args.qps!r}")
+    duration = args.duration or scenario.duration_s
+    plan = RunPlan(scenario, policies, levels, duration, args.seed)
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(scenario.name, total=plan.count)
+
+        def progress(label: str) -> None:
+            bar.update(task, description=label)
+            if bar.tasks[task].description != scenario.name:
+                bar.advance(task, 0)
+
+        done: list[str] = []
+
+        def step(label: str) -> None:
+            if done:
+                bar.advance(task)
+            done.append(label)
+            progress(label)
+
+        results = run_plan(plan, step)
+        bar.advance(task)
+    command = "sluicegate bench " + " ".join(shlex.quote(a) for a in args.argv)
+    out = Path(args.out)
+    for path in write(results, scenario, out, command):
+        console.print(f"wrote {path}")
     return 0
 
 
@@ -185,10 +258,29 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks", description="The benchmark lab.")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="COMMAND", required=True)
     micro = bench_sub.add_parser("micro", help="micro-benchmarks (scheduling cost, simulator)")
-    micro.add_argument("name", choices=["all", "scheduling", "sim"])
+    micro.add_argument("name", choices=["all", "scheduling", "sim", "gateway"])
     micro.add_argument("--quick", action="store_true", help="a short run (for smoke tests)")
     micro.add_argument("--out", default=None, help="file (or folder for 'all') to write")
     micro.set_defaults(func=_cmd_bench_micro)
+    listing = bench_sub.add_parser("list", help="the scenarios, one line each")
+    listing.set_defaults(func=_cmd_bench_list)
+    run = bench_sub.add_parser("run", help="run a scenario and write results, report, plots")
+    run.add_argument("scenario")
+    run.add_argument(
+        "--mode",
+        choices=["des", "http"],
+        default="des",
+        help="des: discrete-event simulation (default); http: real processes",
+    )
+    run.add_argument("--policies", default=None, help="comma-separated policy names")
+    run.add_argument(
+        "--qps", default=None, help="comma-separated load levels (req/s, sessions/s or streams)"
+    )
+    run.add_argument("--duration", type=float, default=None, help="seconds of arrivals")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--quick", action="store_true", help="a reduced run (under a minute)")
+    run.add_argument("--out", required=True, help="output folder")
+    run.set_defaults(func=_cmd_bench_run)
 
     sim = sub.add_parser(
         "sim",
@@ -253,7 +345,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(raw)
+    args.argv = raw[raw.index("bench") + 1 :] if "bench" in raw else raw
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -248,3 +248,15 @@ async def test_health_ready_metrics(sim_cluster: Any, gateway: GatewayFactory, h
             await gw.collector.refresh(e)
     async with http.get(url(gw, "/ready")) as r:
         assert r.status == 503
+
+
+async def test_gateway_answers_carry_the_request_id(
+    sim_cluster: Any, gateway: GatewayFactory, http: Any
+) -> None:
+    gw = await gateway(await sim_cluster(replicas=1))
+    async with http.post(url(gw), data=b"{bad", headers={"x-request-id": "abc-1"}) as r:
+        assert r.status == 400
+        assert r.headers["x-request-id"] == "abc-1"
+    async with http.post(url(gw), json={"model": "unknown-model", "prompt": "x"}) as r:
+        assert r.status == 404
+        assert len(r.headers["x-request-id"]) >= 16  # generated when the client sent none

@@ -163,3 +163,60 @@ def test_serve_rejects_an_unknown_policy() -> None:
     )
     assert result.returncode == 2
     assert "round-robin" in result.stderr  # the error lists the known presets
+
+
+def test_serve_rejects_an_unknown_plugin_type(tmp_path: Path) -> None:
+    path = tmp_path / "picker.yaml"
+    path.write_text(
+        yaml.safe_dump_all(
+            [
+                pool_doc(["127.0.0.1:9"]),
+                {
+                    "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+                    "kind": "EndpointPickerConfig",
+                    "plugins": [{"type": "fastest-scorer"}],
+                    "schedulingProfiles": [
+                        {"name": "p", "plugins": [{"pluginRef": "fastest-scorer"}]}
+                    ],
+                },
+            ]
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "sluicegate", "serve", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert result.returncode == 2
+    assert "unknown plugin type 'fastest-scorer'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+async def test_reload_with_a_bad_plugin_keeps_the_running_config(
+    sim_cluster: Any, serve_process: Any, tmp_path: Path
+) -> None:
+    cluster = await sim_cluster(replicas=1)
+    path = tmp_path / "pool.yaml"
+    pool = pool_doc(cluster.urls)
+    path.write_text(yaml.safe_dump_all([pool, model_doc("kept", {BASE: 1})]))
+    proc, port = serve_process("--config", str(path))
+    bad_picker = {
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": [{"type": "queue-scorer", "parameters": {"nonsense": 1}}],
+        "schedulingProfiles": [{"name": "p", "plugins": [{"pluginRef": "queue-scorer"}]}],
+    }
+    path.write_text(yaml.safe_dump_all([pool, model_doc("dropped", {BASE: 1}), bad_picker]))
+    await asyncio.sleep(2.0)
+    assert "kept" in await _models(port)  # nothing of the bad file was applied
+    assert "dropped" not in await _models(port)
+    # The watcher is still alive: a good file is applied.
+    path.write_text(yaml.safe_dump_all([pool, model_doc("later", {BASE: 1})]))
+    for _ in range(60):
+        if "later" in await _models(port):
+            break
+        await asyncio.sleep(0.1)
+    assert "later" in await _models(port)
+    assert proc.poll() is None

@@ -15,7 +15,11 @@ from sluicegate.datalayer.datastore import EndpointSpec
 from sluicegate.requestcontrol.director import Dispatch
 from sluicegate.requestcontrol.errors import GatewayError
 from sluicegate.requestcontrol.models import CRITICALITY_PRIORITY, ModelRoute, ModelTable
+from sluicegate.scheduling.config import BuiltScheduler
+from sluicegate.scheduling.framework import Filter, PluginContext
 from sluicegate.scheduling.plugins.prefix_cache import ApproxPrefixCacheProducer
+from sluicegate.scheduling.registry import create_plugin
+from sluicegate.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
 
 OBJECTIVE = "x-gateway-inference-objective"
 REWRITE = "x-gateway-model-name-rewrite"
@@ -660,3 +664,31 @@ def test_request_fields_from_parse(route_env: Any) -> None:
     assert r.arrival == env.clock.now()
     assert r.body_bytes == len(orjson.dumps(body))
     assert d.response_headers == {}
+
+
+class _DropEvenEndpoints(Filter):
+    """A filter keeping only odd-numbered endpoints."""
+
+    def filter(self, request: Any, state: Any, endpoints: Any) -> list[Any]:
+        return [e for e in endpoints if int(e.name.removeprefix("ep-")) % 2 == 1]
+
+
+def test_fallbacks_respect_the_profiles_filters(route_env: Any) -> None:
+    env = route_env(endpoints=5)
+    env.scrape_all()
+    context = PluginContext(env.clock, 0)
+    profile = SchedulerProfile(
+        "p",
+        picker=create_plugin("max-score-picker", "picker", None, context),
+        filters=[_DropEvenEndpoints("odd", context)],
+        scorers=[WeightedScorer(create_plugin("queue-scorer", "q", None, context), 1.0)],
+    )
+    handler = create_plugin("single-profile-handler", "h", None, context)
+    env.director.built = BuiltScheduler(Scheduler(handler, {"p": profile}), {})
+    d = env.route({"model": "base", "prompt": "x" * 100})
+    tried = [d.endpoint.name]
+    while (nxt := d.retry_next()) is not None:
+        tried.append(nxt.name)
+    assert sorted(tried) == ["ep-1", "ep-3"]
+    d.finish(env.clock.now())
+    assert all(v == (0, 0, 0) for v in env.inflight().values())

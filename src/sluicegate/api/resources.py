@@ -80,7 +80,8 @@ class StaticEndpoint(Model):
     """``host:port`` or ``http://host:port``."""
     name: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
-    engine_type: str = "vllm"
+    engine_type: Literal["vllm", "sglang", "trtllm-serve", "triton-tensorrt-llm"] = "vllm"
+    """Which metric names the server exports (reference anchors, section C)."""
 
     @field_validator("address")
     @classmethod

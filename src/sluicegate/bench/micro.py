@@ -126,7 +126,16 @@ def sim_report(quick: bool, console: Console) -> str:
     )
 
 
+def gateway_report(quick: bool, console: Console) -> str:
+    """Gateway overhead and requests/s on one core, beside vllm-router (starts processes;
+    see :mod:`sluicegate.bench.gateway_overhead`)."""
+    from sluicegate.bench.gateway_overhead import report
+
+    return report(quick, console, machine())
+
+
 REPORTS: dict[str, Callable[[bool, Console], str]] = {
     "scheduling": scheduling_report,
     "sim": sim_report,
+    "gateway": gateway_report,
 }

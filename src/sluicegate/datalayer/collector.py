@@ -128,6 +128,8 @@ class Collector:
         while True:
             started = loop.time()
             try:
+                if parser.engine_type != endpoint.engine_type:  # changed by a reload
+                    parser = MetricsParser(endpoint.engine_type)
                 await self._scrape_once(endpoint, parser)
             except Exception as exc:  # a bug must not stop this endpoint's scrapes for good
                 log.exception("endpoint %s: unexpected scrape failure", endpoint.name)

@@ -23,6 +23,7 @@ class EndpointSpec:
     port: int
     labels: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
     engine_type: str = "vllm"
+    scheme: str = "http"
 
 
 Listener = Callable[[Endpoint], None]
@@ -89,6 +90,7 @@ class Datastore:
         added = []
         for spec in wanted.values():
             e = Endpoint(
+                scheme=spec.scheme,
                 name=spec.name,
                 host=spec.host,
                 port=spec.port,

@@ -92,9 +92,10 @@ class MetricsParseError(ValueError):
 class MetricsParser:
     """Parses one engine type's scrapes."""
 
-    __slots__ = ("_load", "_names", "_prefixes", "_wanted")
+    __slots__ = ("_load", "_names", "_prefixes", "_wanted", "engine_type")
 
     def __init__(self, engine_type: str) -> None:
+        self.engine_type = engine_type
         try:
             self._names = ENGINES[engine_type]
         except KeyError:

@@ -37,12 +37,18 @@ from sluicegate.scheduling.plugins.prefix_cache import PREFIX_MATCH, ApproxPrefi
 log = logging.getLogger("sluicegate.gateway")
 
 
-def error_response(error: GatewayError) -> web.Response:
+REQUEST_ID = web.RequestKey("request_id", str)
+
+
+def error_response(error: GatewayError, request_id: str | None = None) -> web.Response:
     """The client's answer for a decision the gateway made itself."""
+    headers = error.headers()
+    if request_id:
+        headers["x-request-id"] = request_id
     return web.Response(
         status=error.status,
         body=error.body(),
-        headers=error.headers(),
+        headers=headers,
         content_type="application/json",
     )
 
@@ -78,12 +84,18 @@ def endpoint_specs(config: Config) -> dict[str, list[EndpointSpec]]:
     for pool_name, pool in config.pools.items():
         specs = []
         for static in pool.spec.endpoints:
+            scheme = "https" if static.address.startswith("https://") else "http"
             address = static.address.removeprefix("http://").removeprefix("https://")
             host, _, port = address.rstrip("/").rpartition(":")
             host = host.strip("[]")
             specs.append(
                 EndpointSpec(
-                    static.name or address, host, int(port), dict(static.labels), static.engine_type
+                    static.name or address,
+                    host,
+                    int(port),
+                    dict(static.labels),
+                    static.engine_type,
+                    scheme,
                 )
             )
         out[pool_name] = specs
@@ -114,6 +126,7 @@ class Gateway:
         self.proxy: Proxy | None = None
         self._runner: web.AppRunner | None = None
         self.port = 0
+        self._max_body_bytes = config.gateway.max_body_bytes
         for pool_name, specs in endpoint_specs(config).items():
             self.datastore.set_endpoints(pool_name, specs)
 
@@ -183,21 +196,24 @@ class Gateway:
         EndpointPickerConfig changed (rebuilding starts its prefix index afresh).
         """
         old_picker = self.config.picker
+        new_picker = config.picker
+        same = (old_picker.model_dump() if old_picker else None) == (
+            new_picker.model_dump() if new_picker else None
+        )
+        # Build everything that can fail before changing anything.
+        built = self.built if same else self._build_scheduler(config)
+        models = ModelTable(config)
+        if config.gateway.max_body_bytes != self._max_body_bytes:
+            log.warning("maxBodyBytes changes take effect at the next restart")
         self.config = config
-        self.director.models = ModelTable(config)
+        self.director.models = models
         specs = endpoint_specs(config)
         for pool_name in list(self.datastore.pools):
             if pool_name not in specs:
                 self.datastore.remove_pool(pool_name)
         for pool_name, pool_specs in specs.items():
             self.datastore.set_endpoints(pool_name, pool_specs)
-        new_picker = config.picker
-        same = (old_picker.model_dump() if old_picker else None) == (
-            new_picker.model_dump() if new_picker else None
-        )
-        if not same:
-            self.built = self._build_scheduler(config)
-            self.director.built = self.built
+        self.built = self.director.built = built
         log.info(
             "configuration applied: %d pool(s), %d model(s)%s",
             len(config.pools),
@@ -208,9 +224,9 @@ class Gateway:
     # ------------------------------------------------------------------ HTTP
 
     def build_app(self) -> web.Application:
-        app = web.Application(
-            client_max_size=self.config.gateway.max_body_bytes, middlewares=[self._errors]
-        )
+        # The body limit is fixed for the application's life (a reload cannot change it).
+        self._max_body_bytes = self.config.gateway.max_body_bytes
+        app = web.Application(client_max_size=self._max_body_bytes, middlewares=[self._errors])
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_get("/v1/models", self._models)
@@ -221,28 +237,32 @@ class Gateway:
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        request_id = request.headers.get("x-request-id") or os.urandom(12).hex()
+        request[REQUEST_ID] = request_id
         try:
             return await handler(request)
         except GatewayError as exc:
-            return error_response(exc)
+            return error_response(exc, request_id)
         except web.HTTPRequestEntityTooLarge:
-            limit = self.config.gateway.max_body_bytes
             return error_response(
                 GatewayError(
                     413,
-                    f"request body is larger than {limit} bytes",
+                    f"request body is larger than {self._max_body_bytes} bytes",
                     code="body_too_large",
                     reason="body-too-large",
-                )
+                ),
+                request_id,
             )
         except web.HTTPException as exc:
             return error_response(
-                GatewayError(exc.status, exc.reason, code=exc.reason.lower().replace(" ", "_"))
+                GatewayError(exc.status, exc.reason, code=exc.reason.lower().replace(" ", "_")),
+                request_id,
             )
         except Exception:
             log.exception("unexpected error handling %s %s", request.method, request.path)
             return error_response(
-                GatewayError(500, "internal error in the gateway", code="internal_error")
+                GatewayError(500, "internal error in the gateway", code="internal_error"),
+                request_id,
             )
 
     def _check_auth(self, request: web.Request) -> None:
@@ -271,7 +291,7 @@ class Gateway:
         raw = await request.read()
         headers = request.headers
         parsed = parse_request(kind, raw, headers)
-        request_id = headers.get("x-request-id") or os.urandom(12).hex()
+        request_id = request[REQUEST_ID]
         metrics = self.metrics
         try:
             dispatch = self.director.route(parsed, request_id, headers)

@@ -47,7 +47,6 @@ _HOP_BY_HOP = frozenset(
         "upgrade",
         "host",
         "content-length",
-        "content-encoding",
     }
 )
 
@@ -82,7 +81,7 @@ def upstream_headers(
         lower = name.lower()
         if lower in _HOP_BY_HOP or lower in strip:
             continue
-        if strip_authorization and lower == "authorization":
+        if lower == "x-request-id" or (strip_authorization and lower == "authorization"):
             continue
         out[name] = value
     out["x-request-id"] = request_id
@@ -132,7 +131,7 @@ class Proxy:
     ) -> tuple[web.StreamResponse, Outcome]:
         """Relay ``dispatch`` and return the client response plus what happened."""
         body = dispatch.body if dispatch.body is not None else raw
-        path = request.path
+        path = request.path_qs
         outcome = Outcome()
         timeout = aiohttp.ClientTimeout(
             total=None,
@@ -232,7 +231,9 @@ class Proxy:
             while chunk:
                 if outcome.chunks == 0:
                     dispatch.mark_first_byte(self.clock.now())
-                outcome.chunks += chunk.count(b"data:")
+                # Token events, for when the server reports no usage: events with a choice,
+                # less the chat role event (vLLM writes compact JSON).
+                outcome.chunks += chunk.count(b'"choices":[{') - chunk.count(b'"delta":{"role"')
                 if b'"usage"' in chunk:
                     _scan_usage(chunk, outcome)
                 if rewrite is not None:
@@ -246,6 +247,7 @@ class Proxy:
                 chunk = await content.readany()
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as exc:
             outcome.error = f"stream: {type(exc).__name__}"
+            pending = b""  # an incomplete event cannot precede the error event
             error = GatewayError(
                 502,
                 "the model server failed while streaming",

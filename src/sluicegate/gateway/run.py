@@ -20,6 +20,7 @@ from rich.console import Console
 from sluicegate.api.loader import Config, ConfigError, build_config, load_config
 from sluicegate.api.resources import EndpointPickerConfig
 from sluicegate.gateway.app import Gateway, GatewayOptions
+from sluicegate.scheduling.registry import PluginConfigError
 from sluicegate.sim.profiles import get_profile
 from sluicegate.sim.server import ReplicaOptions, SimCluster
 
@@ -116,11 +117,11 @@ async def _watch(options: ServeOptions, gateway: Gateway, reload_now: asyncio.Ev
             continue
         last = current
         try:
-            config = _read(path, options.picker)
-        except (ConfigError, OSError) as exc:
+            gateway.apply_config(_read(path, options.picker))
+        except (ConfigError, PluginConfigError, OSError) as exc:
             log.error("configuration %s not applied; keeping the running one:\n%s", path, exc)
-            continue
-        gateway.apply_config(config)
+        except Exception:  # the watcher must outlive any bad file
+            log.exception("configuration %s not applied; keeping the running one", path)
 
 
 def _mtime(path: Path) -> float:

@@ -238,9 +238,10 @@ class Director:
         scheduler.notify_pre_request(request, state, result)
         targets = result.targets
         scores = result.profile_results[result.primary_profile].scores
+        # Retries go to the endpoints the profile's filters kept, best score first.
         rest = sorted(
-            (e for e in candidates if e not in targets),
-            key=lambda e: scores.get(e.name, 0.0),
+            (e for e in candidates if e.name in scores and e not in targets),
+            key=lambda e: scores[e.name],
             reverse=True,
         )
         dispatch = Dispatch(

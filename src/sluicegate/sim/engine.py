@@ -198,14 +198,19 @@ class Engine:
         scheduled: list[tuple[Sequence, int]] = []
 
         running = self.running
+        bs = p.block_size
         i = 0
+        # The hot loop: runs once per running sequence per step, so attribute reads and
+        # calls are kept to what each sequence needs.
         while i < len(running):
             seq = running[i]
-            k = min(seq.num_tokens - seq.num_computed, budget)
+            k = seq.prompt_tokens + seq.num_output - seq.num_computed
+            if k > budget:
+                k = budget
             if k <= 0:
                 i += 1
                 continue
-            if self._reserve(seq, k):
+            if seq.num_computed + k <= len(seq.blocks) * bs or self._reserve(seq, k):
                 scheduled.append((seq, k))
                 budget -= k
                 i += 1
@@ -256,16 +261,14 @@ class Engine:
         result.batched_tokens = batched
         self.counters.steps += 1
 
-        bs = p.block_size
         counters = self.counters
+        caching = self.enable_prefix_caching
         for seq, k in scheduled:
             was_prefilling = seq.num_computed < seq.prompt_tokens
-            seq.num_computed += k
-            if self.enable_prefix_caching:
-                full = seq.num_computed // bs
-                if full > seq.num_registered:
-                    self._register_blocks(seq, full)
-            if seq.num_computed < seq.num_tokens:
+            computed = seq.num_computed = seq.num_computed + k
+            if caching and computed // bs > seq.num_registered:
+                self._register_blocks(seq, computed // bs)
+            if computed < seq.prompt_tokens + seq.num_output:
                 continue
             # Every known token is computed: sample one.
             if was_prefilling and seq.num_output == 0:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import bisect
 import csv
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib import resources
 
@@ -274,6 +274,23 @@ def _builtin_profiles() -> dict[str, EngineProfile]:
             _H100_ATTN_FLOPS,
             1024,
             8192,
+        ),
+        replace(
+            _llama3_8b(
+                "llama3.1-8b-h100",
+                "H100",
+                "h100_llama3_8b_est_ms",
+                (4.51, 21.21),
+                _H100_BW,
+                _H100_ATTN_FLOPS,
+                1024,
+                8192,
+            ),
+            # Llama-3.1-8B: Llama-3-8B's architecture with a 128K context; the anchors'
+            # memory split was measured on it (with max-model-len 16000).
+            description="Llama-3.1-8B (128K context) on one H100 80GB, vLLM 0.32 defaults",
+            model_name="meta-llama/Llama-3.1-8B",
+            max_model_len=131_072,
         ),
         _llama2_7b(
             "llama2-7b-a100",

@@ -59,21 +59,23 @@ def _build_vocab() -> tuple[bytes, ...]:
 VOCAB: tuple[bytes, ...] = _build_vocab()
 """Generated-token vocabulary: 4-byte ASCII pieces (a space and a word, or a 4-letter word)."""
 
-_VOCAB_SIZE = len(VOCAB)
 _MASK64 = (1 << 64) - 1
+# Fibonacci hashing of (seed, index) picks a vocabulary entry from the top 8 bits.
+_GOLDEN = 0x9E3779B97F4A7C15
+_MIX = 0xBF58476D1CE4E5B9
 
 
 def output_token(seed: int, index: int) -> bytes:
     """The ``index``-th generated token (4 bytes) of the sequence with ``seed``."""
-    x = (seed + (index + 1) * 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return VOCAB[(x ^ (x >> 31)) % _VOCAB_SIZE]
+    return VOCAB[((((seed ^ (index * _GOLDEN)) & _MASK64) * _MIX) & _MASK64) >> 56]
 
 
 def output_bytes(seed: int, start: int, end: int) -> bytes:
     """Generated tokens ``start``..``end-1`` of the sequence with ``seed``, concatenated."""
-    return b"".join(output_token(seed, i) for i in range(start, end))
+    vocab, golden, mix, mask = VOCAB, _GOLDEN, _MIX, _MASK64
+    return b"".join(
+        [vocab[((((seed ^ (i * golden)) & mask) * mix) & mask) >> 56] for i in range(start, end)]
+    )
 
 
 class PromptError(ValueError):

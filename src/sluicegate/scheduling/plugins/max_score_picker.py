@@ -1,7 +1,8 @@
 """``max-score-picker``: the highest combined score wins; ties are broken at random.
 
 Type: picker. Parameters: ``maxNumOfEndpoints`` (1) — how many endpoints to return, best
-first; more than one gives the proxy ordered fallbacks.
+first; the extra ones are the proxy's first fallbacks (the director always appends the
+other candidates, by combined score, whatever this number).
 
 Algorithm: shuffle the candidates, then stable-sort by score, highest first, so equal
 scores are ordered at random (reference anchors, section D).

@@ -1,7 +1,8 @@
 """``random-picker``: a uniformly random endpoint, blind to scores.
 
 Type: picker. Parameters: ``maxNumOfEndpoints`` (1) — how many distinct endpoints to
-return; more than one gives the proxy fallbacks (in random order).
+return; the extra ones are the proxy's first fallbacks, in random order (the director
+always appends the other candidates, by combined score, whatever this number).
 
 Algorithm: each candidate is the primary with probability 1/n; k > 1 draws a sample of
 ``min(k, n)`` distinct candidates without replacement (reference anchors, section D). The

@@ -1,8 +1,9 @@
 """``running-requests-size-scorer``: prefer endpoints running fewer requests.
 
 Type: scorer (distribution). Inputs: each endpoint's running requests (count) — the last
-scrape's ``vllm:num_requests_running``, or the gateway's own in-flight count for an
-endpoint that was never scraped (:attr:`~sluicegate.datalayer.endpoint.Endpoint.running`).
+scrape's ``vllm:num_requests_running``, raised to what the gateway's own in-flight count
+implies (in-flight − waiting), or the in-flight count itself for an endpoint that was never
+scraped (:attr:`~sluicegate.datalayer.endpoint.Endpoint.running`).
 Parameters: none.
 
 Formula: ``score = (maxR − r) / (maxR − minR)`` over the candidates; 1.0 for every

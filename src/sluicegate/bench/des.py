@@ -1,0 +1,334 @@
+"""The discrete-event cluster simulation: the real director on a virtual clock.
+
+N simulated engines (``sim/engine.py``) and the gateway's own request path — parsing,
+model routing, candidate selection, the scheduling plugins, in-flight accounting — run on
+one :class:`~sluicegate.clock.ManualClock`. Nothing is modelled that the shipped code
+does: every routing decision is made by :class:`~sluicegate.requestcontrol.director.Director`.
+
+Events, in time order (ties in insertion order, so a run is deterministic for a seed):
+
+- **arrival**: the client's request is serialised as the HTTP body it would send, parsed
+  and routed by the director, then the chosen engine receives it exactly as the simulated
+  HTTP server would turn that body into a sequence;
+- **engine step**: an engine delivers the previous iteration's tokens (first token →
+  the gateway marks its first byte; finish → the request completes, the workload may send a
+  follow-up) and starts the next iteration, which ends ``duration`` later;
+- **scrape**: every ``scrape_interval_s`` each endpoint's metrics snapshot is refreshed
+  from its engine (phases staggered), so the gateway sees the pool exactly as stale as it
+  would live; between scrapes it relies on its own in-flight counts.
+
+Network time between gateway and engines is taken as zero.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from sluicegate.api.loader import Config, build_config
+from sluicegate.api.resources import EndpointPickerConfig
+from sluicegate.bench.workloads import RequestSpec, Timed, Workload
+from sluicegate.clock import ManualClock
+from sluicegate.datalayer.datastore import Datastore, EndpointSpec
+from sluicegate.datalayer.endpoint import EngineMetrics, ServedModels
+from sluicegate.requestcontrol.director import Director, Dispatch
+from sluicegate.requestcontrol.errors import GatewayError
+from sluicegate.requestcontrol.models import ModelTable
+from sluicegate.requestcontrol.parse import parse_request
+from sluicegate.scheduling.config import build_scheduler
+from sluicegate.scheduling.framework import PluginContext
+from sluicegate.sim.api import ApiError, parse_generate
+from sluicegate.sim.engine import Engine, Sequence, StepResult, new_sequence
+from sluicegate.sim.profiles import EngineProfile
+
+POOL = "sim-pool"
+
+
+@dataclass(slots=True, eq=False)
+class RequestRecord:
+    """What happened to one request. Times are simulated seconds from the start."""
+
+    spec: RequestSpec
+    arrival: float
+    endpoint: int = -1
+    first_token: float = -1.0
+    finish: float = -1.0
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    status: int = 0
+    """200 completed; the gateway's status when it answered itself (429, 503, ...)."""
+    reason: str = ""
+    prompt_bytes: bytes = b""
+    reply: str = ""
+
+    @property
+    def completed(self) -> bool:
+        return self.status == 200 and self.finish >= 0
+
+    @property
+    def ttft(self) -> float:
+        return self.first_token - self.arrival
+
+    @property
+    def e2e(self) -> float:
+        return self.finish - self.arrival
+
+    @property
+    def tpot(self) -> float | None:
+        if self.output_tokens < 2:
+            return None
+        return (self.finish - self.first_token) / (self.output_tokens - 1)
+
+
+@dataclass(slots=True)
+class ClusterSpec:
+    """The simulated pool and the gateway in front of it."""
+
+    profile: EngineProfile
+    replicas: int
+    picker: EndpointPickerConfig
+    model: str = "model"
+    adapters: tuple[str, ...] = ()
+    extra_docs: list[dict[str, Any]] = field(default_factory=list)
+    """More configuration documents (InferenceModels, InferenceObjectives...)."""
+    scrape_interval_s: float = 0.05
+    staleness_s: float = 1.0
+    seed: int = 0
+
+
+@dataclass(slots=True)
+class RunResult:
+    records: list[RequestRecord]
+    engines: list[Engine]
+    end_time: float
+    endpoint_names: list[str]
+
+
+def _pool_config(spec: ClusterSpec) -> Config:
+    docs: list[dict[str, Any]] = [
+        {
+            "apiVersion": "inference.networking.k8s.io/v1",
+            "kind": "InferencePool",
+            "metadata": {"name": POOL},
+            "spec": {
+                "targetPorts": [{"number": 8000}],
+                "endpoints": [
+                    {"address": f"10.0.0.{i + 1}:8000", "name": f"sim-{i}"}
+                    for i in range(spec.replicas)
+                ],
+            },
+        },
+        *spec.extra_docs,
+    ]
+    config = build_config(docs, "<simulation>")
+    config.picker = spec.picker
+    return config
+
+
+class ClusterSimulation:
+    """One run: a workload against a simulated pool behind the director."""
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self.clock = ManualClock()
+        self.engines = [Engine(spec.profile) for _ in range(spec.replicas)]
+        config = _pool_config(spec)
+        self.datastore = Datastore()
+        self.datastore.set_endpoints(
+            POOL, [EndpointSpec(f"sim-{i}", f"10.0.0.{i + 1}", 8000) for i in range(spec.replicas)]
+        )
+        self.endpoints = self.datastore.pools[POOL].endpoints
+        models = ServedModels(frozenset({spec.model}), frozenset(spec.adapters), 0.0)
+        for endpoint in self.endpoints:
+            endpoint.models = models
+        built = build_scheduler(config.picker, PluginContext(self.clock, spec.seed))
+        self.director = Director(
+            self.datastore, built, ModelTable(config), self.clock, spec.staleness_s
+        )
+        self._index = {e.name: i for i, e in enumerate(self.endpoints)}
+        self._events: list[tuple[float, int, int, Any]] = []
+        self._order = itertools.count()
+        self._work_events = 0
+        """Arrival and step events waiting in the queue."""
+        self._stepping = [False] * spec.replicas
+        self._pending: list[StepResult | None] = [None] * spec.replicas
+        self._inflight: dict[str, tuple[Dispatch, RequestRecord]] = {}
+        self._ids = itertools.count()
+        self.records: list[RequestRecord] = []
+        self.on_complete: list[Callable[[RequestRecord, Dispatch], None]] = []
+        """Hooks called when a request completes (e.g. latency-model training)."""
+
+    # ------------------------------------------------------------------ events
+
+    _ARRIVAL, _STEP, _SCRAPE = 0, 1, 2
+
+    def _push(self, t: float, kind: int, payload: Any) -> None:
+        if kind != self._SCRAPE:
+            self._work_events += 1
+        heapq.heappush(self._events, (t, next(self._order), kind, payload))
+
+    def run(self, workload: Workload, horizon_s: float) -> RunResult:
+        """Simulate until every request is done or the clock reaches ``horizon_s``."""
+        self._workload = workload
+        for t, spec in workload.initial():
+            self._push(t, self._ARRIVAL, spec)
+        interval = self.spec.scrape_interval_s
+        for i in range(self.spec.replicas):
+            self._scrape(i, 0.0)
+            self._push(interval * (i + 1) / self.spec.replicas, self._SCRAPE, i)
+        events = self._events
+        cut = False
+        while events:
+            t, _, kind, payload = heapq.heappop(events)
+            if t > horizon_s:
+                cut = True  # the simulated span is the whole horizon
+                break
+            if kind != self._SCRAPE:
+                self._work_events -= 1
+            self.clock.set(t)
+            if kind == self._STEP:
+                self._step(payload, t)
+            elif kind == self._ARRIVAL:
+                self._arrive(payload, t)
+            else:
+                self._scrape(payload, t)
+                if self._busy():
+                    self._push(t + interval, self._SCRAPE, payload)
+        end = horizon_s if cut else self.clock.now()
+        return RunResult(self.records, self.engines, end, [e.name for e in self.endpoints])
+
+    def _busy(self) -> bool:
+        """Scrapes continue while anything can still happen."""
+        return bool(self._inflight) or self._work_events > 0
+
+    # ------------------------------------------------------------------ handlers
+
+    def _arrive(self, spec: RequestSpec, now: float) -> None:
+        record = RequestRecord(spec, now)
+        self.records.append(record)
+        raw = orjson.dumps(spec.body())
+        headers = spec.all_headers()
+        request_id = f"req-{next(self._ids)}"
+        try:
+            parsed = parse_request(spec.kind, raw, headers)
+            dispatch = self.director.route(parsed, request_id, headers)
+        except GatewayError as exc:
+            record.status, record.reason = exc.status, exc.reason
+            return
+        index = self._index[dispatch.endpoint.name]
+        try:
+            seq = self._sequence(dispatch, raw, request_id, now, index, spec.kind == "chat")
+        except ApiError as exc:
+            dispatch.finish(now)
+            record.status, record.reason = exc.status, "engine-rejected"
+            return
+        record.endpoint = index
+        record.prompt_tokens = seq.prompt_tokens
+        record.prompt_bytes = seq.prompt
+        self._inflight[request_id] = (dispatch, record)
+        self.engines[index].add(seq)
+        if not self._stepping[index]:
+            self._stepping[index] = True
+            self._push(now, self._STEP, index)
+
+    def _sequence(
+        self, dispatch: Dispatch, raw: bytes, request_id: str, now: float, index: int, chat: bool
+    ) -> Sequence:
+        """The sequence the model server would create from the (rewritten) body."""
+        params = parse_generate(dispatch.body if dispatch.body is not None else raw, chat)
+        engine = self.engines[index]
+        target = dispatch.request.target_model
+        lora = target if target != self.spec.model else None
+        limit = min(engine.profile.max_model_len, engine.profile.kv_capacity_tokens)
+        seq = new_sequence(
+            request_id,
+            params.prompt,
+            arrival=now,
+            max_tokens=params.max_tokens,
+            ignore_eos=params.ignore_eos,
+            max_model_len=limit,
+            model=self.spec.model,
+            lora=lora,
+            cache_salt=params.cache_salt,
+            seed=self.spec.seed,
+        )
+        if seq.prompt_tokens + seq.max_output_tokens > limit:
+            raise ApiError(400, "request exceeds the model's context length")
+        return seq
+
+    def _step(self, index: int, now: float) -> None:
+        engine = self.engines[index]
+        previous = self._pending[index]
+        if previous is not None:
+            self._pending[index] = None
+            self._deliver(previous, now)
+        if not engine.has_work():
+            self._stepping[index] = False
+            return
+        result = engine.step(now)
+        if result.idle:
+            self._stepping[index] = False  # woken again by the next arrival
+            return
+        self._pending[index] = result
+        self._push(now + result.duration, self._STEP, index)
+
+    def _deliver(self, result: StepResult, now: float) -> None:
+        inflight = self._inflight
+        for seq in result.emitted:
+            if seq.num_output == 1:
+                entry = inflight.get(seq.request_id)
+                if entry is not None:
+                    entry[1].first_token = now
+                    entry[0].mark_first_byte(now)
+        for seq in result.finished:
+            entry = inflight.pop(seq.request_id, None)
+            if entry is None:
+                continue
+            dispatch, record = entry
+            record.finish = now
+            record.status = 200
+            record.output_tokens = seq.num_output
+            record.cached_tokens = max(0, seq.num_cached_prompt_tokens)
+            if record.first_token < 0:
+                record.first_token = seq.first_token_time
+            dispatch.finish(now)
+            for hook in self.on_complete:
+                hook(record, dispatch)
+            follow = self._workload.follow_up(record.spec, now, self._reply(record, seq))
+            for t, spec in follow:
+                self._push(t, self._ARRIVAL, spec)
+
+    def _reply(self, record: RequestRecord, seq: Sequence) -> str:
+        if record.spec.kind != "chat":
+            return ""
+        record.reply = seq.output_text()
+        return record.reply
+
+    def _scrape(self, index: int, now: float) -> None:
+        engine = self.engines[index]
+        endpoint = self.endpoints[index]
+        lora = bool(self.spec.adapters)
+        p = engine.profile
+        endpoint.metrics = EngineMetrics(
+            scraped_at=now,
+            waiting=len(engine.waiting),
+            running=len(engine.running),
+            kv_usage=engine.pool.usage,
+            running_loras=frozenset(engine.running_loras()) if lora else frozenset(),
+            waiting_loras=frozenset(engine.waiting_loras()) if lora else frozenset(),
+            max_loras=p.max_loras if lora else 0,
+            block_size=p.block_size,
+            num_gpu_blocks=p.num_gpu_blocks,
+            prefix_cache_queries=engine.counters.prefix_cache_queries,
+            prefix_cache_hits=engine.counters.prefix_cache_hits,
+        )
+        endpoint.inflight.scraped()
+
+
+__all__ = ["ClusterSimulation", "ClusterSpec", "RequestRecord", "RunResult", "Timed"]

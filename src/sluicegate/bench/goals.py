@@ -1,0 +1,143 @@
+"""Checking a scenario's results against its goals.
+
+Each check reads ``results.json``-shaped data and says, per goal, whether it was met
+(``True``/``False``) or cannot be judged from this run (``None``: a policy it compares was
+not run, or no load level qualifies), with the numbers it looked at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    goal: str
+    met: bool | None
+    detail: str
+
+
+def _runs(results: dict[str, Any], policy: str) -> dict[float, dict[str, Any]]:
+    return {r["load"]: r["metrics"] for r in results["runs"] if r["policy"] == policy}
+
+
+def _p(metrics: dict[str, Any], key: str, q: str = "p90") -> float | None:
+    value = metrics[key][q]
+    return float(value) if value is not None else None
+
+
+def _sharegpt_sweep(results: dict[str, Any]) -> list[Verdict]:
+    rr, default, pl = (_runs(results, p) for p in ("round-robin", "default", "predicted-latency"))
+    verdicts = []
+    levels = sorted(level for level in default if level >= 400 and level in rr)
+    if not levels:
+        verdicts.append(
+            Verdict(
+                "default ≤ 0.7 × round-robin p90 TPOT and E2E from 400 QPS",
+                None,
+                "no level ≥ 400 QPS with both policies",
+            )
+        )
+    else:
+        rows, ok = [], True
+        for level in levels:
+            d, r = default[level], rr[level]
+            tpot = (_p(d, "tpot_s") or 0) / max(_p(r, "tpot_s") or 1e-9, 1e-9)
+            e2e = (_p(d, "e2e_s") or 0) / max(_p(r, "e2e_s") or 1e-9, 1e-9)
+            tput = d["throughput_rps"] >= 0.99 * r["throughput_rps"]
+            ok = ok and tpot <= 0.7 and e2e <= 0.7 and tput
+            rows.append(
+                f"{level:g}: TPOT {tpot:.2f}×, E2E {e2e:.2f}×, throughput "
+                f"{d['throughput_rps']:.0f} vs {r['throughput_rps']:.0f} rps"
+            )
+        verdicts.append(
+            Verdict(
+                "default ≤ 0.7 × round-robin p90 TPOT and E2E from 400 QPS "
+                "at equal or higher throughput",
+                ok,
+                "; ".join(rows),
+            )
+        )
+    common = sorted(set(default) & set(pl))
+    if not common:
+        verdicts.append(
+            Verdict(
+                "predicted-latency at least as good as default",
+                None,
+                "predicted-latency was not run",
+            )
+        )
+    else:
+        worse = [
+            f"{level:g}"
+            for level in common
+            if (_p(pl[level], "e2e_s") or 0) > 1.02 * (_p(default[level], "e2e_s") or 0)
+        ]
+        verdicts.append(
+            Verdict(
+                "predicted-latency at least as good as default (p90 E2E)",
+                not worse,
+                f"worse at {', '.join(worse)}" if worse else "p90 E2E ≤ default's at every level",
+            )
+        )
+    return verdicts
+
+
+def _shared_prefix(results: dict[str, Any]) -> list[Verdict]:
+    default, rnd = _runs(results, "default"), _runs(results, "random")
+    if not default or not rnd:
+        return [Verdict("default ≥ 1.9 × random output tokens/s", None, "policy missing")]
+    best_d = max(m["output_tokens_per_s"] for m in default.values())
+    best_r = max(m["output_tokens_per_s"] for m in rnd.values())
+    ratio = best_d / best_r if best_r else float("inf")
+    return [
+        Verdict(
+            "approximate prefix routing (default) ≥ 1.9 × random output tokens/s",
+            ratio >= 1.9,
+            f"peak {best_d:,.0f} vs {best_r:,.0f} tok/s = {ratio:.2f}×",
+        )
+    ]
+
+
+def _multi_turn(results: dict[str, Any]) -> list[Verdict]:
+    default = _runs(results, "default")
+    if not default:
+        return [
+            Verdict(
+                "default: hit rate ≥ 90 % of ideal, imbalance ≤ 1.3", None, "default was not run"
+            )
+        ]
+    hit_rows, balance_rows, hit_ok, balance_ok = [], [], True, True
+    for level, m in sorted(default.items()):
+        ideal = m.get("ideal_prefix_hit_rate") or 0.0
+        share = m["engine_prefix_hit_rate"] / ideal if ideal else 0.0
+        hit_ok = hit_ok and share >= 0.9
+        hit_rows.append(
+            f"{level:g}: {m['engine_prefix_hit_rate']:.1%} of ideal {ideal:.1%} = {share:.0%}"
+        )
+        imb = m.get("load_imbalance")
+        balance_ok = balance_ok and imb is not None and imb <= 1.3
+        balance_rows.append(f"{level:g}: {imb:.2f}×" if imb is not None else f"{level:g}: n/a")
+    return [
+        Verdict(
+            "prefix-cache hit rate ≥ 90 % of one infinite server's", hit_ok, "; ".join(hit_rows)
+        ),
+        Verdict(
+            "busiest replica's work ≤ 1.3 × the least busy", balance_ok, "; ".join(balance_rows)
+        ),
+    ]
+
+
+CHECKS: dict[str, Callable[[dict[str, Any]], list[Verdict]]] = {
+    "sharegpt-sweep": _sharegpt_sweep,
+    "shared-prefix": _shared_prefix,
+    "multi-turn-chat": _multi_turn,
+}
+
+
+def check(results: dict[str, Any]) -> list[Verdict]:
+    """Verdicts for the scenario the results belong to (empty when it has no checks)."""
+    fn = CHECKS.get(results["scenario"])
+    return fn(results) if fn else []

@@ -1,0 +1,165 @@
+"""Turning per-request records into the numbers reports show.
+
+Every latency is in seconds and summarised as ``{"mean", "p50", "p90", "p99"}`` over the
+requests that completed (percentiles interpolate linearly, as numpy does). Throughput is
+measured over the span from the first arrival to the last completion. A request counts
+as meeting its SLO when it completed with TTFT ≤ ``x-slo-ttft-ms`` and TPOT ≤
+``x-slo-tpot-ms``; shed or failed requests carrying SLOs count as misses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from sluicegate.tokens import BYTES_PER_TOKEN, block_hashes
+
+
+class Record(Protocol):
+    """What a runner records per request (see ``bench.des.RequestRecord``)."""
+
+    @property
+    def spec(self) -> Any: ...
+
+    arrival: float
+    first_token: float
+    finish: float
+    output_tokens: int
+    prompt_tokens: int
+    cached_tokens: int
+    status: int
+    endpoint: int
+
+    @property
+    def completed(self) -> bool: ...
+
+
+def latency_summary(values: Sequence[float]) -> dict[str, float | None]:
+    """Mean and p50/p90/p99 of ``values`` (seconds); None when there are none."""
+    if not values:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    arr = np.asarray(values, dtype=float)
+    p50, p90, p99 = np.percentile(arr, [50, 90, 99])
+    return {"mean": float(arr.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def _tpot(r: Record) -> float | None:
+    if r.output_tokens < 2:
+        return None
+    return (r.finish - r.first_token) / (r.output_tokens - 1)
+
+
+def _meets_slo(r: Record) -> bool:
+    spec = r.spec
+    if not r.completed:
+        return False
+    if spec.slo_ttft_ms is not None and (r.first_token - r.arrival) * 1000 > spec.slo_ttft_ms:
+        return False
+    tpot = _tpot(r)
+    return not (
+        spec.slo_tpot_ms is not None and tpot is not None and tpot * 1000 > spec.slo_tpot_ms
+    )
+
+
+def summarize(records: Sequence[Record]) -> dict[str, Any]:
+    """The metrics block of one run (or one class of it)."""
+    done = [r for r in records if r.completed]
+    shed = sum(1 for r in records if r.status == 429)
+    incomplete = sum(1 for r in records if r.status == 0)
+    failed = len(records) - len(done) - shed - incomplete
+    span = 0.0
+    if done:
+        span = max(r.finish for r in done) - min(r.arrival for r in records)
+    out_tokens = sum(r.output_tokens for r in done)
+    with_slo = [
+        r for r in records if r.spec.slo_ttft_ms is not None or r.spec.slo_tpot_ms is not None
+    ]
+    prompt = sum(r.prompt_tokens for r in done)
+    cached = sum(r.cached_tokens for r in done)
+    return {
+        "requests": len(records),
+        "completed": len(done),
+        "failed": failed,
+        "shed": shed,
+        "incomplete": incomplete,
+        "throughput_rps": len(done) / span if span > 0 else 0.0,
+        "output_tokens_per_s": out_tokens / span if span > 0 else 0.0,
+        "ttft_s": latency_summary([r.first_token - r.arrival for r in done]),
+        "tpot_s": latency_summary([t for r in done if (t := _tpot(r)) is not None]),
+        "e2e_s": latency_summary([r.finish - r.arrival for r in done]),
+        "slo_attainment": (
+            sum(1 for r in with_slo if _meets_slo(r)) / len(with_slo) if with_slo else None
+        ),
+        "prefix_hit_rate": cached / prompt if prompt else 0.0,
+    }
+
+
+def by_class(records: Sequence[Record]) -> dict[str, dict[str, Any]]:
+    classes: dict[str, list[Record]] = {}
+    for r in records:
+        classes.setdefault(r.spec.klass, []).append(r)
+    if len(classes) < 2:
+        return {}
+    return {name: summarize(rs) for name, rs in sorted(classes.items())}
+
+
+@dataclass(slots=True)
+class ReplicaLoad:
+    """Work one replica did: requests, prompt tokens computed (not cached), tokens
+    generated; ``work`` is their sum, in tokens."""
+
+    requests: int = 0
+    prefill_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def work(self) -> int:
+        return self.prefill_tokens + self.output_tokens
+
+
+def replica_loads(records: Iterable[Record], replicas: int) -> list[ReplicaLoad]:
+    loads = [ReplicaLoad() for _ in range(replicas)]
+    for r in records:
+        if 0 <= r.endpoint < replicas and r.completed:
+            load = loads[r.endpoint]
+            load.requests += 1
+            load.prefill_tokens += r.prompt_tokens - r.cached_tokens
+            load.output_tokens += r.output_tokens
+    return loads
+
+
+def imbalance(loads: Sequence[ReplicaLoad]) -> float | None:
+    """Busiest replica's work over the least busy one's (1.0 = perfectly even)."""
+    works = [load.work for load in loads]
+    if not works or min(works) <= 0:
+        return None
+    return max(works) / min(works)
+
+
+def ideal_prefix_hit_rate(
+    prompts: Iterable[tuple[bytes, bytes]], block_tokens: int = 16, seed: int = 0
+) -> float:
+    """Prefix-cache hit rate of one server with unlimited KV cache.
+
+    ``prompts`` are (prompt bytes, generated bytes) in arrival order; every full block of a
+    request's prompt and output is cached after it, and a request hits the longest cached
+    run of its leading blocks (at least one token is always computed, as on vLLM).
+    """
+    cached: set[int] = set()
+    hits = queried = 0
+    for prompt, reply in prompts:
+        tokens = -(-len(prompt) // BYTES_PER_TOKEN)
+        limit = (tokens - 1) // block_tokens
+        matched = 0
+        for h in block_hashes(prompt, block_tokens, seed, max_blocks=limit):
+            if h not in cached:
+                break
+            matched += 1
+        hits += matched * block_tokens
+        queried += tokens
+        padded = prompt + b"\0" * (-len(prompt) % BYTES_PER_TOKEN)
+        cached.update(block_hashes(padded + reply, block_tokens, seed))
+    return hits / queried if queried else 0.0

@@ -1,0 +1,198 @@
+"""Writing a run's results: ``results.json``, ``report.md`` and PNG plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sluicegate.bench.goals import check
+from sluicegate.bench.scenarios import Scenario
+
+
+def _fmt(value: float | None, scale: float = 1.0, digits: int = 2) -> str:
+    return "–" if value is None else f"{value * scale:.{digits}f}"
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1%}"
+
+
+def markdown(results: dict[str, Any], scenario: Scenario, command: str) -> str:
+    unit = results["load_unit"]
+    lines = [
+        f"# Scenario `{results['scenario']}`",
+        "",
+        scenario.description + ".",
+        "",
+        f"Pool: {results['pool']['replicas']} × `{results['pool']['profile']}` "
+        f"({scenario.profile.description}); {results['duration_s']:g} s of arrivals per "
+        f"level; mode `{results['mode']}`; seed {results['seed']}.",
+        "",
+        "```",
+        command,
+        "```",
+        "",
+    ]
+    if scenario.published:
+        lines += ["Published: " + scenario.published, ""]
+    verdicts = check(results)
+    if verdicts:
+        lines += ["## Goals", "", "| goal | met | numbers |", "|---|---|---|"]
+        for v in verdicts:
+            met = {True: "yes", False: "**no**", None: "n/a"}[v.met]
+            lines.append(f"| {v.goal} | {met} | {v.detail} |")
+        lines.append("")
+    lines += [
+        "## Results",
+        "",
+        "Latencies in seconds (TPOT in ms), over completed requests.",
+        "",
+        f"| {unit} | policy | done | shed | tput rps | out tok/s | TTFT p50 | TTFT p90 | "
+        "TPOT p50 ms | TPOT p90 ms | E2E p50 | E2E p90 | SLO | prefix hit | imbalance |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in results["runs"]:
+        m = run["metrics"]
+        lines.append(
+            f"| {run['load']:g} | {run['policy']} | {m['completed']}/{m['requests']} | "
+            f"{m['shed']} | {m['throughput_rps']:.1f} | {m['output_tokens_per_s']:,.0f} | "
+            f"{_fmt(m['ttft_s']['p50'])} | {_fmt(m['ttft_s']['p90'])} | "
+            f"{_fmt(m['tpot_s']['p50'], 1000, 1)} | {_fmt(m['tpot_s']['p90'], 1000, 1)} | "
+            f"{_fmt(m['e2e_s']['p50'])} | {_fmt(m['e2e_s']['p90'])} | "
+            f"{_pct(m['slo_attainment'])} | {_pct(m['engine_prefix_hit_rate'])} | "
+            f"{_fmt(m['load_imbalance'])} |"
+        )
+    classes = [
+        (run, name, m) for run in results["runs"] for name, m in run["metrics"]["by_class"].items()
+    ]
+    if classes:
+        lines += [
+            "",
+            "### By class",
+            "",
+            f"| {unit} | policy | class | done | shed | failed | TTFT mean | TTFT p90 | "
+            "E2E p90 | SLO |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for run, name, m in classes:
+            lines.append(
+                f"| {run['load']:g} | {run['policy']} | {name} | {m['completed']}/"
+                f"{m['requests']} | {m['shed']} | {m['failed']} | "
+                f"{_fmt(m['ttft_s']['mean'])} | {_fmt(m['ttft_s']['p90'])} | "
+                f"{_fmt(m['e2e_s']['p90'])} | {_pct(m['slo_attainment'])} |"
+            )
+    lines += [
+        "",
+        "Plots: `latency.png`, `throughput.png`, `replicas.png`"
+        + (
+            ", `slo.png`"
+            if any(r["metrics"]["slo_attainment"] is not None for r in results["runs"])
+            else ""
+        )
+        + ".",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plots(results: dict[str, Any], out: Path) -> list[Path]:
+    """Draw the run's figures into ``out``; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    unit = results["load_unit"]
+    policies = list(dict.fromkeys(r["policy"] for r in results["runs"]))
+    series = {
+        p: sorted((r for r in results["runs"] if r["policy"] == p), key=lambda r: r["load"])
+        for p in policies
+    }
+    written = []
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, key, title, scale in zip(
+        axes,
+        ("ttft_s", "tpot_s", "e2e_s"),
+        ("TTFT (s)", "TPOT (ms)", "E2E latency (s)"),
+        (1.0, 1000.0, 1.0),
+        strict=True,
+    ):
+        for policy, runs in series.items():
+            xs = [r["load"] for r in runs]
+            for q, style in (("p50", "--"), ("p90", "-")):
+                ys = [(r["metrics"][key][q] or float("nan")) * scale for r in runs]
+                ax.plot(xs, ys, style, marker="o", label=f"{policy} {q}")
+        ax.set_title(title)
+        ax.set_xlabel(unit)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{results['scenario']}: latency percentiles")
+    fig.tight_layout()
+    written.append(_save(fig, out / "latency.png"))
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for policy, runs in series.items():
+        xs = [r["load"] for r in runs]
+        axes[0].plot(xs, [r["metrics"]["throughput_rps"] for r in runs], marker="o", label=policy)
+        axes[1].plot(
+            xs, [r["metrics"]["output_tokens_per_s"] for r in runs], marker="o", label=policy
+        )
+    axes[0].set_title("completed requests/s")
+    axes[1].set_title("output tokens/s")
+    for ax in axes:
+        ax.set_xlabel(unit)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    written.append(_save(fig, out / "throughput.png"))
+
+    if any(r["metrics"]["slo_attainment"] is not None for r in results["runs"]):
+        fig, ax = plt.subplots(figsize=(6, 4.2))
+        for policy, runs in series.items():
+            ax.plot(
+                [r["load"] for r in runs],
+                [(r["metrics"]["slo_attainment"] or 0) * 100 for r in runs],
+                marker="o",
+                label=policy,
+            )
+        ax.set_title("SLO attainment (%)")
+        ax.set_xlabel(unit)
+        ax.set_ylim(0, 100)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        written.append(_save(fig, out / "slo.png"))
+
+    top = max(r["load"] for r in results["runs"])
+    at_top = [r for r in results["runs"] if r["load"] == top]
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(at_top[0]["replicas"]) + 2), 4.2))
+    width = 0.8 / len(at_top)
+    for i, run in enumerate(at_top):
+        work = [rep["prefill_tokens"] + rep["output_tokens"] for rep in run["replicas"]]
+        xs = [j + i * width for j in range(len(work))]
+        ax.bar(xs, work, width, label=run["policy"])
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(at_top[0]["replicas"]))])
+    ax.set_xticklabels([rep["endpoint"] for rep in at_top[0]["replicas"]], fontsize=8)
+    ax.set_title(f"work per replica at {top:g} {unit} (prefill computed + output tokens)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    written.append(_save(fig, out / "replicas.png"))
+    return written
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write(results: dict[str, Any], scenario: Scenario, out: Path, command: str) -> list[Path]:
+    """Write results.json, report.md and the plots into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "report.md").write_text(markdown(results, scenario, command))
+    return [out / "results.json", out / "report.md", *plots(results, out)]

@@ -1,0 +1,124 @@
+"""Running a scenario: every policy at every load level, side by side, same seed.
+
+Each (policy, level) run starts from empty engines and sends the identical request stream
+(same seed), so differences come from routing alone. Results follow the shape
+``{"scenario", "mode", "seed", "runs": [{"policy", "qps", "concurrency", "metrics"}]}``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sluicegate.bench.des import ClusterSimulation, ClusterSpec, RunResult
+from sluicegate.bench.metrics import (
+    by_class,
+    ideal_prefix_hit_rate,
+    imbalance,
+    replica_loads,
+    summarize,
+)
+from sluicegate.bench.scenarios import Scenario, policy_config
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RunPlan:
+    scenario: Scenario
+    policies: tuple[str, ...]
+    levels: tuple[float, ...]
+    duration_s: float
+    seed: int = 0
+
+    @property
+    def count(self) -> int:
+        return len(self.policies) * len(self.levels)
+
+
+def run_level(
+    scenario: Scenario, policy: str, level: float, duration_s: float, seed: int
+) -> RunResult:
+    """One simulated run of ``policy`` at load ``level``."""
+    spec = ClusterSpec(
+        profile=scenario.profile,
+        replicas=scenario.replicas,
+        picker=policy_config(policy),
+        model=scenario.model,
+        adapters=scenario.adapters,
+        extra_docs=list(scenario.extra_docs),
+        seed=seed,
+    )
+    sim = ClusterSimulation(spec)
+    workload = scenario.workload(level, duration_s, seed)
+    return sim.run(workload, horizon_s=duration_s * (1.0 + scenario.drain_factor))
+
+
+def run_entry(
+    scenario: Scenario, policy: str, level: float, result: RunResult, wall_s: float
+) -> dict[str, Any]:
+    """The ``runs[]`` entry for one run."""
+    records = result.records
+    metrics = summarize(records)
+    metrics["by_class"] = by_class(records)
+    loads = replica_loads(records, scenario.replicas)
+    engines = result.engines
+    queries = sum(e.counters.prefix_cache_queries for e in engines)
+    metrics["engine_prefix_hit_rate"] = (
+        sum(e.counters.prefix_cache_hits for e in engines) / queries if queries else 0.0
+    )
+    metrics["preemptions"] = sum(e.counters.preemptions for e in engines)
+    metrics["load_imbalance"] = imbalance(loads)
+    if any(r.spec.kind == "chat" for r in records):
+        metrics["ideal_prefix_hit_rate"] = ideal_prefix_hit_rate(
+            (r.prompt_bytes, r.reply.encode())
+            for r in sorted(records, key=lambda r: r.arrival)
+            if r.completed
+        )
+    closed = scenario.load_unit == "concurrent streams"
+    return {
+        "policy": policy,
+        "qps": level if scenario.load_unit == "req/s" else None,
+        "concurrency": int(level) if closed else None,
+        "load": level,
+        "load_unit": scenario.load_unit,
+        "metrics": metrics,
+        "replicas": [
+            {
+                "endpoint": name,
+                "requests": load.requests,
+                "prefill_tokens": load.prefill_tokens,
+                "output_tokens": load.output_tokens,
+            }
+            for name, load in zip(result.endpoint_names, loads, strict=True)
+        ],
+        "simulated_s": result.end_time,
+        "wall_s": wall_s,
+    }
+
+
+def run_plan(plan: RunPlan, progress: Progress | None = None) -> dict[str, Any]:
+    """Run every (policy, level) of ``plan`` in the discrete-event simulation."""
+    runs = []
+    for level in plan.levels:
+        for policy in plan.policies:
+            if progress is not None:
+                progress(f"{policy} @ {level:g} {plan.scenario.load_unit}")
+            started = time.perf_counter()
+            result = run_level(plan.scenario, policy, level, plan.duration_s, plan.seed)
+            runs.append(
+                run_entry(plan.scenario, policy, level, result, time.perf_counter() - started)
+            )
+    s = plan.scenario
+    return {
+        "scenario": s.name,
+        "mode": "des",
+        "seed": plan.seed,
+        "description": s.description,
+        "pool": {"profile": s.profile.name, "replicas": s.replicas, "model": s.model},
+        "duration_s": plan.duration_s,
+        "load_unit": s.load_unit,
+        "runs": runs,
+    }

@@ -1,0 +1,316 @@
+"""The benchmark scenarios: published experiments, reproduced on the simulator.
+
+Each scenario fixes a pool (engine profile × replicas), a workload, the load levels it
+sweeps, how long each level runs, and the policies it compares by default. A ``quick``
+variant of each runs in well under a minute (CI smoke tests).
+
+Policies are scheduling configurations by name: the shipped presets (``round-robin`` —
+what a Kubernetes Service gives —, ``random``, ``least-request``, ``default``) plus those
+added by later layers (``predicted-latency``, ``predicted-latency-oracle``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from sluicegate.api.resources import EndpointPickerConfig
+from sluicegate.bench import sharegpt
+from sluicegate.bench.workloads import (
+    ClosedLoop,
+    OpenLoop,
+    PriorityClass,
+    RequestSpec,
+    Sessions,
+    Workload,
+    length_mix,
+    random_text,
+    shared_prefix,
+    sharegpt_first_turn,
+    with_classes,
+    with_slos,
+)
+from sluicegate.scheduling.config import load_preset, preset_names
+from sluicegate.sim.profiles import EngineProfile, get_profile
+
+
+class UnknownPolicyError(ValueError):
+    pass
+
+
+def policy_config(name: str) -> EndpointPickerConfig:
+    """The scheduling configuration a policy name stands for."""
+    if name in preset_names():
+        return load_preset(name)
+    raise UnknownPolicyError(
+        f"policy {name!r} is not available; available: {', '.join(preset_names())}"
+    )
+
+
+def available_policies() -> list[str]:
+    return preset_names()
+
+
+WorkloadFactory = Callable[[float, float, int], Workload]
+"""(load level, duration in s, seed) → workload. The load level is req/s, sessions/s or a
+concurrency, as the scenario's ``load_unit`` says."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    description: str
+    profile: EngineProfile
+    replicas: int
+    model: str
+    workload: WorkloadFactory
+    levels: tuple[float, ...]
+    duration_s: float
+    policies: tuple[str, ...]
+    load_unit: str = "req/s"
+    goals: tuple[str, ...] = ()
+    published: str = ""
+    extra_docs: tuple[dict[str, Any], ...] = ()
+    adapters: tuple[str, ...] = ()
+    drain_factor: float = 4.0
+    """The run continues after the last arrival for up to this many durations."""
+    quick: dict[str, Any] = field(default_factory=dict)
+    """Overrides for ``--quick``: replicas, levels, duration_s."""
+
+    def quick_variant(self) -> Scenario:
+        return replace(self, **self.quick, quick={})
+
+
+def _sharegpt_sweep() -> Scenario:
+    model = "meta-llama/Llama-2-7b-hf"
+
+    def workload(qps: float, duration: float, seed: int) -> Workload:
+        return OpenLoop(qps, duration, sharegpt_first_turn(model), seed)
+
+    return Scenario(
+        name="sharegpt-sweep",
+        description="GIE's launch experiment: 10 × Llama-2-7B on H100, ShareGPT, 100→1000 QPS",
+        profile=get_profile("llama2-7b-h100"),
+        replicas=10,
+        model=model,
+        workload=workload,
+        levels=(100, 200, 300, 400, 500, 600, 700, 800, 900, 1000),
+        duration_s=120.0,
+        policies=("round-robin", "default", "predicted-latency"),
+        goals=(
+            "from 400 QPS up, p90 TPOT and p90 E2E of `default` ≤ 0.7 × `round-robin`'s at "
+            "equal or higher throughput",
+            "`predicted-latency` at least as good as `default`",
+        ),
+        published="Gateway API Inference Extension launch blog (2025-06-05): comparable "
+        "throughput; much lower p90 per-output-token latency at ≥ 500 QPS and lower p90 "
+        "end-to-end latency beyond 400–500 QPS (figures only).",
+        quick={"replicas": 3, "levels": (60.0, 120.0), "duration_s": 10.0},
+    )
+
+
+# The published per-pod KV size of the prefix-cache experiment (Qwen-32B, 2 × H100):
+# 307,328 tokens = 19,208 blocks of 16 (reference anchors, section M).
+_PREFIX_KV_BLOCKS = 307_328 // 16
+
+
+def _shared_prefix() -> Scenario:
+    model = "meta-llama/Llama-3.1-8B"
+    profile = replace(
+        get_profile("llama3.1-8b-h100"),
+        num_gpu_blocks=_PREFIX_KV_BLOCKS,
+        name="llama3.1-8b-h100-307k",
+    )
+
+    def workload(qps: float, duration: float, seed: int) -> Workload:
+        return OpenLoop(qps, duration, shared_prefix(model, 150, 5, 6000, 1200, 1000, seed), seed)
+
+    return Scenario(
+        name="shared-prefix",
+        description="150 groups × 5 prompts, 6,000-token shared prefix, 1,200-token "
+        "question, 1,000-token output, on 8 replicas",
+        profile=profile,
+        replicas=8,
+        model=model,
+        workload=workload,
+        levels=(3, 10, 20, 40, 60),
+        duration_s=60.0,
+        policies=("random", "round-robin", "default"),
+        goals=("approximate prefix routing (`default`) ≥ 1.9 × `random` output tokens/s",),
+        published='llm-d "KV-Cache Wins You Can See" (2025-09-24), 8 × 2 H100, Qwen-32B: '
+        "output 8,730 / 6,944 / 4,429 tok/s for precise / approximate / random routing.",
+        drain_factor=3.0,
+        quick={"replicas": 4, "levels": (4.0,), "duration_s": 10.0},
+    )
+
+
+def _multi_turn_chat() -> Scenario:
+    model = "meta-llama/Meta-Llama-3-8B"
+
+    def workload(rate: float, duration: float, seed: int) -> Workload:
+        return Sessions(
+            sharegpt.multi_turn(),
+            rate,
+            duration,
+            model,
+            think_s=2.0,
+            max_output_tokens=1024,
+            seed=seed,
+        )
+
+    return Scenario(
+        name="multi-turn-chat",
+        description="ShareGPT conversations replayed turn by turn with the generated "
+        "replies in the history, 4 × Llama-3-8B on H100",
+        profile=get_profile("llama3-8b-h100"),
+        replicas=4,
+        model=model,
+        workload=workload,
+        levels=(2, 4, 8),
+        duration_s=120.0,
+        load_unit="sessions/s",
+        policies=("round-robin", "least-request", "default"),
+        goals=(
+            "prefix-cache hit rate ≥ 90 % of one infinitely large server's",
+            "busiest replica's work ≤ 1.3 × the least busy one's",
+        ),
+        quick={"levels": (2.0,), "duration_s": 10.0},
+    )
+
+
+# Objectives of the mixed-priority scenarios: llm-d-benchmark's priority-mix values
+# (critical 100, normal 0, batch −10; anchors K).
+OBJECTIVES: tuple[dict[str, Any], ...] = tuple(
+    {
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha2",
+        "kind": "InferenceObjective",
+        "metadata": {"name": name},
+        "spec": {"priority": priority, "poolRef": {"name": "sim-pool"}},
+    }
+    for name, priority in (("critical", 100), ("standard", 0), ("batch", -10))
+)
+
+
+def _slo_mixed() -> Scenario:
+    model = "meta-llama/Meta-Llama-3-8B"
+    classes = (
+        PriorityClass("Standard", 0.7, objective="standard"),
+        PriorityClass("Sheddable", 0.3, objective="batch"),
+    )
+
+    def workload(qps: float, duration: float, seed: int) -> Workload:
+        make = length_mix(model, long_share=0.2, long_tokens=(2000, 6000))
+        return OpenLoop(qps, duration, with_slos(with_classes(make, classes), 500, 50), seed)
+
+    return Scenario(
+        name="slo-mixed",
+        description="short chat and long documents with TTFT/TPOT SLOs (500/50 ms), 30 % "
+        "sheddable, near saturation, 4 × Llama-3-8B on H100",
+        profile=get_profile("llama3-8b-h100"),
+        replicas=4,
+        model=model,
+        workload=workload,
+        levels=(40, 60, 80),
+        duration_s=120.0,
+        policies=("default", "predicted-latency", "predicted-latency-oracle"),
+        extra_docs=OBJECTIVES,
+        goals=(
+            "SLO attainment of `predicted-latency` ≥ 20 points above `default`",
+            "`predicted-latency` within 5 points of `predicted-latency-oracle`",
+        ),
+        quick={"levels": (40.0,), "duration_s": 10.0},
+    )
+
+
+def _priority_overload() -> Scenario:
+    base, adapter = "meta-llama/Meta-Llama-3-8B", "food-review-lora"
+    docs = [
+        {
+            "apiVersion": "inference.networking.x-k8s.io/v1alpha2",
+            "kind": "InferenceModel",
+            "metadata": {"name": name},
+            "spec": {
+                "modelName": public,
+                "criticality": crit,
+                "poolRef": {"name": "sim-pool"},
+                "targetModels": [{"name": target}],
+            },
+        }
+        for name, public, crit, target in (
+            ("critical-chat", "critical-chat", "Critical", base),
+            ("food-review", "food-review", "Standard", adapter),
+            ("batch-summaries", "batch-summaries", "Sheddable", base),
+        )
+    ]
+    classes = (
+        PriorityClass("Critical", 60, model="critical-chat"),
+        PriorityClass("Standard", 60, model="food-review"),
+        PriorityClass("Sheddable", 20, model="batch-summaries"),
+    )
+
+    def workload(concurrency: float, duration: float, seed: int) -> Workload:
+        import random as _random
+
+        shared = {
+            c.name: random_text(_random.Random(seed + i), 1000) for i, c in enumerate(classes)
+        }
+
+        def make(i: int, rng: _random.Random) -> RequestSpec:
+            return RequestSpec(
+                "completions",
+                base,
+                rng.randint(500, 3000),
+                prompt=f"{i}: " + random_text(rng, 3000),
+            )
+
+        classed = with_classes(make, classes)
+
+        def with_prefix(i: int, rng: _random.Random) -> RequestSpec:
+            spec = classed(i, rng)
+            spec.prompt = shared[spec.klass] + "\n" + spec.prompt
+            return spec
+
+        return ClosedLoop(int(concurrency), duration, with_prefix, seed=seed)
+
+    return Scenario(
+        name="priority-overload",
+        description="two models on one pool at full load — Critical base model and "
+        "Standard LoRA adapter, 60 streams each, plus 20 Sheddable streams; ~4,000-token "
+        "prompts with a 1,000-token shared prefix, outputs up to 3,000 tokens; 5 replicas",
+        profile=get_profile("llama3-8b-h100"),
+        replicas=5,
+        model=base,
+        workload=workload,
+        levels=(140,),
+        duration_s=120.0,
+        load_unit="concurrent streams",
+        policies=("default",),
+        extra_docs=tuple(docs),
+        adapters=(adapter,),
+        goals=(
+            "with flow control on: Critical mean TTFT ≤ 30 % of Standard's",
+            "Critical failures zero; total throughput within 5 % of flow control off",
+        ),
+        published="A public flow-control guide: Critical mean TTFT 50 % lower than "
+        "Standard, 96 % fewer failed requests.",
+        drain_factor=1.0,
+        quick={"levels": (28.0,), "duration_s": 20.0, "replicas": 2, "drain_factor": 3.0},
+    )
+
+
+SCENARIOS: dict[str, Callable[[], Scenario]] = {
+    "sharegpt-sweep": _sharegpt_sweep,
+    "shared-prefix": _shared_prefix,
+    "multi-turn-chat": _multi_turn_chat,
+    "slo-mixed": _slo_mixed,
+    "priority-overload": _priority_overload,
+}
+
+
+def get_scenario(name: str) -> Scenario:
+    try:
+        return SCENARIOS[name]()
+    except KeyError:
+        known = ", ".join(SCENARIOS)
+        raise ValueError(f"unknown scenario {name!r}; known: {known}") from None
