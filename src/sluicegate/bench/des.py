@@ -220,6 +220,7 @@ class ClusterSimulation:
             dispatch = self.director.route(parsed, request_id, headers)
         except GatewayError as exc:
             record.status, record.reason = exc.status, exc.reason
+            self._follow(record, now, None)
             return
         index = self._index[dispatch.endpoint.name]
         try:
@@ -227,6 +228,7 @@ class ClusterSimulation:
         except ApiError as exc:
             dispatch.finish(now)
             record.status, record.reason = exc.status, "engine-rejected"
+            self._follow(record, now, None)
             return
         record.endpoint = index
         record.prompt_tokens = seq.prompt_tokens
@@ -300,9 +302,11 @@ class ClusterSimulation:
             dispatch.finish(now)
             for hook in self.on_complete:
                 hook(record, dispatch)
-            follow = self._workload.follow_up(record.spec, now, self._reply(record, seq))
-            for t, spec in follow:
-                self._push(t, self._ARRIVAL, spec)
+            self._follow(record, now, self._reply(record, seq))
+
+    def _follow(self, record: RequestRecord, now: float, reply: str | None) -> None:
+        for t, spec in self._workload.follow_up(record.spec, now, reply):
+            self._push(t, self._ARRIVAL, spec)
 
     def _reply(self, record: RequestRecord, seq: Sequence) -> str:
         if record.spec.kind != "chat":

@@ -82,8 +82,9 @@ class Workload(Protocol):
         """(arrival time in s, request) pairs, in time order."""
         ...
 
-    def follow_up(self, spec: RequestSpec, now: float, reply: str) -> list[Timed]:
-        """Requests triggered by ``spec`` completing at ``now`` with ``reply`` text."""
+    def follow_up(self, spec: RequestSpec, now: float, reply: str | None) -> list[Timed]:
+        """Requests triggered by ``spec`` ending at ``now``: with its ``reply`` text, or
+        ``None`` when it failed (shed, rejected)."""
         ...
 
 
@@ -115,7 +116,7 @@ class OpenLoop:
         for i, t in enumerate(poisson_times(self.rate, self.duration, rng)):
             yield t, self.make(i, content_rng)
 
-    def follow_up(self, spec: RequestSpec, now: float, reply: str) -> list[Timed]:
+    def follow_up(self, spec: RequestSpec, now: float, reply: str | None) -> list[Timed]:
         return []
 
 
@@ -138,8 +139,9 @@ class ClosedLoop:
             self._count += 1
             yield 0.0, self.make(i, self._rng)
 
-    def follow_up(self, spec: RequestSpec, now: float, reply: str) -> list[Timed]:
-        at = now + self.think_s
+    def follow_up(self, spec: RequestSpec, now: float, reply: str | None) -> list[Timed]:
+        # A refused request is retried after a second, as clients honour Retry-After.
+        at = now + self.think_s + (1.0 if reply is None else 0.0)
         if at >= self.duration:
             return []
         self._count += 1
@@ -182,7 +184,7 @@ class TraceReplay:
                 RequestSpec("completions", self.model, max(1, output_tokens), prompt=text),
             )
 
-    def follow_up(self, spec: RequestSpec, now: float, reply: str) -> list[Timed]:
+    def follow_up(self, spec: RequestSpec, now: float, reply: str | None) -> list[Timed]:
         return []
 
 
@@ -200,8 +202,13 @@ class Sessions:
     max_output_tokens: int = 1024
     seed: int = 0
 
+    def _conversation(self, session: int) -> sharegpt.Conversation:
+        # Sessions take conversations in an order fixed by the seed.
+        n = len(self.conversations)
+        return self.conversations[(session * 7919 + self.seed * 104_729) % n]
+
     def _turn(self, session: int, turn: int, history: list[dict[str, Any]]) -> RequestSpec:
-        conv = self.conversations[session % len(self.conversations)]
+        conv = self._conversation(session)
         user = conv.texts[2 * turn]
         answer_tokens = -(-len(conv.texts[2 * turn + 1].encode()) // BYTES_PER_TOKEN)
         messages = [*history, {"role": "user", "content": user}]
@@ -219,11 +226,11 @@ class Sessions:
         for session, t in enumerate(poisson_times(self.rate, self.duration, rng)):
             yield t, self._turn(session, 0, [])
 
-    def follow_up(self, spec: RequestSpec, now: float, reply: str) -> list[Timed]:
-        conv = self.conversations[spec.session % len(self.conversations)]
+    def follow_up(self, spec: RequestSpec, now: float, reply: str | None) -> list[Timed]:
+        conv = self._conversation(spec.session)
         nxt = spec.turn + 1
-        if 2 * nxt + 1 >= len(conv.texts):
-            return []
+        if reply is None or 2 * nxt + 1 >= len(conv.texts):
+            return []  # the conversation is over (or its user gave up)
         history = [*spec.messages, {"role": "assistant", "content": reply}]
         return [(now + self.think_s, self._turn(spec.session, nxt, history))]
 

@@ -1,0 +1,282 @@
+"""Every scenario's quick variant, end to end: results shape, determinism, report files,
+goal verdicts and the ``sluicegate bench`` CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sluicegate import cli
+from sluicegate.bench import goals, report
+from sluicegate.bench.runner import RunPlan, run_plan
+from sluicegate.bench.scenarios import SCENARIOS, Scenario, available_policies, get_scenario
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+SUMMARY_KEYS = {"mean", "p50", "p90", "p99"}
+METRIC_KEYS = {
+    "requests",
+    "completed",
+    "failed",
+    "shed",
+    "throughput_rps",
+    "output_tokens_per_s",
+    "ttft_s",
+    "tpot_s",
+    "e2e_s",
+    "slo_attainment",
+    "prefix_hit_rate",
+}
+
+
+def quick(name: str) -> tuple[Scenario, RunPlan]:
+    scenario = get_scenario(name).quick_variant()
+    policies = tuple(p for p in scenario.policies if p in available_policies())
+    return scenario, RunPlan(scenario, policies, scenario.levels, scenario.duration_s, seed=0)
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, dict[str, Any]]:
+    """The quick run of every scenario with the policies this build has (seed 0)."""
+    return {name: run_plan(quick(name)[1]) for name in SCENARIOS}
+
+
+def without_wall_time(results: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(json.dumps(results))
+    for run in out["runs"]:
+        del run["wall_s"]
+    return out
+
+
+def check_summary(block: Any) -> None:
+    assert isinstance(block, dict)
+    assert set(block) >= SUMMARY_KEYS
+    values = [block[k] for k in ("mean", "p50", "p90", "p99")]
+    if values[0] is None:
+        assert all(v is None for v in values)
+        return
+    assert all(isinstance(v, float) and v >= 0 for v in values)
+    assert block["p50"] <= block["p90"] <= block["p99"]
+
+
+def check_metrics(m: dict[str, Any]) -> None:
+    assert set(m) >= METRIC_KEYS
+    for key in ("requests", "completed", "failed", "shed"):
+        assert isinstance(m[key], int)
+        assert m[key] >= 0
+    assert m["completed"] + m["failed"] + m["shed"] <= m["requests"]
+    for key in ("ttft_s", "tpot_s", "e2e_s"):
+        check_summary(m[key])
+    assert m["slo_attainment"] is None or 0.0 <= m["slo_attainment"] <= 1.0
+    assert 0.0 <= m["prefix_hit_rate"] <= 1.0
+    assert m["throughput_rps"] >= 0
+    assert m["output_tokens_per_s"] >= 0
+
+
+def test_scenarios_have_quick_variants() -> None:
+    assert set(SCENARIOS) == {
+        "sharegpt-sweep",
+        "shared-prefix",
+        "multi-turn-chat",
+        "slo-mixed",
+        "priority-overload",
+    }
+    for name in SCENARIOS:
+        full, fast = get_scenario(name), get_scenario(name).quick_variant()
+        assert fast.name == name
+        assert fast.quick == {}
+        assert fast.duration_s <= full.duration_s
+        assert len(fast.levels) <= len(full.levels)
+        assert fast.replicas <= full.replicas
+    with pytest.raises(ValueError, match="unknown scenario"):
+        get_scenario("no-such-scenario")
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_quick_run_has_the_results_shape(results: dict[str, dict[str, Any]], name: str) -> None:
+    res = results[name]
+    scenario, plan = quick(name)
+    assert res["scenario"] == name
+    assert res["mode"] == "des"
+    assert res["seed"] == 0
+    assert json.loads(json.dumps(res, allow_nan=False)) == res
+    runs = res["runs"]
+    assert plan.policies
+    assert len(runs) == plan.count
+    assert {(r["policy"], r["load"]) for r in runs} == {
+        (p, level) for p in plan.policies for level in plan.levels
+    }
+    for run in runs:
+        assert set(run) >= {"policy", "qps", "concurrency", "metrics"}
+        expected: tuple[float | None, int | None]
+        if scenario.load_unit == "req/s":
+            expected = (run["load"], None)
+        elif scenario.load_unit == "concurrent streams":
+            expected = (None, int(run["load"]))
+        else:
+            expected = (None, None)
+        assert (run["qps"], run["concurrency"]) == expected
+        m = run["metrics"]
+        check_metrics(m)
+        assert m["completed"] > 0
+        assert m["failed"] == 0
+        assert m["completed"] + m["shed"] + m["incomplete"] == m["requests"]
+        assert isinstance(m["by_class"], dict)
+        for klass in m["by_class"].values():
+            check_metrics(klass)
+        if m["by_class"]:
+            assert len(m["by_class"]) >= 2
+            assert sum(c["requests"] for c in m["by_class"].values()) == m["requests"]
+        assert len(run["replicas"]) == scenario.replicas
+        assert sum(r["requests"] for r in run["replicas"]) == m["completed"]
+
+
+def test_classes_and_slos_where_the_scenario_has_them(results: dict[str, dict[str, Any]]) -> None:
+    slo = results["slo-mixed"]["runs"][0]["metrics"]
+    assert set(slo["by_class"]) == {"Standard", "Sheddable"}
+    assert slo["slo_attainment"] is not None
+    overload = results["priority-overload"]["runs"][0]["metrics"]
+    assert set(overload["by_class"]) == {"Critical", "Standard", "Sheddable"}
+    chat = results["multi-turn-chat"]["runs"]
+    assert all("ideal_prefix_hit_rate" in r["metrics"] for r in chat)
+    for name in ("sharegpt-sweep", "shared-prefix", "multi-turn-chat"):
+        for run in results[name]["runs"]:
+            assert run["metrics"]["by_class"] == {}
+            assert run["metrics"]["slo_attainment"] is None
+
+
+def test_runner_is_deterministic_for_a_seed(results: dict[str, dict[str, Any]]) -> None:
+    for name in ("priority-overload", "multi-turn-chat"):
+        again = run_plan(quick(name)[1])
+        assert without_wall_time(again) == without_wall_time(results[name])
+    scenario, plan = quick("priority-overload")
+    other = run_plan(RunPlan(scenario, plan.policies, plan.levels, plan.duration_s, seed=1))
+    assert other["seed"] == 1
+    baseline = without_wall_time(results["priority-overload"])
+    assert without_wall_time(other)["runs"] != baseline["runs"]
+
+
+def test_report_files(results: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    for name, res in results.items():
+        scenario = quick(name)[0]
+        out = tmp_path / name
+        written = report.write(res, scenario, out, f"sluicegate bench run {name} --quick")
+        names = {p.name for p in written}
+        expected = {"results.json", "report.md", "latency.png", "throughput.png", "replicas.png"}
+        has_slo = any(r["metrics"]["slo_attainment"] is not None for r in res["runs"])
+        assert names == expected | ({"slo.png"} if has_slo else set())
+        assert all(p.parent == out and p.is_file() for p in written)
+        assert json.loads((out / "results.json").read_text()) == res
+        md = (out / "report.md").read_text()
+        assert md.startswith(f"# Scenario `{name}`")
+        assert f"sluicegate bench run {name} --quick" in md
+        for run in res["runs"]:
+            assert f"| {run['policy']} |" in md
+        if any(r["metrics"]["by_class"] for r in res["runs"]):
+            assert "### By class" in md
+        if goals.check(res):
+            assert "## Goals" in md
+        for png in (p for p in written if p.suffix == ".png"):
+            data = png.read_bytes()
+            assert len(data) > 1000
+            assert data.startswith(PNG_SIGNATURE)
+
+
+def test_goal_verdicts(results: dict[str, dict[str, Any]]) -> None:
+    for name, res in results.items():
+        verdicts = goals.check(res)
+        if name not in goals.CHECKS:
+            assert verdicts == []
+            continue
+        assert verdicts
+        for v in verdicts:
+            assert v.met in (True, False, None)
+            assert v.goal
+            assert v.detail
+    sweep = goals.check(results["sharegpt-sweep"])
+    # Quick levels stay below 400 QPS; predicted-latency is not in this build.
+    assert sweep[0].met is None
+    if "predicted-latency" not in available_policies():
+        assert sweep[1].met is None
+    prefix = goals.check(results["shared-prefix"])
+    assert [v.met in (True, False) for v in prefix] == [True]
+    chat = goals.check(results["multi-turn-chat"])
+    assert [v.met is None for v in chat] == [False, False]
+
+
+def test_goal_verdicts_on_hand_made_results() -> None:
+    def run(policy: str, load: float, **metrics: Any) -> dict[str, Any]:
+        return {"policy": policy, "load": load, "metrics": metrics}
+
+    def lat(p90: float) -> dict[str, float]:
+        return {"mean": p90, "p50": p90, "p90": p90, "p99": p90}
+
+    better = {"tpot_s": lat(0.05), "e2e_s": lat(5.0), "throughput_rps": 400.0}
+    worse = {"tpot_s": lat(0.1), "e2e_s": lat(10.0), "throughput_rps": 400.0}
+    sweep = {
+        "scenario": "sharegpt-sweep",
+        "runs": [run("default", 400, **better), run("round-robin", 400, **worse)],
+    }
+    assert goals.check(sweep)[0].met is True
+    sweep["runs"] = [run("default", 400, **worse), run("round-robin", 400, **better)]
+    assert goals.check(sweep)[0].met is False
+    prefix = {
+        "scenario": "shared-prefix",
+        "runs": [
+            run("default", 10, output_tokens_per_s=2000.0),
+            run("random", 10, output_tokens_per_s=1000.0),
+        ],
+    }
+    assert [v.met for v in goals.check(prefix)] == [True]
+    chat = {
+        "scenario": "multi-turn-chat",
+        "runs": [
+            run(
+                "default",
+                2,
+                engine_prefix_hit_rate=0.5,
+                ideal_prefix_hit_rate=0.52,
+                load_imbalance=1.1,
+            )
+        ],
+    }
+    assert [v.met for v in goals.check(chat)] == [True, True]
+    assert goals.check({"scenario": "slo-mixed", "runs": []}) == []
+
+
+def test_cli_bench_run_quick(results: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}  # another process, another str hash
+    command = ["bench", "run", "multi-turn-chat", "--quick", "--out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "sluicegate", *command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    for name in ("results.json", "report.md", "latency.png", "throughput.png", "replicas.png"):
+        assert (out / name).is_file(), name
+    written = json.loads((out / "results.json").read_text())
+    # The same run in this process: deterministic across processes.
+    assert without_wall_time(written) == without_wall_time(results["multi-turn-chat"])
+    assert "sluicegate bench run multi-turn-chat --quick --out" in (out / "report.md").read_text()
+
+
+def test_cli_bench_list(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["bench", "list"])
+    assert exit_info.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    scenario_lines = [line for line in lines if line.split(" ", 1)[0] in SCENARIOS]
+    assert [line.split()[0] for line in scenario_lines] == list(SCENARIOS)
+    for line in scenario_lines:
+        name = line.split()[0]
+        assert SCENARIOS[name]().description in line
+    assert any(line.startswith("policies available:") for line in lines)
