@@ -45,6 +45,10 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         profile = get_profile(args.profile)
         if args.max_loras is not None:
             profile = replace(profile, max_loras=args.max_loras)
+        if args.num_gpu_blocks_override is not None:
+            if args.num_gpu_blocks_override < 1:
+                return _fail("--num-gpu-blocks-override must be at least 1")
+            profile = replace(profile, num_gpu_blocks=args.num_gpu_blocks_override)
         faults = fault_table([parse_fault_spec(s) for s in args.fault], args.replicas)
     except (KeyError, ValueError) as exc:
         return _fail(str(exc.args[0]))
@@ -76,9 +80,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from sluicegate.clock import MonotonicClock
     from sluicegate.gateway.app import GatewayOptions
     from sluicegate.gateway.run import ServeOptions, serve
+    from sluicegate.plugin import (
+        PluginConfigError,
+        PluginContext,
+    )
     from sluicegate.scheduling.config import build_scheduler, load_preset
-    from sluicegate.scheduling.framework import PluginContext
-    from sluicegate.scheduling.registry import PluginConfigError
 
     if args.sim_time_scale <= 0:
         return _fail("--sim-time-scale must be positive")
@@ -326,6 +332,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="distinct adapters per batch (default: the profile's)",
+    )
+    sim.add_argument(
+        "--num-gpu-blocks-override",
+        type=int,
+        default=None,
+        metavar="N",
+        help="KV-cache blocks per replica instead of the profile's (as vLLM's option)",
     )
     sim.add_argument("--no-prefix-caching", action="store_true")
     sim.add_argument(

@@ -31,7 +31,9 @@ from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.requestcontrol.director import Dispatch
 from sluicegate.requestcontrol.errors import shed
 from sluicegate.scheduling.config import load_preset
-from sluicegate.scheduling.framework import LLMRequest
+from sluicegate.scheduling.framework import (
+    LLMRequest,
+)
 from sluicegate.sim.profiles import get_profile
 
 TINY = get_profile("tiny")

@@ -25,11 +25,13 @@ from sluicegate.api.loader import build_config
 from sluicegate.clock import ManualClock
 from sluicegate.datalayer.datastore import Datastore, EndpointSpec
 from sluicegate.datalayer.endpoint import Endpoint, EngineMetrics, ServedModels
+from sluicegate.plugin import (
+    PluginContext,
+)
 from sluicegate.requestcontrol.director import Director, Dispatch
 from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import RequestKind, parse_request
 from sluicegate.scheduling.config import build_scheduler, load_preset
-from sluicegate.scheduling.framework import PluginContext
 
 POOL = "pool"
 

@@ -12,13 +12,18 @@ import pytest
 
 from sluicegate.api.loader import build_config
 from sluicegate.datalayer.datastore import EndpointSpec
+from sluicegate.plugin import (
+    PluginContext,
+    create_plugin,
+)
 from sluicegate.requestcontrol.director import Dispatch
 from sluicegate.requestcontrol.errors import GatewayError
 from sluicegate.requestcontrol.models import CRITICALITY_PRIORITY, ModelRoute, ModelTable
 from sluicegate.scheduling.config import BuiltScheduler
-from sluicegate.scheduling.framework import Filter, PluginContext
+from sluicegate.scheduling.framework import (
+    Filter,
+)
 from sluicegate.scheduling.plugins.prefix_cache import ApproxPrefixCacheProducer
-from sluicegate.scheduling.registry import create_plugin
 from sluicegate.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
 
 OBJECTIVE = "x-gateway-inference-objective"

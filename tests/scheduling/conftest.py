@@ -18,8 +18,15 @@ import pytest
 
 from sluicegate.clock import ManualClock
 from sluicegate.datalayer.endpoint import Endpoint, EngineMetrics
-from sluicegate.scheduling.framework import LLMRequest, Plugin, PluginContext, ScoredEndpoint
-from sluicegate.scheduling.registry import create_plugin
+from sluicegate.plugin import (
+    Plugin,
+    PluginContext,
+    create_plugin,
+)
+from sluicegate.scheduling.framework import (
+    LLMRequest,
+    ScoredEndpoint,
+)
 
 _SCRAPED: Any = object()
 

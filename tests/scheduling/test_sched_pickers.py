@@ -9,8 +9,15 @@ from typing import Any
 import pytest
 
 from sluicegate.clock import ManualClock
-from sluicegate.scheduling.framework import CycleState, LLMRequest, PluginContext
-from sluicegate.scheduling.registry import PluginConfigError, create_plugin
+from sluicegate.plugin import (
+    PluginConfigError,
+    PluginContext,
+    create_plugin,
+)
+from sluicegate.scheduling.framework import (
+    CycleState,
+    LLMRequest,
+)
 
 PICKERS = [
     "max-score-picker",

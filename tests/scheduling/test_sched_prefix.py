@@ -8,7 +8,11 @@ from typing import Any
 
 import pytest
 
-from sluicegate.scheduling.framework import CycleState, ProfileResult, SchedulingResult
+from sluicegate.scheduling.framework import (
+    CycleState,
+    ProfileResult,
+    SchedulingResult,
+)
 from sluicegate.scheduling.plugins.prefix_cache import PREFIX_MATCH
 from sluicegate.scheduling.prefix_index import PrefixIndex
 

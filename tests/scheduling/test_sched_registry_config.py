@@ -6,19 +6,27 @@ from typing import Any
 
 import pytest
 
+from sluicegate import plugin as registry
 from sluicegate.api.resources import EndpointPickerConfig
-from sluicegate.scheduling import registry
+from sluicegate.plugin import (
+    PluginConfigError,
+    PluginContext,
+    create_plugin,
+    plugin_types,
+)
 from sluicegate.scheduling.config import (
     BuiltScheduler,
     build_scheduler,
     load_preset,
     preset_names,
 )
-from sluicegate.scheduling.framework import CycleState, PluginContext, Scorer
+from sluicegate.scheduling.framework import (
+    CycleState,
+    Scorer,
+)
 from sluicegate.scheduling.plugins.max_score_picker import MaxScorePicker
 from sluicegate.scheduling.plugins.prefix_cache import ApproxPrefixCacheProducer
 from sluicegate.scheduling.plugins.single_profile_handler import SingleProfileHandler
-from sluicegate.scheduling.registry import PluginConfigError, create_plugin, plugin_types
 
 BUILTIN_TYPES = {
     "active-request-scorer",

@@ -9,13 +9,15 @@ import pytest
 
 from sluicegate.api.resources import EndpointPickerConfig
 from sluicegate.datalayer.endpoint import Endpoint
+from sluicegate.plugin import (
+    PluginContext,
+)
 from sluicegate.scheduling.config import build_scheduler
 from sluicegate.scheduling.framework import (
     RESPONSE_HEADERS,
     CycleState,
     Filter,
     LLMRequest,
-    PluginContext,
     SchedulingError,
     Scorer,
 )

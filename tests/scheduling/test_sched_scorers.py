@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from sluicegate.datalayer.endpoint import EngineMetrics, ServedModels
+from sluicegate.plugin import PluginConfigError
 from sluicegate.scheduling.framework import (
     RESPONSE_HEADERS,
     CycleState,
@@ -20,7 +21,6 @@ from sluicegate.scheduling.plugins.session_affinity_scorer import (
     decode_session_token,
     encode_session_token,
 )
-from sluicegate.scheduling.registry import PluginConfigError
 
 SCORERS = [
     "queue-scorer",

@@ -36,12 +36,14 @@ from sluicegate.bench.workloads import RequestSpec, Timed, Workload
 from sluicegate.clock import ManualClock
 from sluicegate.datalayer.datastore import Datastore, EndpointSpec
 from sluicegate.datalayer.endpoint import EngineMetrics, ServedModels
+from sluicegate.plugin import (
+    PluginContext,
+)
 from sluicegate.requestcontrol.director import Director, Dispatch
 from sluicegate.requestcontrol.errors import GatewayError
 from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import parse_request
 from sluicegate.scheduling.config import build_scheduler
-from sluicegate.scheduling.framework import PluginContext
 from sluicegate.sim.api import ApiError, parse_generate
 from sluicegate.sim.engine import Engine, Sequence, StepResult, new_sequence
 from sluicegate.sim.profiles import EngineProfile

@@ -8,11 +8,11 @@ Each (policy, level) run starts from empty engines and sends the identical reque
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sluicegate.bench.des import ClusterSimulation, ClusterSpec, RunResult
+from sluicegate.bench.des import ClusterSimulation, ClusterSpec, RequestRecord, RunResult
 from sluicegate.bench.metrics import (
     by_class,
     ideal_prefix_hit_rate,
@@ -60,16 +60,43 @@ def run_entry(
     scenario: Scenario, policy: str, level: float, result: RunResult, wall_s: float
 ) -> dict[str, Any]:
     """The ``runs[]`` entry for one run."""
-    records = result.records
+    engines = result.engines
+    return entry_from_records(
+        scenario,
+        policy,
+        level,
+        result.records,
+        result.endpoint_names,
+        simulated_s=result.end_time,
+        wall_s=wall_s,
+        prefix_queries=sum(e.counters.prefix_cache_queries for e in engines),
+        prefix_hits=sum(e.counters.prefix_cache_hits for e in engines),
+        preemptions=sum(e.counters.preemptions for e in engines),
+    )
+
+
+def entry_from_records(
+    scenario: Scenario,
+    policy: str,
+    level: float,
+    records: Sequence[RequestRecord],
+    endpoint_names: Sequence[str],
+    *,
+    simulated_s: float,
+    wall_s: float,
+    prefix_queries: int,
+    prefix_hits: int,
+    preemptions: int,
+) -> dict[str, Any]:
+    """The ``runs[]`` entry from per-request records and the engines' counters (prompt
+    tokens queried / found in the prefix cache, preemptions), summed over the pool; any
+    runner (discrete-event or HTTP) can produce these. Times in simulated seconds, except
+    ``wall_s``."""
     metrics = summarize(records)
     metrics["by_class"] = by_class(records)
     loads = replica_loads(records, scenario.replicas)
-    engines = result.engines
-    queries = sum(e.counters.prefix_cache_queries for e in engines)
-    metrics["engine_prefix_hit_rate"] = (
-        sum(e.counters.prefix_cache_hits for e in engines) / queries if queries else 0.0
-    )
-    metrics["preemptions"] = sum(e.counters.preemptions for e in engines)
+    metrics["engine_prefix_hit_rate"] = prefix_hits / prefix_queries if prefix_queries else 0.0
+    metrics["preemptions"] = preemptions
     metrics["load_imbalance"] = imbalance(loads)
     if any(r.spec.kind == "chat" for r in records):
         metrics["ideal_prefix_hit_rate"] = ideal_prefix_hit_rate(
@@ -92,9 +119,9 @@ def run_entry(
                 "prefill_tokens": load.prefill_tokens,
                 "output_tokens": load.output_tokens,
             }
-            for name, load in zip(result.endpoint_names, loads, strict=True)
+            for name, load in zip(endpoint_names, loads, strict=True)
         ],
-        "simulated_s": result.end_time,
+        "simulated_s": simulated_s,
         "wall_s": wall_s,
     }
 
@@ -111,10 +138,16 @@ def run_plan(plan: RunPlan, progress: Progress | None = None) -> dict[str, Any]:
             runs.append(
                 run_entry(plan.scenario, policy, level, result, time.perf_counter() - started)
             )
+    return results_document(plan, runs, "des")
+
+
+def results_document(plan: RunPlan, runs: list[dict[str, Any]], mode: str) -> dict[str, Any]:
+    """The results of ``plan``: its ``runs`` entries and what they ran on (``mode``:
+    ``des`` or ``http``)."""
     s = plan.scenario
     return {
         "scenario": s.name,
-        "mode": "des",
+        "mode": mode,
         "seed": plan.seed,
         "description": s.description,
         "pool": {"profile": s.profile.name, "replicas": s.replicas, "model": s.model},

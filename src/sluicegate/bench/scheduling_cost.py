@@ -19,11 +19,13 @@ from sluicegate.api.loader import build_config
 from sluicegate.clock import MonotonicClock
 from sluicegate.datalayer.datastore import Datastore, EndpointSpec
 from sluicegate.datalayer.endpoint import EngineMetrics, ServedModels
+from sluicegate.plugin import (
+    PluginContext,
+)
 from sluicegate.requestcontrol.director import Director
 from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import parse_request
 from sluicegate.scheduling.config import build_scheduler, load_preset
-from sluicegate.scheduling.framework import PluginContext
 
 MODEL = "bench-model"
 

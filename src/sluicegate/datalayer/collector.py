@@ -24,6 +24,10 @@ from sluicegate.datalayer.parsers import MetricsParseError, MetricsParser
 
 log = logging.getLogger("sluicegate.datalayer")
 
+# The gateway's HTTP client does not decompress (proxied bodies pass through as they are),
+# so scrapes ask for plain text.
+_IDENTITY = {"Accept-Encoding": "identity"}
+
 
 @dataclass(frozen=True, slots=True)
 class CollectorSettings:
@@ -139,7 +143,9 @@ class Collector:
     async def _scrape_once(self, endpoint: Endpoint, parser: MetricsParser) -> None:
         timeout = aiohttp.ClientTimeout(total=self.settings.scrape_timeout_s)
         try:
-            async with self.session.get(f"{endpoint.url}/metrics", timeout=timeout) as resp:
+            async with self.session.get(
+                f"{endpoint.url}/metrics", timeout=timeout, headers=_IDENTITY
+            ) as resp:
                 if resp.status != 200:
                     raise MetricsParseError(f"/metrics answered {resp.status}")
                 text = await resp.text()
@@ -163,7 +169,9 @@ class Collector:
     async def _list_models(self, endpoint: Endpoint) -> bool:
         timeout = aiohttp.ClientTimeout(total=self.settings.scrape_timeout_s)
         try:
-            async with self.session.get(f"{endpoint.url}/v1/models", timeout=timeout) as resp:
+            async with self.session.get(
+                f"{endpoint.url}/v1/models", timeout=timeout, headers=_IDENTITY
+            ) as resp:
                 if resp.status != 200:
                     return False
                 payload = orjson.loads(await resp.read())

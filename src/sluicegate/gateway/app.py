@@ -26,12 +26,14 @@ from sluicegate.datalayer.collector import Collector, CollectorSettings
 from sluicegate.datalayer.datastore import Datastore, EndpointSpec
 from sluicegate.gateway.metrics import GatewayMetrics
 from sluicegate.gateway.proxy import Proxy, ProxySettings, upstream_headers
+from sluicegate.plugin import (
+    PluginContext,
+)
 from sluicegate.requestcontrol.director import Director, Dispatch
 from sluicegate.requestcontrol.errors import GatewayError
 from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import CONTROL_HEADERS, RequestKind, parse_request
 from sluicegate.scheduling.config import BuiltScheduler, build_scheduler
-from sluicegate.scheduling.framework import PluginContext
 from sluicegate.scheduling.plugins.prefix_cache import PREFIX_MATCH, ApproxPrefixCacheProducer
 
 log = logging.getLogger("sluicegate.gateway")

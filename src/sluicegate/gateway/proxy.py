@@ -85,6 +85,10 @@ def upstream_headers(
             continue
         out[name] = value
     out["x-request-id"] = request_id
+    if not any(name.lower() == "accept-encoding" for name in out):
+        # Otherwise the HTTP client would offer gzip itself, and the gateway does not
+        # decompress: answers are relayed in the encoding the client asked for.
+        out["Accept-Encoding"] = "identity"
     return out
 
 

@@ -20,7 +20,7 @@ from rich.console import Console
 from sluicegate.api.loader import Config, ConfigError, build_config, load_config
 from sluicegate.api.resources import EndpointPickerConfig
 from sluicegate.gateway.app import Gateway, GatewayOptions
-from sluicegate.scheduling.registry import PluginConfigError
+from sluicegate.plugin import PluginConfigError
 from sluicegate.sim.profiles import get_profile
 from sluicegate.sim.server import ReplicaOptions, SimCluster
 

@@ -20,18 +20,22 @@ from importlib import resources
 import yaml
 
 from sluicegate.api.resources import EndpointPickerConfig
+from sluicegate.plugin import (
+    Plugin,
+    PluginConfigError,
+    PluginContext,
+    create_plugin,
+    resolve_type,
+)
 from sluicegate.scheduling.framework import (
     DataProducer,
     EndpointObserver,
     Filter,
     Picker,
-    Plugin,
-    PluginContext,
     PreRequest,
     ProfileHandler,
     Scorer,
 )
-from sluicegate.scheduling.registry import PluginConfigError, create_plugin, resolve_type
 from sluicegate.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
 
 DEFAULT_PRESET = "default"

@@ -21,16 +21,12 @@ inputs, parameters with defaults, and formula.
 from __future__ import annotations
 
 import abc
-import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict
-from pydantic.alias_generators import to_camel
-
-from sluicegate.clock import Clock
 from sluicegate.datalayer.endpoint import Endpoint
+from sluicegate.plugin import Plugin
 
 T = TypeVar("T")
 
@@ -99,55 +95,6 @@ class LLMRequest:
     @property
     def sheddable(self) -> bool:
         return self.priority < 0
-
-
-@dataclass(slots=True)
-class PluginContext:
-    """What a plugin may use: the clock and a seed for its random choices."""
-
-    clock: Clock
-    seed: int = 0
-    lookup: Mapping[str, Plugin] = field(default_factory=dict)
-    """Plugins by name, for plugins that read another plugin's output."""
-
-    def rng_for(self, plugin_name: str) -> random.Random:
-        """A random stream of the plugin's own, fixed by the seed and the plugin's name, so
-        adding or removing one plugin does not change another's choices."""
-        return random.Random(f"{self.seed}:{plugin_name}")
-
-
-class PluginParameters(BaseModel):
-    """Base of plugin parameter models: camelCase in YAML, unknown keys rejected."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
-    )
-
-
-class Plugin(abc.ABC):
-    """Base of every plugin. ``type_name`` is the name used in configuration.
-
-    A plugin with parameters declares a nested ``Parameters`` model (a subclass of
-    :class:`PluginParameters`) and annotates ``params`` with it; the registry validates
-    configuration against it and passes the result to the constructor.
-    """
-
-    type_name: ClassVar[str] = ""
-    requires: ClassVar[tuple[str, ...]] = ()
-    """Types of producer plugins this plugin reads; created automatically if missing."""
-    Parameters: ClassVar[type[PluginParameters]] = PluginParameters
-    params: PluginParameters
-
-    def __init__(
-        self, name: str, context: PluginContext, params: PluginParameters | None = None
-    ) -> None:
-        self.name = name
-        self.context = context
-        self.rng = context.rng_for(name)
-        self.params = params if params is not None else type(self).Parameters()
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r})"
 
 
 class DataProducer(Plugin):

@@ -16,9 +16,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.scheduling.framework import CycleState, LLMRequest, Picker, ScoredEndpoint
+from sluicegate.plugin import register
+from sluicegate.scheduling.framework import (
+    CycleState,
+    LLMRequest,
+    Picker,
+    ScoredEndpoint,
+)
 from sluicegate.scheduling.plugins.max_score_picker import PickerParameters
-from sluicegate.scheduling.registry import register
 
 
 def _requests(s: ScoredEndpoint) -> int:

@@ -26,8 +26,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.scheduling.framework import CycleState, LLMRequest, Scorer
-from sluicegate.scheduling.registry import register
+from sluicegate.plugin import register
+from sluicegate.scheduling.framework import (
+    CycleState,
+    LLMRequest,
+    Scorer,
+)
 
 
 @register()

@@ -15,14 +15,16 @@ from collections.abc import Sequence
 from pydantic import Field
 
 from sluicegate.datalayer.endpoint import Endpoint
+from sluicegate.plugin import (
+    PluginParameters,
+    register,
+)
 from sluicegate.scheduling.framework import (
     CycleState,
     LLMRequest,
     Picker,
-    PluginParameters,
     ScoredEndpoint,
 )
-from sluicegate.scheduling.registry import register
 
 
 class PickerParameters(PluginParameters):

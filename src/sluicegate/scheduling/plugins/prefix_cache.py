@@ -34,20 +34,22 @@ from dataclasses import dataclass
 from pydantic import Field
 
 from sluicegate.datalayer.endpoint import Endpoint
+from sluicegate.plugin import (
+    PluginContext,
+    PluginParameters,
+    register,
+)
 from sluicegate.scheduling.framework import (
     CycleState,
     DataProducer,
     EndpointObserver,
     LLMRequest,
-    PluginContext,
-    PluginParameters,
     PreRequest,
     SchedulingResult,
     Scorer,
     StateKey,
 )
 from sluicegate.scheduling.prefix_index import PrefixIndex
-from sluicegate.scheduling.registry import register
 from sluicegate.tokens import block_hashes, hash_seed
 
 PRODUCER_TYPE = "approx-prefix-cache-producer"

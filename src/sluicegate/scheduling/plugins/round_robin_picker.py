@@ -17,16 +17,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sluicegate.datalayer.endpoint import Endpoint
+from sluicegate.plugin import (
+    PluginContext,
+    PluginParameters,
+    register,
+)
 from sluicegate.scheduling.framework import (
     CycleState,
     LLMRequest,
     Picker,
-    PluginContext,
-    PluginParameters,
     ScoredEndpoint,
 )
 from sluicegate.scheduling.plugins.max_score_picker import PickerParameters
-from sluicegate.scheduling.registry import register
 
 
 def _name(s: ScoredEndpoint) -> str:

@@ -16,9 +16,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.scheduling.framework import CycleState, LLMRequest, Scorer
+from sluicegate.plugin import register
+from sluicegate.scheduling.framework import (
+    CycleState,
+    LLMRequest,
+    Scorer,
+)
 from sluicegate.scheduling.plugins.queue_scorer import min_max_inverse
-from sluicegate.scheduling.registry import register
 
 
 @register()

@@ -26,16 +26,18 @@ from collections.abc import Sequence
 from typing import Literal
 
 from sluicegate.datalayer.endpoint import Endpoint
+from sluicegate.plugin import (
+    PluginParameters,
+    register,
+)
 from sluicegate.scheduling.framework import (
     RESPONSE_HEADERS,
     CycleState,
     LLMRequest,
-    PluginParameters,
     PreRequest,
     SchedulingResult,
     Scorer,
 )
-from sluicegate.scheduling.registry import register
 
 SESSION_HEADER = "x-session-token"
 """Request and response header carrying the session token (lower-case)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from sluicegate.plugin import register
 from sluicegate.scheduling.framework import (
     CycleState,
     LLMRequest,
@@ -17,7 +18,6 @@ from sluicegate.scheduling.framework import (
     SchedulingError,
     SchedulingResult,
 )
-from sluicegate.scheduling.registry import register
 
 
 @register()

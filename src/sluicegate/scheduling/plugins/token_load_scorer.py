@@ -17,8 +17,15 @@ from collections.abc import Sequence
 from pydantic import Field
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.scheduling.framework import CycleState, LLMRequest, PluginParameters, Scorer
-from sluicegate.scheduling.registry import register
+from sluicegate.plugin import (
+    PluginParameters,
+    register,
+)
+from sluicegate.scheduling.framework import (
+    CycleState,
+    LLMRequest,
+    Scorer,
+)
 
 
 @register()

@@ -18,10 +18,15 @@ import heapq
 from collections.abc import Sequence
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.scheduling.framework import CycleState, LLMRequest, Picker, ScoredEndpoint
+from sluicegate.plugin import register
+from sluicegate.scheduling.framework import (
+    CycleState,
+    LLMRequest,
+    Picker,
+    ScoredEndpoint,
+)
 from sluicegate.scheduling.plugins.max_score_picker import PickerParameters
 from sluicegate.scheduling.plugins.random_picker import uniform_sample
-from sluicegate.scheduling.registry import register
 
 _MIN_U = 1e-10
 """Replaces a uniform draw of exactly 0, whose key would be 0 for every weight."""
