@@ -159,15 +159,30 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     if args.quick:
         scenario = scenario.quick_variant()
-    if args.mode != "des":
-        return _fail(f"--mode {args.mode} is not available in this build; use --mode des")
+    if args.time_scale is not None and args.mode != "http":
+        return _fail("--time-scale applies to --mode http only")
     policies = tuple(
         p for p in (args.policies.split(",") if args.policies else scenario.policies) if p
     )
-    missing = [p for p in policies if p not in available_policies()]
-    if missing:
-        console.print(f"skipping policies not available in this build: {', '.join(missing)}")
-        policies = tuple(p for p in policies if p not in missing)
+    if args.mode == "http":
+        from sluicegate.bench import http_runner
+
+        try:
+            http_runner.sim_profile_args(scenario.profile)
+            http_options = http_runner.HttpOptions(
+                http_runner.time_scale_for(scenario, args.time_scale)
+            )
+        except ValueError as exc:  # UnsupportedScenarioError, a bad --time-scale
+            return _fail(str(exc))
+        runnable, notes = http_runner.plan_policies(policies, scenario)
+        for note in notes:
+            console.print(note)
+        policies = tuple(runnable)
+    else:
+        missing = [p for p in policies if p not in available_policies()]
+        if missing:
+            console.print(f"skipping policies not available in this build: {', '.join(missing)}")
+            policies = tuple(p for p in policies if p not in missing)
     if not policies:
         return _fail("no policy to run")
     try:
@@ -175,7 +190,9 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
     except ValueError:
         return _fail(f"--qps must be comma-separated numbers, got {args.qps!r}")
     duration = args.duration or scenario.duration_s
-    plan = RunPlan(scenario, policies, levels, duration, args.seed)
+    flow = {"off": (False,), "on": (True,), "both": (False, True)}
+    flow_control = flow[args.flow_control] if args.flow_control else scenario.flow_control
+    plan = RunPlan(scenario, policies, levels, duration, args.seed, flow_control)
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(scenario.name, total=plan.count)
 
@@ -192,7 +209,13 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
             done.append(label)
             progress(label)
 
-        results = run_plan(plan, step)
+        if args.mode == "http":
+            try:
+                results = http_runner.run_plan_http(plan, http_options, step)
+            except RuntimeError as exc:  # a process that would not start or died
+                return _fail(str(exc), status=1)
+        else:
+            results = run_plan(plan, step)
         bar.advance(task)
     command = "sluicegate bench " + " ".join(shlex.quote(a) for a in args.argv)
     out = Path(args.out)
@@ -285,6 +308,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--duration", type=float, default=None, help="seconds of arrivals")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--quick", action="store_true", help="a reduced run (under a minute)")
+    run.add_argument(
+        "--flow-control",
+        choices=["off", "on", "both"],
+        default=None,
+        help="queue requests in the gateway while saturated (default: per scenario)",
+    )
+    run.add_argument(
+        "--time-scale",
+        type=float,
+        default=None,
+        metavar="S",
+        help="--mode http: wall seconds per simulated second (default: per scenario)",
+    )
     run.add_argument("--out", required=True, help="output folder")
     run.set_defaults(func=_cmd_bench_run)
 

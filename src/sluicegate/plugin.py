@@ -101,6 +101,7 @@ def register(*aliases: str) -> Any:
 
 def _load_builtins() -> None:
     # Importing the packages registers every built-in plugin.
+    import sluicegate.flowcontrol.policies
     import sluicegate.scheduling.plugins  # noqa: F401
 
 

@@ -211,7 +211,7 @@ def test_anchor_picker_summary_with_extension_sections() -> None:
     assert config.picker.saturation_detector is not None
     assert config.picker.saturation_detector.plugin_ref == "utilization-detector"
     assert config.picker.flow_control is not None
-    assert config.picker.flow_control["maxRequests"] == 100
+    assert config.picker.flow_control.max_requests == 100
     weights = [r.weight for r in config.picker.scheduling_profiles[0].plugins]
     assert weights == [2.0]
     assert config.pools == {}

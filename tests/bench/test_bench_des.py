@@ -28,8 +28,8 @@ from sluicegate.bench.workloads import (
 )
 from sluicegate.datalayer.datastore import Pool
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.requestcontrol.director import Dispatch
-from sluicegate.requestcontrol.errors import shed
+from sluicegate.errors import shed
+from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.scheduling.config import load_preset
 from sluicegate.scheduling.framework import (
     LLMRequest,
@@ -172,7 +172,7 @@ def test_shed_requests_are_recorded_and_release_nothing() -> None:
     sim = ClusterSimulation(
         ClusterSpec(TINY, 2, load_preset("default"), model=MODEL, extra_docs=list(OBJECTIVES))
     )
-    sim.director.admission = ShedSheddable()
+    sim.director.admitters = [ShedSheddable()]
     classes = (
         PriorityClass("keep", 2.0, objective="standard"),
         PriorityClass("drop", 1.0, objective="batch"),

@@ -28,7 +28,8 @@ from sluicegate.datalayer.endpoint import Endpoint, EngineMetrics, ServedModels
 from sluicegate.plugin import (
     PluginContext,
 )
-from sluicegate.requestcontrol.director import Director, Dispatch
+from sluicegate.requestcontrol.director import Director
+from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import RequestKind, parse_request
 from sluicegate.scheduling.config import build_scheduler, load_preset

@@ -12,12 +12,12 @@ import pytest
 
 from sluicegate.api.loader import build_config
 from sluicegate.datalayer.datastore import EndpointSpec
+from sluicegate.errors import GatewayError
 from sluicegate.plugin import (
     PluginContext,
     create_plugin,
 )
-from sluicegate.requestcontrol.director import Dispatch
-from sluicegate.requestcontrol.errors import GatewayError
+from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.models import CRITICALITY_PRIORITY, ModelRoute, ModelTable
 from sluicegate.scheduling.config import BuiltScheduler
 from sluicegate.scheduling.framework import (

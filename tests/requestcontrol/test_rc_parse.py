@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from sluicegate.requestcontrol.errors import GatewayError
+from sluicegate.errors import GatewayError
 from sluicegate.requestcontrol.parse import (
     CONTROL_HEADERS,
     DEFAULT_FLOW,

@@ -22,6 +22,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from sluicegate.api.units import Bytes, Seconds
+
 
 class Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
@@ -219,6 +221,37 @@ class PluginRef(Model):
     plugin_ref: str
 
 
+class PriorityBandSpec(Model):
+    """One priority band of flow control; omitted fields take the default band's."""
+
+    priority: int | None = None
+    max_bytes: Bytes | None = None
+    max_requests: Annotated[int, Field(ge=1)] | None = None
+    ordering_policy_ref: str | None = None
+    fairness_policy_ref: str | None = None
+
+
+class FlowControlSpec(Model):
+    """The ``flowControl`` section (reference anchors, section G)."""
+
+    max_bytes: Bytes | None = None
+    max_requests: Annotated[int, Field(ge=1)] | None = None
+    default_request_ttl: Seconds | None = Field(60.0, alias="defaultRequestTTL")
+    """How long a request may wait; 0 or null waits until dispatched or cancelled."""
+    default_priority_band: PriorityBandSpec = Field(default_factory=PriorityBandSpec)
+    priority_bands: list[PriorityBandSpec] = Field(default_factory=list)
+    usage_limit_policy_plugin_ref: str | None = None
+
+    @model_validator(mode="after")
+    def _bands(self) -> FlowControlSpec:
+        priorities = [b.priority for b in self.priority_bands]
+        if any(p is None for p in priorities):
+            raise ValueError("every entry of priorityBands needs a priority")
+        if len(set(priorities)) != len(priorities):
+            raise ValueError("priorityBands priorities must be unique")
+        return self
+
+
 class EndpointPickerConfig(Model):
     """``EndpointPickerConfig``: plugins and scheduling profiles. It has no metadata."""
 
@@ -228,7 +261,7 @@ class EndpointPickerConfig(Model):
     plugins: list[PluginSpec] = Field(default_factory=list)
     scheduling_profiles: list[SchedulingProfileSpec] = Field(default_factory=list)
     saturation_detector: PluginRef | None = None
-    flow_control: dict[str, Any] | None = None
+    flow_control: FlowControlSpec | None = None
     # Sections of the reference endpoint picker's configuration that sluicegate accepts so
     # existing files load, and does not act on: metrics collection is built in
     # (datalayer/), and requests are always parsed as OpenAI-style.

@@ -36,11 +36,14 @@ from sluicegate.bench.workloads import RequestSpec, Timed, Workload
 from sluicegate.clock import ManualClock
 from sluicegate.datalayer.datastore import Datastore, EndpointSpec
 from sluicegate.datalayer.endpoint import EngineMetrics, ServedModels
+from sluicegate.errors import GatewayError
+from sluicegate.flowcontrol.config import POOL_ANNOTATION, build_flow_control
+from sluicegate.flowcontrol.types import QueueItem
 from sluicegate.plugin import (
     PluginContext,
 )
-from sluicegate.requestcontrol.director import Director, Dispatch
-from sluicegate.requestcontrol.errors import GatewayError
+from sluicegate.requestcontrol.director import Director
+from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import parse_request
 from sluicegate.scheduling.config import build_scheduler
@@ -102,6 +105,8 @@ class ClusterSpec:
     scrape_interval_s: float = 0.05
     staleness_s: float = 1.0
     seed: int = 0
+    flow_control: bool = False
+    """Queue requests in the gateway while the pool is saturated (the pool annotation)."""
 
 
 @dataclass(slots=True)
@@ -117,7 +122,10 @@ def _pool_config(spec: ClusterSpec) -> Config:
         {
             "apiVersion": "inference.networking.k8s.io/v1",
             "kind": "InferencePool",
-            "metadata": {"name": POOL},
+            "metadata": {
+                "name": POOL,
+                "annotations": {POOL_ANNOTATION: "true"} if spec.flow_control else {},
+            },
             "spec": {
                 "targetPorts": [{"number": 8000}],
                 "endpoints": [
@@ -149,10 +157,22 @@ class ClusterSimulation:
         models = ServedModels(frozenset({spec.model}), frozenset(spec.adapters), 0.0)
         for endpoint in self.endpoints:
             endpoint.models = models
-        built = build_scheduler(config.picker, PluginContext(self.clock, spec.seed))
+        context = PluginContext(self.clock, spec.seed)
+        built = build_scheduler(config.picker, context)
+        self.datastore.pools[POOL].annotations = dict(config.pools[POOL].metadata.annotations)
         self.director = Director(
-            self.datastore, built, ModelTable(config), self.clock, spec.staleness_s
+            self.datastore,
+            built,
+            ModelTable(config),
+            self.clock,
+            spec.staleness_s,
+            flow=build_flow_control(config.picker, built.plugins, context),
         )
+        self.director.on_dispatch = self._on_dispatch
+        self.director.on_reject = self._on_reject
+        self._expiry_at: float | None = None
+        self._queued = 0
+        """Requests waiting in flow control."""
         self._index = {e.name: i for i, e in enumerate(self.endpoints)}
         self._events: list[tuple[float, int, int, Any]] = []
         self._order = itertools.count()
@@ -168,7 +188,7 @@ class ClusterSimulation:
 
     # ------------------------------------------------------------------ events
 
-    _ARRIVAL, _STEP, _SCRAPE = 0, 1, 2
+    _ARRIVAL, _STEP, _SCRAPE, _EXPIRE = 0, 1, 2, 3
 
     def _push(self, t: float, kind: int, payload: Any) -> None:
         if kind != self._SCRAPE:
@@ -198,16 +218,21 @@ class ClusterSimulation:
                 self._step(payload, t)
             elif kind == self._ARRIVAL:
                 self._arrive(payload, t)
-            else:
+            elif kind == self._SCRAPE:
                 self._scrape(payload, t)
+                self._release(t)  # fresh metrics may show room for waiting requests
                 if self._busy():
                     self._push(t + interval, self._SCRAPE, payload)
+            else:
+                self._expiry_at = None
+                self.director.expire(t)
+                self._arm_expiry()
         end = horizon_s if cut else self.clock.now()
         return RunResult(self.records, self.engines, end, [e.name for e in self.endpoints])
 
     def _busy(self) -> bool:
         """Scrapes continue while anything can still happen."""
-        return bool(self._inflight) or self._work_events > 0
+        return bool(self._inflight) or self._work_events > 0 or self._queued > 0
 
     # ------------------------------------------------------------------ handlers
 
@@ -219,11 +244,46 @@ class ClusterSimulation:
         request_id = f"req-{next(self._ids)}"
         try:
             parsed = parse_request(spec.kind, raw, headers)
-            dispatch = self.director.route(parsed, request_id, headers)
+            admitted = self.director.admit(parsed, request_id, headers)
+            result = self.director.submit(admitted, payload=(record, raw))
         except GatewayError as exc:
-            record.status, record.reason = exc.status, exc.reason
-            self._follow(record, now, None)
+            self._refused(record, exc, now)
             return
+        if isinstance(result, QueueItem):
+            self._queued += 1
+            self._arm_expiry()
+        else:
+            self._start(record, raw, result, now)
+
+    def _refused(self, record: RequestRecord, error: GatewayError, now: float) -> None:
+        record.status, record.reason = error.status, error.reason
+        self._follow(record, now, None)
+
+    def _on_dispatch(self, item: QueueItem, dispatch: Dispatch) -> None:
+        record, raw = item.payload
+        self._queued -= 1
+        self._start(record, raw, dispatch, self.clock.now())
+
+    def _on_reject(self, item: QueueItem, error: GatewayError) -> None:
+        record, _ = item.payload
+        self._queued -= 1
+        self._refused(record, error, self.clock.now())
+
+    def _release(self, now: float) -> None:
+        if self._queued:
+            self.director.pump(now)
+            self._arm_expiry()
+
+    def _arm_expiry(self) -> None:
+        deadline = self.director.next_deadline()
+        if deadline is not None and (self._expiry_at is None or deadline < self._expiry_at):
+            self._expiry_at = deadline
+            self._push(deadline, self._EXPIRE, None)
+
+    def _start(self, record: RequestRecord, raw: bytes, dispatch: Dispatch, now: float) -> None:
+        """Hand a scheduled request to its engine."""
+        spec = record.spec
+        request_id = dispatch.request.request_id
         index = self._index[dispatch.endpoint.name]
         try:
             seq = self._sequence(dispatch, raw, request_id, now, index, spec.kind == "chat")
@@ -290,6 +350,7 @@ class ClusterSimulation:
                 if entry is not None:
                     entry[1].first_token = now
                     entry[0].mark_first_byte(now)
+        finished = False
         for seq in result.finished:
             entry = inflight.pop(seq.request_id, None)
             if entry is None:
@@ -304,7 +365,10 @@ class ClusterSimulation:
             dispatch.finish(now)
             for hook in self.on_complete:
                 hook(record, dispatch)
+            finished = True
             self._follow(record, now, self._reply(record, seq))
+        if finished:
+            self._release(now)  # their places may be someone else's now
 
     def _follow(self, record: RequestRecord, now: float, reply: str | None) -> None:
         for t, spec in self._workload.follow_up(record.spec, now, reply):

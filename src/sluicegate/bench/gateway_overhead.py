@@ -59,6 +59,8 @@ ROOT = Path(__file__).resolve().parents[3]
 MODEL = "tiny-llama"
 SIM_PROFILE = "tiny"
 SIM_REPLICAS = 4
+SIM_PROCESSES = 1
+"""Processes the simulated replicas run in (1 or ``SIM_REPLICAS``)."""
 SIM_TIME_SCALE = 1.0
 """Wall seconds per simulated second of the latency pool (tiny: ~2 ms steps)."""
 MAX_TOKENS = 16
@@ -92,14 +94,16 @@ class Settings:
 
     rates: tuple[int, ...] = (200, 500)
     """Offered load of the latency runs, requests/s."""
-    latency_s: float = 20.0
+    latency_s: float = 10.0
     latency_warmup_s: float = 2.0
     throughput_s: int = 10
     throughput_warmup_s: int = 2
     connections: int = 64
     """wrk connections for the throughput runs."""
+    latency_repeats: int = 5
+    """Rounds of the latency runs (every target once per round); tables show medians."""
     repeats: int = 3
-    """Runs of every measurement; tables show the median run."""
+    """Runs of every throughput measurement; tables show the median run."""
     streaming_throughput: bool = True
     """Also measure requests/s with streamed answers (SSE mock), not just JSON ones."""
     profile_s: int = 10
@@ -113,6 +117,7 @@ class Settings:
             latency_warmup_s=0.5,
             throughput_s=2,
             throughput_warmup_s=1,
+            latency_repeats=1,
             repeats=1,
             streaming_throughput=False,
             profile_s=0,
@@ -473,26 +478,36 @@ def start_gateway(procs: Processes, name: str, config: Path, policy: str) -> str
     return url
 
 
-def _start_sim(procs: Processes, name: str, port: int) -> int:
-    """One simulated replica (its own process, like a real server) on core ``OTHER_CPU``."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "sluicegate",
-        "--log-level",
-        "warning",
-        "sim",
-        "--port",
-        str(port),
-        "--profile",
-        SIM_PROFILE,
-        "--time-scale",
-        str(SIM_TIME_SCALE),
-        "--no-prefix-caching",
-        "--seed",
-        str(port),
-    ]
-    return procs.start(name, cmd, OTHER_CPU)
+def start_sims(procs: Processes, base: int, processes: int) -> dict[str, int]:
+    """``SIM_REPLICAS`` simulated replicas on ports ``base``… in ``processes`` processes
+    (1, or one per replica), all on core ``OTHER_CPU``; process name → pid."""
+    per = SIM_REPLICAS // processes
+    pids = {}
+    for i in range(processes):
+        name = f"sim-{i}"
+        cmd = [
+            sys.executable,
+            "-m",
+            "sluicegate",
+            "--log-level",
+            "warning",
+            "sim",
+            "--replicas",
+            str(per),
+            "--port",
+            str(base + i * per),
+            "--profile",
+            SIM_PROFILE,
+            "--time-scale",
+            str(SIM_TIME_SCALE),
+            "--no-prefix-caching",
+            "--seed",
+            str(i),
+        ]
+        pids[name] = procs.start(name, cmd, OTHER_CPU)
+    for i in range(SIM_REPLICAS):
+        wait_ready(procs, f"sim-{i // per}", f"http://127.0.0.1:{base + i}/health")
+    return pids
 
 
 def measure_latency(settings: Settings, workdir: Path, console: Console) -> list[LatencyRun]:
@@ -503,16 +518,14 @@ def measure_latency(settings: Settings, workdir: Path, console: Console) -> list
     try:
         base = free_port_block(SIM_REPLICAS)
         replicas = [f"http://127.0.0.1:{base + i}" for i in range(SIM_REPLICAS)]
-        sims = {f"sim-{i}": _start_sim(procs, f"sim-{i}", base + i) for i in range(SIM_REPLICAS)}
-        for (name, _), url in zip(sims.items(), replicas, strict=True):
-            wait_ready(procs, name, f"{url}/health")
+        sims = start_sims(procs, base, SIM_PROCESSES)
         if affinity is not None and (os.cpu_count() or 1) > GATEWAY_CPU:
             os.sched_setaffinity(0, {OTHER_CPU})  # the generator shares the sim's core
         config = workdir / "pool.yaml"
         _gateway_config(config, replicas)
-        for repeat in range(settings.repeats):
+        for repeat in range(settings.latency_repeats):
             for target in LATENCY_TARGETS:
-                console.print(f"latency: {target}, run {repeat + 1}/{settings.repeats}")
+                console.print(f"latency: {target}, round {repeat + 1}/{settings.latency_repeats}")
                 runs += _latency_target(procs, settings, target, repeat, replicas, config, sims)
     finally:
         if affinity is not None:
@@ -1372,8 +1385,9 @@ def render(
         + (
             "Quick mode: runs of a few seconds, once each — a smoke test, not a result."
             if quick
-            else f"Every measurement ran {settings.repeats} times, interleaved; tables show "
-            "the median."
+            else f"Latency: {settings.latency_repeats} rounds, every target once per round; "
+            f"requests/s: {settings.repeats} runs of each router, interleaved. Tables show "
+            "medians."
         ),
         "",
         "Cores: the router under test runs alone on core 1 (`taskset -c 1`); everything "
@@ -1398,10 +1412,15 @@ def _render_latency(
     lines = [
         "## Added latency, streaming, against a simulated pool",
         "",
-        f"{SIM_REPLICAS} × `sluicegate sim --profile {SIM_PROFILE} --time-scale "
-        f"{SIM_TIME_SCALE:g} --no-prefix-caching`, a process per replica, all on core 0 "
-        "(prefix caching off so that a replica's speed does not depend on which requests it "
-        "gets). An open-loop "
+        f"`sluicegate sim --replicas {SIM_REPLICAS // SIM_PROCESSES} --profile {SIM_PROFILE} "
+        f"--time-scale {SIM_TIME_SCALE:g} --no-prefix-caching` "
+        + (
+            "(one process for all four replicas, "
+            if SIM_PROCESSES == 1
+            else f"({SIM_PROCESSES} processes, "
+        )
+        + "core 0; prefix caching off so that a replica's speed does not depend on which "
+        "requests it gets). An open-loop "
         "load generator in the benchmark's process (uvloop + aiohttp, core 0) sends "
         f"streaming completions at Poisson arrivals: ~{PROMPT_BYTES} B prompts, each unique "
         f"from its first byte, `max_tokens` {MAX_TOKENS}, `ignore_eos`. Direct: round-robin "
@@ -1426,10 +1445,10 @@ def _render_latency(
         "**Added by the gateway**: through-gateway minus the `direct, scraped` baseline "
         "(straight to the replicas while an idle gateway scrapes them every 50 ms, as the "
         "gateways under test do: a scrape of the simulator, ~40 KB of exposition rendered in "
-        "Python, holds up that replica's event loop for a couple of ms — the replicas' "
+        "Python, holds up the simulator's event loop for a couple of ms — the replicas' "
         "cost of being scraped, not time spent in the gateway); paired run by "
-        "run, median of the runs with the lowest and highest in brackets; ms. The last row "
-        "of each rate is that scrape cost alone (`direct, scraped` minus `direct`). Then "
+        "run, median of the runs with the lowest and highest in brackets; ms. The "
+        "`scraping alone` rows are that scrape cost (`direct, scraped` minus `direct`). Then "
         "the gateway's own `sluicegate_gateway_overhead_seconds` histogram (handler entry to "
         "calling the upstream, estimated from its buckets), µs, and its CPU:",
         "",
@@ -1442,7 +1461,7 @@ def _render_latency(
         if key not in added:
             return "–"
         mid, low, high = added[key]
-        spread = f" ({_ms(low)} … {_ms(high)})" if settings.repeats > 1 else ""
+        spread = f" ({_ms(low)} … {_ms(high)})" if settings.latency_repeats > 1 else ""
         return _ms(mid) + spread
 
     keys = ("ttft p50", "ttft p99", "e2e p50", "e2e p99")

@@ -19,8 +19,14 @@ class Verdict:
     detail: str
 
 
-def _runs(results: dict[str, Any], policy: str) -> dict[float, dict[str, Any]]:
-    return {r["load"]: r["metrics"] for r in results["runs"] if r["policy"] == policy}
+def _runs(
+    results: dict[str, Any], policy: str, flow_control: bool = False
+) -> dict[float, dict[str, Any]]:
+    return {
+        r["load"]: r["metrics"]
+        for r in results["runs"]
+        if r["policy"] == policy and bool(r.get("flow_control")) == flow_control
+    }
 
 
 def _p(metrics: dict[str, Any], key: str, q: str = "p90") -> float | None:
@@ -130,7 +136,57 @@ def _multi_turn(results: dict[str, Any]) -> list[Verdict]:
     ]
 
 
+def _priority_overload(results: dict[str, Any]) -> list[Verdict]:
+    on, off = _runs(results, "default", True), _runs(results, "default", False)
+    if not on:
+        return [Verdict("flow control goals", None, "no run with flow control on")]
+    verdicts = []
+    rows, ok = [], True
+    for level, m in sorted(on.items()):
+        classes = m["by_class"]
+        crit, std = classes.get("Critical"), classes.get("Standard")
+        if not crit or not std or crit["ttft_s"]["mean"] is None or not std["ttft_s"]["mean"]:
+            ok = False
+            rows.append(f"{level:g}: missing classes")
+            continue
+        ratio = crit["ttft_s"]["mean"] / std["ttft_s"]["mean"]
+        ok = ok and ratio <= 0.3
+        rows.append(
+            f"{level:g}: {crit['ttft_s']['mean']:.2f} s vs {std['ttft_s']['mean']:.2f} s "
+            f"= {ratio:.0%}"
+        )
+    verdicts.append(
+        Verdict("flow control on: Critical mean TTFT ≤ 30 % of Standard's", ok, "; ".join(rows))
+    )
+    failures = {level: m["by_class"].get("Critical", {}) for level, m in on.items()}
+    failed = sum(
+        c.get("failed", 0) + c.get("shed", 0) + c.get("incomplete", 0) for c in failures.values()
+    )
+    verdicts.append(
+        Verdict(
+            "flow control on: no Critical request fails",
+            failed == 0,
+            f"{failed} failed, shed or incomplete",
+        )
+    )
+    rows, ok = [], True
+    for level in sorted(set(on) & set(off)):
+        a, b = on[level]["output_tokens_per_s"], off[level]["output_tokens_per_s"]
+        ratio = a / b if b else 0.0
+        ok = ok and ratio >= 0.95
+        rows.append(f"{level:g}: {a:,.0f} vs {b:,.0f} tok/s = {ratio:.0%}")
+    verdicts.append(
+        Verdict(
+            "total throughput within 5 % of flow control off",
+            ok if rows else None,
+            "; ".join(rows) or "no run with it off",
+        )
+    )
+    return verdicts
+
+
 CHECKS: dict[str, Callable[[dict[str, Any]], list[Verdict]]] = {
+    "priority-overload": _priority_overload,
     "sharegpt-sweep": _sharegpt_sweep,
     "shared-prefix": _shared_prefix,
     "multi-turn-chat": _multi_turn,

@@ -468,8 +468,9 @@ class _Client:
         self.dropped = False
 
     def now(self) -> float:
-        """Simulated seconds since the start."""
-        return (self.loop.time() - self.t0) / self.scale
+        """Simulated seconds since the start (from ``time.perf_counter``: uvloop's
+        ``loop.time()`` only advances in whole milliseconds)."""
+        return (time.perf_counter() - self.t0) / self.scale
 
     def push(self, t: float, spec: RequestSpec) -> None:
         if t > self.horizon_s:
@@ -486,12 +487,13 @@ class _Client:
         async with aiohttp.ClientSession(
             connector=connector, timeout=timeout, auto_decompress=False
         ) as session:
-            self.t0 = loop.time() + 0.05
+            clock = time.perf_counter
+            self.t0 = clock() + 0.05
             for t, spec in self.workload.initial():
                 self.push(t, spec)
             deadline = self.t0 + deadline_s
             while True:
-                now = loop.time()
+                now = clock()
                 while self.heap and self.t0 + self.heap[0][0] * self.scale <= now:
                     t, _, spec = heapq.heappop(self.heap)
                     record = HttpRequestRecord(spec, t)
@@ -544,6 +546,7 @@ class _Client:
             self._ended(record, record.reply)
         else:
             self._ended(record, None)
+        self.wake.set()  # the main loop checks whether everything is done
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, record: HttpRequestRecord) -> None:
         chat = record.spec.kind == "chat"

@@ -10,6 +10,11 @@ from sluicegate.bench.goals import check
 from sluicegate.bench.scenarios import Scenario
 
 
+def run_label(run: dict[str, Any]) -> str:
+    """The policy of a run, with "+ flow control" when it was on."""
+    return str(run["policy"]) + (" + flow control" if run.get("flow_control") else "")
+
+
 def _fmt(value: float | None, scale: float = 1.0, digits: int = 2) -> str:
     return "–" if value is None else f"{value * scale:.{digits}f}"
 
@@ -34,6 +39,17 @@ def markdown(results: dict[str, Any], scenario: Scenario, command: str) -> str:
         "```",
         "",
     ]
+    if results.get("time_scale") is not None:
+        lines += [
+            f"HTTP mode: real `sluicegate sim` processes at time scale "
+            f"{results['time_scale']:g} (wall seconds per simulated second) behind the router "
+            "under test, loaded over HTTP; every time below is converted back to simulated "
+            "seconds.",
+            "",
+        ]
+        lines += [f"- {note}" for note in results.get("notes", [])]
+        if results.get("notes"):
+            lines.append("")
     if scenario.published:
         lines += ["Published: " + scenario.published, ""]
     verdicts = check(results)
@@ -55,7 +71,7 @@ def markdown(results: dict[str, Any], scenario: Scenario, command: str) -> str:
     for run in results["runs"]:
         m = run["metrics"]
         lines.append(
-            f"| {run['load']:g} | {run['policy']} | {m['completed']}/{m['requests']} | "
+            f"| {run['load']:g} | {run_label(run)} | {m['completed']}/{m['requests']} | "
             f"{m['shed']} | {m['throughput_rps']:.1f} | {m['output_tokens_per_s']:,.0f} | "
             f"{_fmt(m['ttft_s']['p50'])} | {_fmt(m['ttft_s']['p90'])} | "
             f"{_fmt(m['tpot_s']['p50'], 1000, 1)} | {_fmt(m['tpot_s']['p90'], 1000, 1)} | "
@@ -63,6 +79,7 @@ def markdown(results: dict[str, Any], scenario: Scenario, command: str) -> str:
             f"{_pct(m['slo_attainment'])} | {_pct(m['engine_prefix_hit_rate'])} | "
             f"{_fmt(m['load_imbalance'])} |"
         )
+    lines += _itl_table(results)
     classes = [
         (run, name, m) for run in results["runs"] for name, m in run["metrics"]["by_class"].items()
     ]
@@ -77,7 +94,7 @@ def markdown(results: dict[str, Any], scenario: Scenario, command: str) -> str:
         ]
         for run, name, m in classes:
             lines.append(
-                f"| {run['load']:g} | {run['policy']} | {name} | {m['completed']}/"
+                f"| {run['load']:g} | {run_label(run)} | {name} | {m['completed']}/"
                 f"{m['requests']} | {m['shed']} | {m['failed']} | "
                 f"{_fmt(m['ttft_s']['mean'])} | {_fmt(m['ttft_s']['p90'])} | "
                 f"{_fmt(m['e2e_s']['p90'])} | {_pct(m['slo_attainment'])} |"
@@ -96,6 +113,35 @@ def markdown(results: dict[str, Any], scenario: Scenario, command: str) -> str:
     return "\n".join(lines)
 
 
+def _itl_table(results: dict[str, Any]) -> list[str]:
+    """Inter-token latency and send lag of HTTP runs (none for DES runs)."""
+    runs = [r for r in results["runs"] if "itl_s" in r["metrics"]]
+    if not runs:
+        return []
+    unit = results["load_unit"]
+    lines = [
+        "",
+        "### Inter-token latency (HTTP)",
+        "",
+        "Gaps between consecutive streamed tokens as the client saw them, in simulated ms; "
+        "send lag: how late the load generator sent requests, in simulated ms.",
+        "",
+        f"| {unit} | policy | router | ITL mean | ITL p50 | ITL p90 | ITL p99 | "
+        "send lag mean | send lag max |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        itl = run["metrics"]["itl_s"]
+        lag = run.get("send_lag_s") or {"mean": None, "max": None}
+        lines.append(
+            f"| {run['load']:g} | {run_label(run)} | {run.get('router', '–')} | "
+            f"{_fmt(itl['mean'], 1000, 1)} | {_fmt(itl['p50'], 1000, 1)} | "
+            f"{_fmt(itl['p90'], 1000, 1)} | {_fmt(itl['p99'], 1000, 1)} | "
+            f"{_fmt(lag['mean'], 1000, 1)} | {_fmt(lag['max'], 1000, 1)} |"
+        )
+    return lines
+
+
 def plots(results: dict[str, Any], out: Path) -> list[Path]:
     """Draw the run's figures into ``out``; returns the files written."""
     import matplotlib
@@ -104,9 +150,9 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     unit = results["load_unit"]
-    policies = list(dict.fromkeys(r["policy"] for r in results["runs"]))
+    policies = list(dict.fromkeys(run_label(r) for r in results["runs"]))
     series = {
-        p: sorted((r for r in results["runs"] if r["policy"] == p), key=lambda r: r["load"])
+        p: sorted((r for r in results["runs"] if run_label(r) == p), key=lambda r: r["load"])
         for p in policies
     }
     written = []
@@ -172,7 +218,7 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     for i, run in enumerate(at_top):
         work = [rep["prefill_tokens"] + rep["output_tokens"] for rep in run["replicas"]]
         xs = [j + i * width for j in range(len(work))]
-        ax.bar(xs, work, width, label=run["policy"])
+        ax.bar(xs, work, width, label=run_label(run))
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(at_top[0]["replicas"]))])
     ax.set_xticklabels([rep["endpoint"] for rep in at_top[0]["replicas"]], fontsize=8)
     ax.set_title(f"work per replica at {top:g} {unit} (prefill computed + output tokens)")

@@ -32,14 +32,21 @@ class RunPlan:
     levels: tuple[float, ...]
     duration_s: float
     seed: int = 0
+    flow_control: tuple[bool, ...] = (False,)
+    """Run each policy with flow control off, on, or both."""
 
     @property
     def count(self) -> int:
-        return len(self.policies) * len(self.levels)
+        return len(self.policies) * len(self.levels) * len(self.flow_control)
 
 
 def run_level(
-    scenario: Scenario, policy: str, level: float, duration_s: float, seed: int
+    scenario: Scenario,
+    policy: str,
+    level: float,
+    duration_s: float,
+    seed: int,
+    flow_control: bool = False,
 ) -> RunResult:
     """One simulated run of ``policy`` at load ``level``."""
     spec = ClusterSpec(
@@ -50,6 +57,7 @@ def run_level(
         adapters=scenario.adapters,
         extra_docs=list(scenario.extra_docs),
         seed=seed,
+        flow_control=flow_control,
     )
     sim = ClusterSimulation(spec)
     workload = scenario.workload(level, duration_s, seed)
@@ -130,14 +138,20 @@ def run_plan(plan: RunPlan, progress: Progress | None = None) -> dict[str, Any]:
     """Run every (policy, level) of ``plan`` in the discrete-event simulation."""
     runs = []
     for level in plan.levels:
-        for policy in plan.policies:
-            if progress is not None:
-                progress(f"{policy} @ {level:g} {plan.scenario.load_unit}")
-            started = time.perf_counter()
-            result = run_level(plan.scenario, policy, level, plan.duration_s, plan.seed)
-            runs.append(
-                run_entry(plan.scenario, policy, level, result, time.perf_counter() - started)
-            )
+        for flow_control in plan.flow_control:
+            for policy in plan.policies:
+                label = f"{policy}{' + flow control' if flow_control else ''}"
+                if progress is not None:
+                    progress(f"{label} @ {level:g} {plan.scenario.load_unit}")
+                started = time.perf_counter()
+                result = run_level(
+                    plan.scenario, policy, level, plan.duration_s, plan.seed, flow_control
+                )
+                entry = run_entry(
+                    plan.scenario, policy, level, result, time.perf_counter() - started
+                )
+                entry["flow_control"] = flow_control
+                runs.append(entry)
     return results_document(plan, runs, "des")
 
 

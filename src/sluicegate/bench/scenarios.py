@@ -73,6 +73,8 @@ class Scenario:
     published: str = ""
     extra_docs: tuple[dict[str, Any], ...] = ()
     adapters: tuple[str, ...] = ()
+    flow_control: tuple[bool, ...] = (False,)
+    """Flow control settings compared by default (off, on, or both)."""
     drain_factor: float = 4.0
     """The run continues after the last arrival for up to this many durations."""
     quick: dict[str, Any] = field(default_factory=dict)
@@ -277,8 +279,9 @@ def _priority_overload() -> Scenario:
         name="priority-overload",
         description="two models on one pool at full load — Critical base model and "
         "Standard LoRA adapter, 60 streams each, plus 20 Sheddable streams; ~4,000-token "
-        "prompts with a 1,000-token shared prefix, outputs up to 3,000 tokens; 5 replicas",
-        profile=get_profile("llama3-8b-h100"),
+        "prompts with a 1,000-token shared prefix, outputs up to 3,000 tokens; 5 × "
+        "Llama-3-8B on A100 40GB",
+        profile=get_profile("llama3-8b-a100-40gb"),
         replicas=5,
         model=base,
         workload=workload,
@@ -286,6 +289,7 @@ def _priority_overload() -> Scenario:
         duration_s=120.0,
         load_unit="concurrent streams",
         policies=("default",),
+        flow_control=(False, True),
         extra_docs=tuple(docs),
         adapters=(adapter,),
         goals=(

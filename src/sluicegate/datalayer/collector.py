@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -54,6 +55,9 @@ class Collector:
         self.clock = clock
         self.settings = settings or CollectorSettings()
         self._tasks: dict[int, list[asyncio.Task[None]]] = {}
+        self.on_scrape: list[Callable[[Endpoint], None]] = []
+        """Called after each successful scrape, with the endpoint (e.g. to dispatch
+        requests waiting for room)."""
         self._stopping: set[asyncio.Task[None]] = set()
         """Tasks of removed endpoints, cancelled but maybe not finished yet."""
         self._running = False
@@ -155,6 +159,8 @@ class Collector:
             return
         endpoint.inflight.scraped()
         self.record_success(endpoint)
+        for listener in self.on_scrape:
+            listener(endpoint)
 
     async def _models_loop(self, endpoint: Endpoint) -> None:
         retry = min(1.0, self.settings.models_interval_s)

@@ -3,12 +3,13 @@
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models`` (public
 model names), ``GET /metrics``, ``GET /health`` (alive), ``GET /ready`` (some endpoint can
 take traffic). Everything the gateway decides itself is answered with an OpenAI-style error
-body (see :mod:`sluicegate.requestcontrol.errors`); an unexpected fault is logged and
+body (see :mod:`sluicegate.errors`); an unexpected fault is logged and
 answered 500 without taking the server down.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import os
@@ -24,13 +25,17 @@ from sluicegate.api.loader import Config
 from sluicegate.clock import Clock, MonotonicClock
 from sluicegate.datalayer.collector import Collector, CollectorSettings
 from sluicegate.datalayer.datastore import Datastore, EndpointSpec
+from sluicegate.datalayer.endpoint import Endpoint
+from sluicegate.errors import GatewayError
+from sluicegate.flowcontrol.config import FlowControlSetup, build_flow_control
+from sluicegate.flowcontrol.types import QueueItem
 from sluicegate.gateway.metrics import GatewayMetrics
 from sluicegate.gateway.proxy import Proxy, ProxySettings, upstream_headers
 from sluicegate.plugin import (
     PluginContext,
 )
-from sluicegate.requestcontrol.director import Director, Dispatch
-from sluicegate.requestcontrol.errors import GatewayError
+from sluicegate.requestcontrol.director import Director
+from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import CONTROL_HEADERS, RequestKind, parse_request
 from sluicegate.scheduling.config import BuiltScheduler, build_scheduler
@@ -118,10 +123,22 @@ class Gateway:
         self.datastore = Datastore()
         self.built = self._build_scheduler(config)
         self.director = Director(
-            self.datastore, self.built, ModelTable(config), self.clock, self.staleness_s
+            self.datastore,
+            self.built,
+            ModelTable(config),
+            self.clock,
+            self.staleness_s,
+            flow=self._build_flow(config, self.built),
         )
+        self.director.on_dispatch = self._on_dispatch
+        self.director.on_reject = self._on_reject
+        self._expiry: asyncio.TimerHandle | None = None
         self.metrics = GatewayMetrics(
-            self.datastore, self.clock, self.staleness_s, self._prefix_index_size
+            self.datastore,
+            self.clock,
+            self.staleness_s,
+            self._prefix_index_size,
+            self._flow_state,
         )
         self.session: aiohttp.ClientSession | None = None
         self.collector: Collector | None = None
@@ -129,14 +146,29 @@ class Gateway:
         self._runner: web.AppRunner | None = None
         self.port = 0
         self._max_body_bytes = config.gateway.max_body_bytes
-        for pool_name, specs in endpoint_specs(config).items():
-            self.datastore.set_endpoints(pool_name, specs)
+        self._apply_pools(config)
 
     # ------------------------------------------------------------------ lifecycle
 
     def _build_scheduler(self, config: Config) -> BuiltScheduler:
         context = PluginContext(self.clock, self.options.seed)
         return build_scheduler(config.picker, context)
+
+    def _build_flow(self, config: Config, built: BuiltScheduler) -> FlowControlSetup:
+        return build_flow_control(
+            config.picker, built.plugins, PluginContext(self.clock, self.options.seed)
+        )
+
+    def _apply_pools(self, config: Config) -> None:
+        specs = endpoint_specs(config)
+        for pool_name in list(self.datastore.pools):
+            if pool_name not in specs:
+                self.datastore.remove_pool(pool_name)
+        for pool_name, pool_specs in specs.items():
+            self.datastore.set_endpoints(pool_name, pool_specs)
+            self.datastore.pools[pool_name].annotations = dict(
+                config.pools[pool_name].metadata.annotations
+            )
 
     def _prefix_index_size(self) -> int:
         return sum(
@@ -163,6 +195,7 @@ class Gateway:
                 eject_after=settings.eject_after_failures,
             ),
         )
+        self.collector.on_scrape.append(self._on_scrape)
         self.collector.start()
         self.proxy = Proxy(
             self.session,
@@ -183,6 +216,9 @@ class Gateway:
         self.port = bound_port(site)
 
     async def stop(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -204,18 +240,15 @@ class Gateway:
         )
         # Build everything that can fail before changing anything.
         built = self.built if same else self._build_scheduler(config)
+        flow = self.director.flow if same else self._build_flow(config, built)
         models = ModelTable(config)
         if config.gateway.max_body_bytes != self._max_body_bytes:
             log.warning("maxBodyBytes changes take effect at the next restart")
         self.config = config
         self.director.models = models
-        specs = endpoint_specs(config)
-        for pool_name in list(self.datastore.pools):
-            if pool_name not in specs:
-                self.datastore.remove_pool(pool_name)
-        for pool_name, pool_specs in specs.items():
-            self.datastore.set_endpoints(pool_name, pool_specs)
+        self._apply_pools(config)
         self.built = self.director.built = built
+        self.director.set_flow(flow)
         log.info(
             "configuration applied: %d pool(s), %d model(s)%s",
             len(config.pools),
@@ -295,14 +328,21 @@ class Gateway:
         parsed = parse_request(kind, raw, headers)
         request_id = request[REQUEST_ID]
         metrics = self.metrics
+        waiter: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()
         try:
-            dispatch = self.director.route(parsed, request_id, headers)
+            admitted = self.director.admit(parsed, request_id, headers)
+            result = self.director.submit(admitted, payload=waiter)
+            if isinstance(result, QueueItem):
+                dispatch = await self._wait(result, waiter)
+            else:
+                dispatch = result
+                metrics.scheduler_duration.observe(time.perf_counter() - started)
         except GatewayError as exc:
             metrics.scheduler_attempts.labels("failure").inc()
+            metrics.refused.labels(exc.reason).inc()
             metrics.errors.labels(parsed.model, "", str(exc.status)).inc()
             raise
         metrics.scheduler_attempts.labels("success").inc()
-        metrics.scheduler_duration.observe(time.perf_counter() - started)
         match = dispatch.state.get(PREFIX_MATCH)
         if match is not None and match.hashes:
             metrics.prefix_hit_ratio.observe(match.score(dispatch.endpoint.name))
@@ -326,6 +366,9 @@ class Gateway:
         finally:
             dispatch.finish(self.clock.now())
             running.dec()
+            if self.director.controllers():
+                self.director.pump()  # its place may be someone else's now
+                self._arm_expiry()
             if self.options.access_log:
                 self._log_access(dispatch, status, started)
         if status >= 400:
@@ -338,6 +381,72 @@ class Gateway:
                 outcome.cached_tokens,
             )
         return response
+
+    # ------------------------------------------------------------------ flow control
+
+    async def _wait(self, item: QueueItem, waiter: asyncio.Future[Dispatch]) -> Dispatch:
+        """Wait for a queued request to be dispatched (or refused)."""
+        self._arm_expiry()
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            self.director.cancel(item)  # the client left: free its place
+            self._observe_wait(item, "cancelled")
+            raise
+
+    def _on_dispatch(self, item: QueueItem, dispatch: Dispatch) -> None:
+        waiter: asyncio.Future[Dispatch] = item.payload
+        self._observe_wait(item, "dispatched")
+        if waiter.done():  # its client left while it was being scheduled
+            dispatch.finish(self.clock.now())
+        else:
+            waiter.set_result(dispatch)
+
+    def _on_reject(self, item: QueueItem, error: GatewayError) -> None:
+        waiter: asyncio.Future[Dispatch] = item.payload
+        self._observe_wait(item, error.reason)
+        if not waiter.done():
+            waiter.set_exception(error)
+
+    def _observe_wait(self, item: QueueItem, outcome: str) -> None:
+        self.metrics.queue_wait.labels(str(item.priority), outcome).observe(
+            self.clock.now() - item.enqueued_at
+        )
+
+    def _arm_expiry(self) -> None:
+        """Make sure a timer fires at the next queue deadline."""
+        if self._expiry is not None:
+            return
+        deadline = self.director.next_deadline()
+        if deadline is None:
+            return
+        delay = max(0.0, deadline - self.clock.now())
+        self._expiry = asyncio.get_running_loop().call_later(delay, self._expire)
+
+    def _expire(self) -> None:
+        self._expiry = None
+        self.director.expire()
+        self._arm_expiry()
+
+    def _flow_state(self) -> list[tuple[str, float, list[tuple[int, int, int]]]]:
+        now = self.clock.now()
+        out = []
+        for name, controller in self.director.controllers().items():
+            pool = self.datastore.pools.get(name)
+            endpoints = [e for e in pool.endpoints if not e.health.ejected] if pool else []
+            out.append(
+                (
+                    name,
+                    self.director.flow.detector.saturation(endpoints, now),
+                    [(b.priority, b.requests, b.bytes) for b in controller.bands()],
+                )
+            )
+        return out
+
+    def _on_scrape(self, endpoint: Endpoint) -> None:
+        """Fresh metrics may show room for waiting requests."""
+        if self.director.controllers():
+            self.director.pump()
 
     def _observe(
         self,

@@ -7,7 +7,7 @@ scheduler. sluicegate's own additions are prefixed ``sluicegate_``. Latencies ar
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -154,6 +154,7 @@ class GatewayMetrics:
         clock: Clock,
         staleness_s: float,
         prefix_index_size: Callable[[], int] | None = None,
+        flow: FlowState | None = None,
     ) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
@@ -249,10 +250,64 @@ class GatewayMetrics:
             ("endpoint", "kind"),
             registry=r,
         )
+        self.queue_wait = Histogram(
+            "inference_extension_flow_control_request_queue_duration_seconds",
+            "Time requests waited in flow control, by priority and outcome (dispatched, "
+            "cancelled, rejected-ttl-expired, ...), in seconds.",
+            ("priority", "outcome"),
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.refused = Counter(
+            "sluicegate_requests_refused",
+            "Requests the gateway answered itself instead of serving, by reason "
+            "(rejected-saturated, rejected-capacity, rejected-ttl-expired, no-endpoint, ...).",
+            ("reason",),
+            registry=r,
+        )
         r.register(_PoolCollector(datastore, clock, staleness_s, prefix_index_size))
+        if flow is not None:
+            r.register(_FlowCollector(flow))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+FlowState = Callable[[], Iterable[tuple[str, float, Iterable[tuple[int, int, int]]]]]
+"""(pool, saturation, [(priority, queued requests, queued bytes)]) for each pool."""
+
+
+class _FlowCollector(Collector):
+    """Flow-control queue sizes and pool saturation, read when scraped."""
+
+    def __init__(self, state: FlowState) -> None:
+        self._state = state
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        size = GaugeMetricFamily(
+            "inference_extension_flow_control_queue_size",
+            "Requests waiting in flow control, by pool and priority.",
+            labels=["inference_pool", "priority"],
+        )
+        size_bytes = GaugeMetricFamily(
+            "inference_extension_flow_control_queue_bytes",
+            "Bytes of request bodies waiting in flow control.",
+            labels=["inference_pool", "priority"],
+        )
+        saturation = GaugeMetricFamily(
+            "inference_extension_flow_control_pool_saturation",
+            "Pool saturation as the flow control detector sees it (1.0 = full).",
+            labels=["inference_pool"],
+        )
+        for pool, pool_saturation, bands in self._state():
+            saturation.add_metric([pool], pool_saturation)
+            for priority, requests, nbytes in bands:
+                size.add_metric([pool, str(priority)], requests)
+                size_bytes.add_metric([pool, str(priority)], nbytes)
+        yield from (size, size_bytes, saturation)
 
 
 class _PoolCollector(Collector):

@@ -26,9 +26,9 @@ from aiohttp import web
 
 from sluicegate.clock import Clock
 from sluicegate.datalayer.collector import Collector
+from sluicegate.errors import GatewayError
 from sluicegate.gateway.metrics import GatewayMetrics
-from sluicegate.requestcontrol.director import Dispatch
-from sluicegate.requestcontrol.errors import GatewayError
+from sluicegate.requestcontrol.dispatch import Dispatch
 
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 SERVED_HEADER = "x-gateway-destination-endpoint-served"

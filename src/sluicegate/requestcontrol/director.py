@@ -1,34 +1,44 @@
-"""The director: one request's way from parsed body to chosen endpoint, and back.
+"""The director: one request's way from parsed body to chosen endpoint.
 
-``Director.route`` runs, synchronously and without I/O (reference anchors, section A,
-"Director order"):
+Synchronous and free of I/O (reference anchors, section A, "Director order"):
 
-1. resolve the model: public name → pool, target model (weighted) and priority;
-2. admission: the configured :class:`Admission` may reject (shed) the request;
+1. :meth:`Director.admit` resolves the model — public name → pool, target model (weighted),
+   priority — and builds the scheduling view of the request;
+2. :meth:`Director.submit` runs the admitters, then admission control:
+   - flow control off for the pool: a sheddable request is refused (429) when the pool is
+     saturated; everything else is scheduled at once;
+   - flow control on: sheddable requests are refused when saturated, the rest queue in
+     priority bands and leave as soon as an endpoint they may use has room;
 3. candidates: the pool's endpoints that are not ejected, serve the target model (when
-   known) and have fresh metrics (stale ones are dropped unless all are stale — stale is
-   never idle);
-4. data producers, then the scheduler (filters → scorers → picker);
-5. pre-request hooks, in-flight accounting, and the body rewritten for the target model.
+   known), have fresh metrics (stale ones are dropped unless all are stale) and — with flow
+   control — have room;
+4. data producers, the scheduler (filters → scorers → picker), pre-request hooks, in-flight
+   accounting, and the body rewritten for the target model: a :class:`Dispatch`.
 
-It returns a :class:`Dispatch` the proxy (standalone gateway, Envoy ext_proc or the
-discrete-event simulation) drives through the request's life: first byte, retries on the
-next endpoint, completion. Every path releases what it charged, so in-flight counts never
-drift.
+Requests that wait are handed back through :attr:`Director.on_dispatch` when they leave the
+queue, or :attr:`Director.on_reject` when they cannot be served (time to live, no
+endpoint); :meth:`Director.pump` must be called whenever room may have appeared (a
+request finished, fresh metrics arrived) and :meth:`Director.expire` at
+:meth:`Director.next_deadline`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import orjson
 
 from sluicegate.clock import Clock
 from sluicegate.datalayer.datastore import Datastore, Pool
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.requestcontrol.errors import GatewayError, no_endpoint, shed, unknown_model
+from sluicegate.errors import GatewayError, no_endpoint, shed, unknown_model
+from sluicegate.flowcontrol.config import FlowControlSetup, build_flow_control
+from sluicegate.flowcontrol.controller import FlowController
+from sluicegate.flowcontrol.types import QueueItem
+from sluicegate.plugin import PluginContext
+from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import ParsedRequest
 from sluicegate.scheduling.config import BuiltScheduler
@@ -38,107 +48,31 @@ from sluicegate.scheduling.framework import (
     LLMRequest,
     SchedulingError,
 )
-from sluicegate.scheduling.plugins.prefix_cache import PREFIX_MATCH
-
-# Expected output when the request sets no max_tokens: 1.5 × the prompt, as the anchor's
-# in-flight load producer estimates it (section D), capped.
-_OUTPUT_RATIO = 1.5
-_MAX_OUTPUT_ESTIMATE = 4096
 
 
 class Admission(Protocol):
-    """Decides whether a request may be scheduled now; raises GatewayError to shed it."""
+    """An admitter: may refuse a request (raise GatewayError) before it is scheduled."""
 
     def admit(self, request: LLMRequest, pool: Pool, candidates: Sequence[Endpoint]) -> None: ...
 
 
-class AdmitAll:
-    """No admission control."""
-
-    def admit(self, request: LLMRequest, pool: Pool, candidates: Sequence[Endpoint]) -> None:
-        return None
-
-
-@dataclass(slots=True, eq=False)
-class Dispatch:
-    """One routed request. Times are clock seconds."""
+@dataclass(slots=True)
+class Admitted:
+    """A request whose model resolved: what it is and which pool serves it."""
 
     request: LLMRequest
-    state: CycleState
     pool: Pool
-    endpoint: Endpoint
-    fallbacks: list[Endpoint]
-    body: bytes | None
-    """Request body to send upstream when it differs from the client's (``model``
-    rewritten to the target); None to send the client's body unchanged."""
-    dispatched_at: float
-    response_headers: dict[str, str] = field(default_factory=dict)
-    attempts: int = 1
-    first_byte_at: float | None = None
-    finished_at: float | None = None
-    _charged_prompt: int = 0
-    _charged_decode: int = 0
-    _released_prompt: bool = False
-    _holding: bool = False
-    """Whether ``endpoint``'s in-flight counters currently carry this request."""
+    parsed: ParsedRequest
+    resolved_by_config: bool
+    """True when an InferenceModel or the rewrite header named the target."""
 
-    @property
-    def rewrites_model(self) -> bool:
-        return self.request.target_model != self.request.model
 
-    def _charge(self) -> None:
-        match = self.state.get(PREFIX_MATCH)
-        cached_share = match.score(self.endpoint.name) if match is not None else 0.0
-        self._charged_prompt = round(self.request.prompt_tokens * (1.0 - cached_share))
-        max_tokens = self.request.max_tokens
-        self._charged_decode = (
-            max_tokens
-            if max_tokens is not None
-            else min(_MAX_OUTPUT_ESTIMATE, round(self.request.prompt_tokens * _OUTPUT_RATIO))
-        )
-        self._released_prompt = False
-        self.endpoint.inflight.dispatch(self._charged_prompt, self._charged_decode)
-        self._holding = True
+DispatchHook = Callable[[QueueItem, Dispatch], None]
+RejectHook = Callable[[QueueItem, GatewayError], None]
 
-    def _release(self) -> None:
-        if not self._holding:
-            return
-        self._holding = False
-        prompt_left = 0 if self._released_prompt else self._charged_prompt
-        self.endpoint.inflight.complete(prompt_left, self._charged_decode)
 
-    def mark_first_byte(self, now: float) -> None:
-        """The upstream answered: its prefill is done (prompt tokens leave the queue)."""
-        if self.first_byte_at is None:
-            self.first_byte_at = now
-            if self._holding:  # after finish() everything is released already
-                self.endpoint.inflight.first_token(self._charged_prompt)
-                self._released_prompt = True
-
-    def has_fallback(self) -> bool:
-        """Whether a retry has somewhere to go."""
-        return any(not e.health.ejected for e in self.fallbacks)
-
-    def retry_next(self) -> Endpoint | None:
-        """Move to the next fallback after a failure before the first byte, or None."""
-        if self.finished_at is not None or self.first_byte_at is not None:
-            return None
-        self._release()
-        while self.fallbacks:
-            candidate = self.fallbacks.pop(0)
-            if not candidate.health.ejected:
-                self.endpoint = candidate
-                self.attempts += 1
-                self._charge()
-                return candidate
-        return None  # nothing left: the caller answers the failure
-
-    def finish(self, now: float) -> None:
-        """The request is over (success, failure or cancellation); release its charges."""
-        if self.finished_at is not None:
-            return
-        self.finished_at = now
-        self._release()
+def _no_hook(item: QueueItem, outcome: Any) -> None:
+    raise RuntimeError("flow control is on but no on_dispatch/on_reject hook was set")
 
 
 class Director:
@@ -151,24 +85,31 @@ class Director:
         models: ModelTable,
         clock: Clock,
         staleness_s: float = 1.0,
-        admission: Admission | None = None,
+        admitters: Sequence[Admission] = (),
+        flow: FlowControlSetup | None = None,
     ) -> None:
         self.datastore = datastore
         self.built = scheduler
         self.models = models
         self.clock = clock
         self.staleness_s = staleness_s
-        self.admission: Admission = admission or AdmitAll()
+        self.admitters = list(admitters)
+        self.flow = flow or build_flow_control(None, scheduler.plugins, PluginContext(clock))
+        self._controllers: dict[str, FlowController] = {}
+        self.on_dispatch: DispatchHook = _no_hook
+        self.on_reject: RejectHook = _no_hook
         datastore.on_removed(self._forget_endpoint)
 
     def _forget_endpoint(self, endpoint: Endpoint) -> None:
         for observer in self.built.observers:
             observer.forget_endpoint(endpoint)
 
-    def route(
+    # ------------------------------------------------------------------ admission
+
+    def admit(
         self, parsed: ParsedRequest, request_id: str, headers: Mapping[str, str] | None = None
-    ) -> Dispatch:
-        """Choose an endpoint for ``parsed``; raises GatewayError when it is answered here."""
+    ) -> Admitted:
+        """Resolve the model; raises 404 for a model nothing serves, 503 for an empty pool."""
         now = self.clock.now()
         model_route = self.models.route(parsed.model)
         pool_name = model_route.pool if model_route is not None else self.models.default_pool
@@ -183,13 +124,10 @@ class Director:
             target = model_route.next_target()
         else:
             target = parsed.model
-        ready = [e for e in pool.endpoints if not e.health.ejected]
-        serving = self._serving(ready, target)
-        if serving is None:
-            if model_route is None and not parsed.model_rewrite:
-                raise unknown_model(parsed.model)
-            raise no_endpoint(f"no ready endpoint serves model '{target}'")
-        is_adapter = any(target in e.models.adapters for e in serving)
+        by_config = model_route is not None or bool(parsed.model_rewrite)
+        serving = self._serving(pool, target)
+        if serving is None and not by_config:
+            raise unknown_model(parsed.model)
         request = LLMRequest(
             request_id=request_id,
             model=parsed.model,
@@ -199,7 +137,7 @@ class Director:
             arrival=now,
             max_tokens=parsed.max_tokens,
             stream=parsed.stream,
-            is_adapter=is_adapter,
+            is_adapter=any(target in e.models.adapters for e in serving or ()),
             priority=self.models.priority(model_route, parsed.objective),
             fairness_id=parsed.fairness_id,
             objective=parsed.objective,
@@ -209,22 +147,130 @@ class Director:
             headers=headers or {},
             body_bytes=parsed.body_bytes,
         )
-        candidates = self._fresh(serving, now)
-        self.admission.admit(request, pool, candidates)
-        if not candidates:
-            if request.sheddable:
-                raise shed("no endpoint available for a sheddable request")
-            raise no_endpoint()
-        return self.schedule(request, pool, candidates, parsed)
+        return Admitted(request, pool, parsed, by_config)
 
-    def schedule(
-        self,
-        request: LLMRequest,
-        pool: Pool,
-        candidates: Sequence[Endpoint],
-        parsed: ParsedRequest,
+    def submit(self, admitted: Admitted, payload: Any = None) -> Dispatch | QueueItem:
+        """Schedule now (a Dispatch), or queue (a QueueItem, reported later through the
+        hooks — possibly before this returns); raises GatewayError when refused."""
+        request, pool = admitted.request, admitted.pool
+        now = self.clock.now()
+        candidates = self.candidates(admitted, now)
+        for admitter in self.admitters:
+            admitter.admit(request, pool, candidates)
+        flow = self.flow
+        ceiling = flow.usage_limit.ceiling(request.priority)
+        if request.sheddable and flow.detector.saturation(candidates, now) >= ceiling:
+            raise shed("system saturated, sheddable request dropped")
+        controller = self._controller(pool)
+        if controller is None:
+            if not candidates:
+                raise no_endpoint(f"no ready endpoint serves model '{request.target_model}'")
+            return self.schedule(admitted, candidates)
+        item = controller.enqueue(request, now, payload)
+        item.admitted = admitted
+        self.pump(now)
+        return item
+
+    def route(
+        self, parsed: ParsedRequest, request_id: str, headers: Mapping[str, str] | None = None
     ) -> Dispatch:
-        """Run producers and the scheduler for an admitted request and dispatch it."""
+        """Admit and schedule at once, for pools without flow control."""
+        result = self.submit(self.admit(parsed, request_id, headers))
+        if isinstance(result, QueueItem):
+            raise RuntimeError("route() is for pools without flow control; use submit()")
+        return result
+
+    # ------------------------------------------------------------------ flow control
+
+    def set_flow(self, flow: FlowControlSetup) -> None:
+        """Switch to new flow-control settings; requests already waiting stay queued."""
+        self.flow = flow
+        for controller in self._controllers.values():
+            controller.settings = flow.settings
+
+    def _controller(self, pool: Pool) -> FlowController | None:
+        controller = self._controllers.get(pool.name)
+        if controller is None and self.flow.enabled_for(pool.annotations):
+            controller = self._controllers[pool.name] = FlowController(self.flow.settings)
+        return controller
+
+    def pump(self, now: float | None = None) -> int:
+        """Dispatch every waiting request that now has room; returns how many left."""
+        if not self._controllers:
+            return 0
+        now = self.clock.now() if now is None else now
+        flow = self.flow
+        left = 0
+
+        def room(item: QueueItem) -> bool:
+            admitted: Admitted = item.admitted
+            ceiling = flow.usage_limit.ceiling(item.priority)
+            item.candidates = [
+                e for e in self.candidates(admitted, now) if flow.detector.has_room(e, now, ceiling)
+            ]
+            return bool(item.candidates)
+
+        for controller in self._controllers.values():
+            while controller.requests:
+                item = controller.pop_dispatchable(room)
+                if item is None:
+                    break
+                left += 1
+                try:
+                    dispatch = self.schedule(item.admitted, item.candidates)
+                except GatewayError as exc:
+                    self.on_reject(item, exc)
+                else:
+                    self.on_dispatch(item, dispatch)
+        return left
+
+    def expire(self, now: float | None = None) -> int:
+        """Answer requests whose time to live ran out (503); returns how many."""
+        now = self.clock.now() if now is None else now
+        count = 0
+        for controller in self._controllers.values():
+            for item in controller.expire(now):
+                count += 1
+                self.on_reject(
+                    item,
+                    GatewayError(
+                        503,
+                        "request timed out in queue",
+                        code="queue_timeout",
+                        retry_after_s=1,
+                        reason="rejected-ttl-expired",
+                    ),
+                )
+        return count
+
+    def cancel(self, item: QueueItem) -> bool:
+        """Forget a waiting request whose client went away."""
+        controller = self._controllers.get(item.admitted.pool.name)
+        return controller is not None and controller.cancel(item)
+
+    def next_deadline(self) -> float | None:
+        """The clock time of the next queue expiry, if any request waits with a TTL."""
+        deadlines = [d for c in self._controllers.values() if (d := c.next_deadline()) is not None]
+        return min(deadlines) if deadlines else None
+
+    def controllers(self) -> Mapping[str, FlowController]:
+        """Flow controllers by pool name (for metrics)."""
+        return self._controllers
+
+    # ------------------------------------------------------------------ scheduling
+
+    def candidates(self, admitted: Admitted, now: float) -> list[Endpoint]:
+        """Endpoints that may take the request: not ejected, serving its target model,
+        with fresh metrics (all of them if every one is stale)."""
+        serving = self._serving(admitted.pool, admitted.request.target_model)
+        if not serving:
+            return []
+        fresh = [e for e in serving if not e.is_stale(now, self.staleness_s)]
+        return fresh or serving
+
+    def schedule(self, admitted: Admitted, candidates: Sequence[Endpoint]) -> Dispatch:
+        """Run producers and the scheduler over ``candidates`` and dispatch."""
+        request = admitted.request
         state = CycleState()
         scheduler = self.built.scheduler
         scheduler.prepare(request, state, candidates)
@@ -247,32 +293,27 @@ class Director:
         dispatch = Dispatch(
             request=request,
             state=state,
-            pool=pool,
+            pool=admitted.pool,
             endpoint=targets[0],
             fallbacks=targets[1:] + rest,
-            body=_rewritten_body(parsed, request.target_model),
+            body=_rewritten_body(admitted.parsed, request.target_model),
             dispatched_at=self.clock.now(),
             response_headers=_response_headers(state),
         )
         dispatch._charge()
         return dispatch
 
-    def _serving(self, endpoints: list[Endpoint], target: str) -> list[Endpoint] | None:
-        """Endpoints that serve ``target``; all of them if none has listed its models yet.
+    def _serving(self, pool: Pool, target: str) -> list[Endpoint] | None:
+        """Ready endpoints that serve ``target``; all of them if none has listed its models.
 
-        None when every endpoint has listed its models and none serves ``target``.
+        None when every endpoint has listed its models and none serves ``target``; an
+        empty list when the pool has no ready endpoint.
         """
-        if not endpoints:
-            return []
-        known = [e for e in endpoints if e.models.known]
-        if not known:
-            return endpoints
-        serving = [e for e in endpoints if not e.models.known or e.models.serves(target)]
+        ready = [e for e in pool.endpoints if not e.health.ejected]
+        if not ready or not any(e.models.known for e in ready):
+            return ready
+        serving = [e for e in ready if not e.models.known or e.models.serves(target)]
         return serving or None
-
-    def _fresh(self, endpoints: list[Endpoint], now: float) -> list[Endpoint]:
-        fresh = [e for e in endpoints if not e.is_stale(now, self.staleness_s)]
-        return fresh or endpoints
 
 
 def _response_headers(state: CycleState) -> dict[str, str]:
@@ -288,4 +329,4 @@ def _rewritten_body(parsed: ParsedRequest, target: str) -> bytes | None:
     return orjson.dumps(body)
 
 
-__all__ = ["Admission", "AdmitAll", "Director", "Dispatch", "GatewayError"]
+__all__ = ["Admission", "Admitted", "Director", "Dispatch", "GatewayError"]

@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 import orjson
 
+from sluicegate.errors import bad_request
 from sluicegate.lax import LaxValueError, as_bool, as_float, as_int
-from sluicegate.requestcontrol.errors import bad_request
 from sluicegate.tokens import BYTES_PER_TOKEN, count_bytes_tokens
 
 RequestKind = Literal["completions", "chat"]

@@ -187,6 +187,7 @@ _H100_ATTN_FLOPS = 300e12
 # A100 80 GB: the same memory split, bandwidth from vidur's attention samples (anchors J);
 # attention FLOP rate assumed at the same ~30 % of dense bf16 peak as on H100.
 _A100_BW = 1.6e12
+_A100_40GB_GIB = 39.39
 _A100_ATTN_FLOPS = 95e12
 
 _LLAMA2_7B_KV_LAYER = 16_384  # 2 (K, V) * 32 KV heads * 128 dims * 2 bytes
@@ -311,6 +312,23 @@ def _builtin_profiles() -> dict[str, EngineProfile]:
             _A100_ATTN_FLOPS,
             256,
             2048,
+        ),
+        replace(
+            _llama3_8b(
+                "llama3-8b-a100-40gb",
+                "A100",
+                "a100_llama3_8b_ms",
+                (6.40, 67.19),
+                _A100_BW,
+                _A100_ATTN_FLOPS,
+                256,
+                2048,
+            ),
+            # The 40 GB A100: the same compute, the KV cache of 39.39 GiB usable memory.
+            description="Llama-3-8B on one A100 40GB, vLLM 0.32 defaults",
+            num_gpu_blocks=kv_blocks_for(
+                _A100_40GB_GIB, 0.92, 14.99 + _ACTIVATION_AND_RUNTIME_GIB, _LLAMA3_8B_KV_LAYER * 32
+            ),
         ),
         EngineProfile(
             name="tiny",

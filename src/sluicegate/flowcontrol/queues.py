@@ -1,0 +1,109 @@
+"""Per-flow queues and priority bands, bounded and free of dead entries.
+
+A :class:`FlowQueue` is a heap ordered by each item's ``sort_key`` (set by the band's
+ordering policy). Items leave three ways: dispatched from the head, or expired/cancelled
+from anywhere. The last two mark the item and leave it in the heap; dead entries are
+skipped at the head and the heap is rebuilt when they outnumber the live ones, so memory
+follows the live queue, whatever the churn.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from sluicegate.flowcontrol.types import ItemState, QueueItem
+
+_COMPACT_MIN = 64
+"""Dead entries tolerated before compaction is considered (amortises rebuilds)."""
+
+
+class FlowQueue:
+    """One flow's waiting requests, best first."""
+
+    __slots__ = ("_dead", "_heap", "flow_id", "live", "live_bytes")
+
+    def __init__(self, flow_id: str) -> None:
+        self.flow_id = flow_id
+        self._heap: list[tuple[tuple[float, ...], int, QueueItem]] = []
+        self._dead = 0
+        self.live = 0
+        self.live_bytes = 0
+
+    def __len__(self) -> int:
+        return self.live
+
+    def push(self, item: QueueItem) -> None:
+        heapq.heappush(self._heap, (item.sort_key, item.seq, item))
+        self.live += 1
+        self.live_bytes += item.size_bytes
+
+    def head(self) -> QueueItem | None:
+        heap = self._heap
+        while heap and heap[0][2].state is not ItemState.QUEUED:
+            heapq.heappop(heap)
+            self._dead -= 1
+        return heap[0][2] if heap else None
+
+    def pop_head(self) -> QueueItem:
+        item = self.head()
+        if item is None:
+            raise IndexError("empty flow queue")
+        heapq.heappop(self._heap)
+        self._forget(item)
+        return item
+
+    def remove(self, item: QueueItem) -> None:
+        """Take a (just expired or cancelled) item out of the counts; its entry dies."""
+        self._forget(item)
+        self._dead += 1
+        if self._dead > _COMPACT_MIN and self._dead > len(self._heap) // 2:
+            self._heap = [e for e in self._heap if e[2].state is ItemState.QUEUED]
+            heapq.heapify(self._heap)
+            self._dead = 0
+
+    def _forget(self, item: QueueItem) -> None:
+        self.live -= 1
+        self.live_bytes -= item.size_bytes
+
+    @property
+    def entries(self) -> int:
+        """Heap entries, live and dead (for memory bound checks)."""
+        return len(self._heap)
+
+
+@dataclass(slots=True)
+class BandLimits:
+    """Capacity of one priority band: requests and bytes (None = unlimited)."""
+
+    max_requests: int | None = None
+    max_bytes: int | None = 1_000_000_000
+    """Per-band default of the reference flow control: 1 GB (anchors, section G)."""
+
+
+@dataclass(slots=True)
+class Band:
+    """One priority level: its flows (by fairness id) and its totals."""
+
+    priority: int
+    limits: BandLimits
+    flows: dict[str, FlowQueue] = field(default_factory=dict)
+    requests: int = 0
+    bytes: int = 0
+    next_flow: str | None = None
+    """The flow whose turn it is (round-robin fairness)."""
+
+    def flow(self, flow_id: str) -> FlowQueue:
+        queue = self.flows.get(flow_id)
+        if queue is None:
+            queue = self.flows[flow_id] = FlowQueue(flow_id)
+        return queue
+
+    def active(self) -> Iterator[FlowQueue]:
+        return (q for q in self.flows.values() if q.live)
+
+    def drop_if_empty(self, queue: FlowQueue) -> None:
+        """Forget an idle flow, so flows of one-off tenants do not accumulate."""
+        if not queue.live and not queue.entries:
+            self.flows.pop(queue.flow_id, None)

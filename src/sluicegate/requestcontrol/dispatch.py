@@ -1,0 +1,104 @@
+"""One routed request and what it charges to its endpoint.
+
+A :class:`Dispatch` is what the director hands the proxy (the standalone gateway, the Envoy
+endpoint picker, or the discrete-event simulation): the chosen endpoint, ordered fallbacks,
+the body to send, and the in-flight load charged to the endpoint. The proxy drives it
+through the request's life — first byte, retries on the next endpoint, completion — and
+every path releases exactly what it charged, so in-flight counts never drift.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sluicegate.datalayer.datastore import Pool
+from sluicegate.datalayer.endpoint import Endpoint
+from sluicegate.scheduling.framework import CycleState, LLMRequest
+from sluicegate.scheduling.plugins.prefix_cache import PREFIX_MATCH
+
+# Expected output when the request sets no max_tokens: 1.5 × the prompt, as the anchor's
+# in-flight load producer estimates it (section D), capped.
+_OUTPUT_RATIO = 1.5
+_MAX_OUTPUT_ESTIMATE = 4096
+
+
+@dataclass(slots=True, eq=False)
+class Dispatch:
+    """One routed request. Times are clock seconds."""
+
+    request: LLMRequest
+    state: CycleState
+    pool: Pool
+    endpoint: Endpoint
+    fallbacks: list[Endpoint]
+    body: bytes | None
+    """Request body to send upstream when it differs from the client's (``model``
+    rewritten to the target); None to send the client's body unchanged."""
+    dispatched_at: float
+    response_headers: dict[str, str] = field(default_factory=dict)
+    attempts: int = 1
+    first_byte_at: float | None = None
+    finished_at: float | None = None
+    _charged_prompt: int = 0
+    _charged_decode: int = 0
+    _released_prompt: bool = False
+    _holding: bool = False
+    """Whether ``endpoint``'s in-flight counters currently carry this request."""
+
+    @property
+    def rewrites_model(self) -> bool:
+        return self.request.target_model != self.request.model
+
+    def _charge(self) -> None:
+        match = self.state.get(PREFIX_MATCH)
+        cached_share = match.score(self.endpoint.name) if match is not None else 0.0
+        self._charged_prompt = round(self.request.prompt_tokens * (1.0 - cached_share))
+        max_tokens = self.request.max_tokens
+        self._charged_decode = (
+            max_tokens
+            if max_tokens is not None
+            else min(_MAX_OUTPUT_ESTIMATE, round(self.request.prompt_tokens * _OUTPUT_RATIO))
+        )
+        self._released_prompt = False
+        self.endpoint.inflight.dispatch(self._charged_prompt, self._charged_decode)
+        self._holding = True
+
+    def _release(self) -> None:
+        if not self._holding:
+            return
+        self._holding = False
+        prompt_left = 0 if self._released_prompt else self._charged_prompt
+        self.endpoint.inflight.complete(prompt_left, self._charged_decode)
+
+    def mark_first_byte(self, now: float) -> None:
+        """The upstream answered: its prefill is done (prompt tokens leave the queue)."""
+        if self.first_byte_at is None:
+            self.first_byte_at = now
+            if self._holding:  # after finish() everything is released already
+                self.endpoint.inflight.first_token(self._charged_prompt)
+                self._released_prompt = True
+
+    def has_fallback(self) -> bool:
+        """Whether a retry has somewhere to go."""
+        return any(not e.health.ejected for e in self.fallbacks)
+
+    def retry_next(self) -> Endpoint | None:
+        """Move to the next fallback after a failure before the first byte, or None."""
+        if self.finished_at is not None or self.first_byte_at is not None:
+            return None
+        self._release()
+        while self.fallbacks:
+            candidate = self.fallbacks.pop(0)
+            if not candidate.health.ejected:
+                self.endpoint = candidate
+                self.attempts += 1
+                self._charge()
+                return candidate
+        return None  # nothing left: the caller answers the failure
+
+    def finish(self, now: float) -> None:
+        """The request is over (success, failure or cancellation); release its charges."""
+        if self.finished_at is not None:
+            return
+        self.finished_at = now
+        self._release()
