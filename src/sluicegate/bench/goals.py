@@ -137,7 +137,8 @@ def _multi_turn(results: dict[str, Any]) -> list[Verdict]:
 
 
 def _priority_overload(results: dict[str, Any]) -> list[Verdict]:
-    on, off = _runs(results, "default", True), _runs(results, "default", False)
+    policy = next((r["policy"] for r in results["runs"] if r.get("flow_control")), "default")
+    on, off = _runs(results, policy, True), _runs(results, policy, False)
     if not on:
         return [Verdict("flow control goals", None, "no run with flow control on")]
     verdicts = []

@@ -288,7 +288,7 @@ def _priority_overload() -> Scenario:
         levels=(140,),
         duration_s=120.0,
         load_unit="concurrent streams",
-        policies=("default",),
+        policies=("priority-isolation",),
         flow_control=(False, True),
         extra_docs=tuple(docs),
         adapters=(adapter,),

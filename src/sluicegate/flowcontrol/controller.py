@@ -118,8 +118,10 @@ class FlowController:
                 head = queue.head()
                 if head is not None and room(head):
                     queue.pop_head()
-                    self._leave(band, queue, head, ItemState.DISPATCHED)
+                    # Before _leave, which may drop the emptied flow from the band: the
+                    # fairness policy looks the flow up there (round-robin's cursor).
                     fairness.dispatched(band, queue)
+                    self._leave(band, queue, head, ItemState.DISPATCHED)
                     return head
         return None
 

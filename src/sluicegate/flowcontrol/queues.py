@@ -15,8 +15,11 @@ from dataclasses import dataclass, field
 
 from sluicegate.flowcontrol.types import ItemState, QueueItem
 
-_COMPACT_MIN = 64
-"""Dead entries tolerated before compaction is considered (amortises rebuilds)."""
+_COMPACT_MIN = 8
+"""Dead entries a flow tolerates before compaction is considered. Rebuilding only when the
+dead outnumber the live already makes it amortised O(1); this minimum just spares tiny
+heaps. It is per flow, so it must stay small: dead entries hold whole requests (body,
+waiter), and with 64 a thousand one-request flows could pin 64,000 cancelled ones."""
 
 
 class FlowQueue:
@@ -57,6 +60,8 @@ class FlowQueue:
     def remove(self, item: QueueItem) -> None:
         """Take a (just expired or cancelled) item out of the counts; its entry dies."""
         self._forget(item)
+        if not self.live:
+            return  # _forget dropped every entry, this one included
         self._dead += 1
         if self._dead > _COMPACT_MIN and self._dead > len(self._heap) // 2:
             self._heap = [e for e in self._heap if e[2].state is ItemState.QUEUED]
@@ -66,6 +71,11 @@ class FlowQueue:
     def _forget(self, item: QueueItem) -> None:
         self.live -= 1
         self.live_bytes -= item.size_bytes
+        if not self.live:
+            # Whatever is left is dead: drop it now, so the band can forget an idle flow
+            # (otherwise one-off flows would each keep a dead entry, and their flow, forever).
+            self._heap.clear()
+            self._dead = 0
 
     @property
     def entries(self) -> int:

@@ -81,6 +81,16 @@ class UtilizationDetector(SaturationDetector):
     def usable(self, endpoint: Endpoint, now: float) -> bool:
         return not endpoint.is_stale(now, self.params.metrics_staleness_threshold)
 
+    def has_room(self, endpoint: Endpoint, now: float, ceiling: float = 1.0) -> bool:
+        # The two limits separately: the KV limit never exceeds a full cache, whatever the
+        # headroom (the generic saturation < ceiling·(1+headroom) would let kv = 1.0 in).
+        if not self.usable(endpoint, now):
+            return False
+        p, scale = self.params, ceiling * (1.0 + self.params.headroom)
+        return endpoint.waiting < p.queue_depth_threshold * scale and endpoint.kv_usage() < min(
+            1.0, p.kv_cache_util_threshold * scale
+        )
+
     def endpoint_saturation(self, endpoint: Endpoint, now: float) -> float:
         p = self.params
         if not self.usable(endpoint, now):
