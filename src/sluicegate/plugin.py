@@ -29,6 +29,8 @@ class PluginContext:
     seed: int = 0
     lookup: Mapping[str, Plugin] = field(default_factory=dict)
     """Plugins by name, for plugins that read another plugin's output."""
+    services: Mapping[str, object] = field(default_factory=dict)
+    """Shared objects the host provides by name (e.g. ``latency-predictor``)."""
 
     def rng_for(self, plugin_name: str) -> random.Random:
         """A random stream of the plugin's own, fixed by the seed and the plugin's name, so

@@ -15,7 +15,7 @@ import pytest
 from sluicegate.bench import sharegpt
 from sluicegate.bench.des import ClusterSimulation, ClusterSpec, RequestRecord, RunResult
 from sluicegate.bench.metrics import ideal_prefix_hit_rate, summarize
-from sluicegate.bench.scenarios import OBJECTIVES, available_policies
+from sluicegate.bench.scenarios import OBJECTIVES, available_policies, policy_config
 from sluicegate.bench.workloads import (
     OpenLoop,
     PriorityClass,
@@ -26,7 +26,6 @@ from sluicegate.bench.workloads import (
     shared_prefix,
     with_classes,
 )
-from sluicegate.datalayer.datastore import Pool
 from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.errors import shed
 from sluicegate.requestcontrol.dispatch import Dispatch
@@ -42,9 +41,9 @@ BLOCK = TINY.block_size
 
 
 def simulation(policy: str, replicas: int = 3, seed: int = 0, **options: Any) -> ClusterSimulation:
-    return ClusterSimulation(
-        ClusterSpec(TINY, replicas, load_preset(policy), model=MODEL, seed=seed, **options)
-    )
+    picker, predictor = policy_config(policy)
+    options.setdefault("predictor", predictor)
+    return ClusterSimulation(ClusterSpec(TINY, replicas, picker, model=MODEL, seed=seed, **options))
 
 
 def mixed(i: int, rng: random.Random) -> RequestSpec:
@@ -165,7 +164,7 @@ def test_shed_requests_are_recorded_and_release_nothing() -> None:
     """A request the gateway sheds is a 429 record; everything else completes."""
 
     class ShedSheddable:
-        def admit(self, request: LLMRequest, pool: Pool, candidates: Sequence[Endpoint]) -> None:
+        def admit(self, request: LLMRequest, state: Any, candidates: Sequence[Endpoint]) -> None:
             if request.sheddable:
                 raise shed("test: sheddable requests are shed")
 

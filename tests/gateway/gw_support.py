@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from sluicegate.gateway.app import Gateway
+from sluicegate.scheduling.config import load_preset
 from sluicegate.sim.server import SimCluster
 
 POOL = "pool"
@@ -24,11 +25,16 @@ class GatewayFactory(Protocol):
     ) -> Gateway: ...
 
 
-def pool_doc(urls: Sequence[str], name: str = POOL) -> dict[str, Any]:
+def pool_doc(
+    urls: Sequence[str], name: str = POOL, annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name}
+    if annotations:
+        metadata["annotations"] = dict(annotations)
     return {
         "apiVersion": "inference.networking.k8s.io/v1",
         "kind": "InferencePool",
-        "metadata": {"name": name},
+        "metadata": metadata,
         "spec": {
             "targetPorts": [{"number": 8000}],
             "endpoints": [{"address": u, "name": f"sim-{i}"} for i, u in enumerate(urls)],
@@ -54,6 +60,22 @@ def model_doc(
 
 def gateway_doc(**spec: Any) -> dict[str, Any]:
     return {"apiVersion": "sluicegate.dev/v1alpha1", "kind": "GatewayConfig", "spec": spec}
+
+
+QUEUEING_ANNOTATION = "inference-epp-env.networking.x-k8s.io/experimental-use-queueing"
+"""The InferencePool annotation that turns flow control on for that pool."""
+
+
+def picker_doc(
+    preset: str = "default", plugins: Sequence[dict[str, Any]] = (), **fields: Any
+) -> dict[str, Any]:
+    """An EndpointPickerConfig document: the shipped ``preset`` plus extra ``plugins`` and
+    top-level ``fields`` (camelCase: ``featureGates``, ``saturationDetector``,
+    ``flowControl``)."""
+    doc = load_preset(preset).model_dump(by_alias=True, exclude_none=True)
+    doc["plugins"] = [*doc["plugins"], *plugins]
+    doc.update(fields)
+    return doc
 
 
 async def wait_until_scraped(gateway: Gateway, models: bool = True) -> None:

@@ -26,12 +26,13 @@ import heapq
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
 from sluicegate.api.loader import Config, build_config
 from sluicegate.api.resources import EndpointPickerConfig
+from sluicegate.bench.oracle import OraclePredictor
 from sluicegate.bench.workloads import RequestSpec, Timed, Workload
 from sluicegate.clock import ManualClock
 from sluicegate.datalayer.datastore import Datastore, EndpointSpec
@@ -47,6 +48,8 @@ from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import parse_request
 from sluicegate.scheduling.config import build_scheduler
+from sluicegate.scheduling.framework import LLMRequest
+from sluicegate.scheduling.plugins.predicted_latency import PREDICTOR_SERVICE
 from sluicegate.sim.api import ApiError, parse_generate
 from sluicegate.sim.engine import Engine, Sequence, StepResult, new_sequence
 from sluicegate.sim.profiles import EngineProfile
@@ -107,6 +110,8 @@ class ClusterSpec:
     seed: int = 0
     flow_control: bool = False
     """Queue requests in the gateway while the pool is saturated (the pool annotation)."""
+    predictor: Literal["none", "model", "oracle"] = "none"
+    """The ``latency-predictor`` service: none, online-trained models, or the oracle."""
 
 
 @dataclass(slots=True)
@@ -157,7 +162,10 @@ class ClusterSimulation:
         models = ServedModels(frozenset({spec.model}), frozenset(spec.adapters), 0.0)
         for endpoint in self.endpoints:
             endpoint.models = models
-        context = PluginContext(self.clock, spec.seed)
+        self._next_step_at = [0.0] * spec.replicas
+        self._bodies: dict[str, tuple[bytes, bool]] = {}
+        """Bodies of requests the director is deciding about (for the oracle)."""
+        context = PluginContext(self.clock, spec.seed, services=self._services(spec))
         built = build_scheduler(config.picker, context)
         self.datastore.pools[POOL].annotations = dict(config.pools[POOL].metadata.annotations)
         self.director = Director(
@@ -185,6 +193,38 @@ class ClusterSimulation:
         self.records: list[RequestRecord] = []
         self.on_complete: list[Callable[[RequestRecord, Dispatch], None]] = []
         """Hooks called when a request completes (e.g. latency-model training)."""
+
+    # ------------------------------------------------------------------ predictors
+
+    def _services(self, spec: ClusterSpec) -> dict[str, object]:
+        if spec.predictor == "oracle":
+            return {
+                PREDICTOR_SERVICE: OraclePredictor(
+                    self._engine_of, self._oracle_sequence, self.clock.now
+                )
+            }
+        return {}
+
+    def _engine_of(self, endpoint: str) -> tuple[Engine, float]:
+        i = self._index[endpoint]
+        now = self.clock.now()
+        return self.engines[i], self._next_step_at[i] if self._stepping[i] else now
+
+    def _oracle_sequence(self, request: LLMRequest, endpoint: str) -> Sequence:
+        raw, chat = self._bodies[request.request_id]
+        body = raw
+        if request.target_model != request.model:
+            payload = orjson.loads(raw)
+            payload["model"] = request.target_model
+            body = orjson.dumps(payload)
+        return self._engine_sequence(
+            body,
+            chat,
+            request.target_model,
+            "oracle-what-if",
+            self.clock.now(),
+            self._index[endpoint],
+        )
 
     # ------------------------------------------------------------------ events
 
@@ -242,11 +282,13 @@ class ClusterSimulation:
         raw = orjson.dumps(spec.body())
         headers = spec.all_headers()
         request_id = f"req-{next(self._ids)}"
+        self._bodies[request_id] = (raw, spec.kind == "chat")
         try:
             parsed = parse_request(spec.kind, raw, headers)
             admitted = self.director.admit(parsed, request_id, headers)
             result = self.director.submit(admitted, payload=(record, raw))
         except GatewayError as exc:
+            self._bodies.pop(request_id, None)
             self._refused(record, exc, now)
             return
         if isinstance(result, QueueItem):
@@ -266,6 +308,7 @@ class ClusterSimulation:
 
     def _on_reject(self, item: QueueItem, error: GatewayError) -> None:
         record, _ = item.payload
+        self._bodies.pop(item.request.request_id, None)
         self._queued -= 1
         self._refused(record, error, self.clock.now())
 
@@ -284,6 +327,7 @@ class ClusterSimulation:
         """Hand a scheduled request to its engine."""
         spec = record.spec
         request_id = dispatch.request.request_id
+        self._bodies.pop(request_id, None)
         index = self._index[dispatch.endpoint.name]
         try:
             seq = self._sequence(dispatch, raw, request_id, now, index, spec.kind == "chat")
@@ -305,9 +349,16 @@ class ClusterSimulation:
         self, dispatch: Dispatch, raw: bytes, request_id: str, now: float, index: int, chat: bool
     ) -> Sequence:
         """The sequence the model server would create from the (rewritten) body."""
-        params = parse_generate(dispatch.body if dispatch.body is not None else raw, chat)
+        body = dispatch.body if dispatch.body is not None else raw
+        return self._engine_sequence(
+            body, chat, dispatch.request.target_model, request_id, now, index
+        )
+
+    def _engine_sequence(
+        self, body: bytes, chat: bool, target: str, request_id: str, now: float, index: int
+    ) -> Sequence:
+        params = parse_generate(body, chat)
         engine = self.engines[index]
-        target = dispatch.request.target_model
         lora = target if target != self.spec.model else None
         limit = min(engine.profile.max_model_len, engine.profile.kv_capacity_tokens)
         seq = new_sequence(
@@ -340,6 +391,7 @@ class ClusterSimulation:
             self._stepping[index] = False  # woken again by the next arrival
             return
         self._pending[index] = result
+        self._next_step_at[index] = now + result.duration
         self._push(now + result.duration, self._STEP, index)
 
     def _deliver(self, result: StepResult, now: float) -> None:

@@ -49,10 +49,12 @@ def run_level(
     flow_control: bool = False,
 ) -> RunResult:
     """One simulated run of ``policy`` at load ``level``."""
+    picker, predictor = policy_config(policy)
     spec = ClusterSpec(
         profile=scenario.profile,
         replicas=scenario.replicas,
-        picker=policy_config(policy),
+        picker=picker,
+        predictor=predictor,
         model=scenario.model,
         adapters=scenario.adapters,
         extra_docs=list(scenario.extra_docs),

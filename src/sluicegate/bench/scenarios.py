@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from sluicegate.api.resources import EndpointPickerConfig
 from sluicegate.bench import sharegpt
@@ -39,17 +39,29 @@ class UnknownPolicyError(ValueError):
     pass
 
 
-def policy_config(name: str) -> EndpointPickerConfig:
-    """The scheduling configuration a policy name stands for."""
+PredictorKind = Literal["none", "model", "oracle"]
+
+# Policies beyond the presets: a preset run with a latency predictor service.
+_PREDICTOR_POLICIES: dict[str, tuple[str, PredictorKind]] = {
+    "predicted-latency-oracle": ("predicted-latency", "oracle"),
+}
+
+
+def policy_config(name: str) -> tuple[EndpointPickerConfig, PredictorKind]:
+    """The scheduling configuration a policy name stands for, and the latency predictor
+    it runs with (``model``: trained online on the run's own traffic)."""
+    if name in _PREDICTOR_POLICIES:
+        preset, predictor = _PREDICTOR_POLICIES[name]
+        return load_preset(preset), predictor
     if name in preset_names():
-        return load_preset(name)
+        return load_preset(name), "model" if name == "predicted-latency" else "none"
     raise UnknownPolicyError(
-        f"policy {name!r} is not available; available: {', '.join(preset_names())}"
+        f"policy {name!r} is not available; available: {', '.join(available_policies())}"
     )
 
 
 def available_policies() -> list[str]:
-    return preset_names()
+    return sorted({*preset_names(), *_PREDICTOR_POLICIES})
 
 
 WorkloadFactory = Callable[[float, float, int], Workload]

@@ -390,8 +390,13 @@ class Gateway:
         try:
             return await waiter
         except asyncio.CancelledError:
-            self.director.cancel(item)  # the client left: free its place
-            self._observe_wait(item, "cancelled")
+            # The client left: free its place in the queue. If it was dispatched just
+            # before (the result set, this task not resumed yet), release the dispatch.
+            if self.director.cancel(item):
+                self._observe_wait(item, "cancelled")
+            elif waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                waiter.result().finish(self.clock.now())
+                self.director.pump()  # its place may be someone else's now
             raise
 
     def _on_dispatch(self, item: QueueItem, dispatch: Dispatch) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
@@ -44,16 +44,11 @@ from sluicegate.requestcontrol.parse import ParsedRequest
 from sluicegate.scheduling.config import BuiltScheduler
 from sluicegate.scheduling.framework import (
     RESPONSE_HEADERS,
+    Admitter,
     CycleState,
     LLMRequest,
     SchedulingError,
 )
-
-
-class Admission(Protocol):
-    """An admitter: may refuse a request (raise GatewayError) before it is scheduled."""
-
-    def admit(self, request: LLMRequest, pool: Pool, candidates: Sequence[Endpoint]) -> None: ...
 
 
 @dataclass(slots=True)
@@ -85,7 +80,7 @@ class Director:
         models: ModelTable,
         clock: Clock,
         staleness_s: float = 1.0,
-        admitters: Sequence[Admission] = (),
+        admitters: Sequence[Admitter] = (),
         flow: FlowControlSetup | None = None,
     ) -> None:
         self.datastore = datastore
@@ -155,8 +150,10 @@ class Director:
         request, pool = admitted.request, admitted.pool
         now = self.clock.now()
         candidates = self.candidates(admitted, now)
-        for admitter in self.admitters:
-            admitter.admit(request, pool, candidates)
+        state = CycleState()
+        self.built.scheduler.prepare(request, state, candidates)
+        for admitter in (*self.built.admitters, *self.admitters):
+            admitter.admit(request, state, candidates)
         flow = self.flow
         ceiling = flow.usage_limit.ceiling(request.priority)
         if request.sheddable and flow.detector.saturation(candidates, now) >= ceiling:
@@ -165,7 +162,7 @@ class Director:
         if controller is None:
             if not candidates:
                 raise no_endpoint(f"no ready endpoint serves model '{request.target_model}'")
-            return self.schedule(admitted, candidates)
+            return self.schedule(admitted, candidates, state)
         item = controller.enqueue(request, now, payload)
         item.admitted = admitted
         self.pump(now)
@@ -268,12 +265,16 @@ class Director:
         fresh = [e for e in serving if not e.is_stale(now, self.staleness_s)]
         return fresh or serving
 
-    def schedule(self, admitted: Admitted, candidates: Sequence[Endpoint]) -> Dispatch:
-        """Run producers and the scheduler over ``candidates`` and dispatch."""
+    def schedule(
+        self, admitted: Admitted, candidates: Sequence[Endpoint], state: CycleState | None = None
+    ) -> Dispatch:
+        """Run the scheduler over ``candidates`` and dispatch; the data producers run first
+        unless ``state`` already holds their output for these candidates."""
         request = admitted.request
-        state = CycleState()
         scheduler = self.built.scheduler
-        scheduler.prepare(request, state, candidates)
+        if state is None:
+            state = CycleState()
+            scheduler.prepare(request, state, candidates)
         try:
             result = scheduler.schedule(request, state, candidates)
         except SchedulingError as exc:
@@ -299,6 +300,7 @@ class Director:
             body=_rewritten_body(admitted.parsed, request.target_model),
             dispatched_at=self.clock.now(),
             response_headers=_response_headers(state),
+            observers=self.built.response_observers,
         )
         dispatch._charge()
         return dispatch
@@ -329,4 +331,4 @@ def _rewritten_body(parsed: ParsedRequest, target: str) -> bytes | None:
     return orjson.dumps(body)
 
 
-__all__ = ["Admission", "Admitted", "Director", "Dispatch", "GatewayError"]
+__all__ = ["Admitted", "Director", "Dispatch", "GatewayError"]

@@ -9,17 +9,18 @@ every path releases exactly what it charged, so in-flight counts never drift.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sluicegate.datalayer.datastore import Pool
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.scheduling.framework import CycleState, LLMRequest
+from sluicegate.scheduling.framework import (
+    CycleState,
+    LLMRequest,
+    ResponseObserver,
+    ResponseOutcome,
+)
 from sluicegate.scheduling.plugins.prefix_cache import PREFIX_MATCH
-
-# Expected output when the request sets no max_tokens: 1.5 × the prompt, as the anchor's
-# in-flight load producer estimates it (section D), capped.
-_OUTPUT_RATIO = 1.5
-_MAX_OUTPUT_ESTIMATE = 4096
 
 
 @dataclass(slots=True, eq=False)
@@ -44,6 +45,8 @@ class Dispatch:
     _released_prompt: bool = False
     _holding: bool = False
     """Whether ``endpoint``'s in-flight counters currently carry this request."""
+    observers: Sequence[ResponseObserver] = ()
+    """Plugins told of the first byte and the end (e.g. to train latency models)."""
 
     @property
     def rewrites_model(self) -> bool:
@@ -53,12 +56,7 @@ class Dispatch:
         match = self.state.get(PREFIX_MATCH)
         cached_share = match.score(self.endpoint.name) if match is not None else 0.0
         self._charged_prompt = round(self.request.prompt_tokens * (1.0 - cached_share))
-        max_tokens = self.request.max_tokens
-        self._charged_decode = (
-            max_tokens
-            if max_tokens is not None
-            else min(_MAX_OUTPUT_ESTIMATE, round(self.request.prompt_tokens * _OUTPUT_RATIO))
-        )
+        self._charged_decode = self.request.expected_output_tokens
         self._released_prompt = False
         self.endpoint.inflight.dispatch(self._charged_prompt, self._charged_decode)
         self._holding = True
@@ -77,6 +75,8 @@ class Dispatch:
             if self._holding:  # after finish() everything is released already
                 self.endpoint.inflight.first_token(self._charged_prompt)
                 self._released_prompt = True
+                for observer in self.observers:
+                    observer.on_first_token(self.request, self.state, self.endpoint, now)
 
     def has_fallback(self) -> bool:
         """Whether a retry has somewhere to go."""
@@ -96,9 +96,16 @@ class Dispatch:
                 return candidate
         return None  # nothing left: the caller answers the failure
 
-    def finish(self, now: float) -> None:
-        """The request is over (success, failure or cancellation); release its charges."""
+    def finish(self, now: float, output_tokens: int | None = None, ok: bool = True) -> None:
+        """The request is over (success, failure or cancellation): release its charges and
+        tell the observers. ``output_tokens`` as the server reported them, if known."""
         if self.finished_at is not None:
             return
         self.finished_at = now
         self._release()
+        if self.observers:
+            outcome = ResponseOutcome(
+                self.endpoint, self.dispatched_at, self.first_byte_at, now, output_tokens, ok
+            )
+            for observer in self.observers:
+                observer.on_complete(self.request, self.state, outcome)

@@ -28,12 +28,14 @@ from sluicegate.plugin import (
     resolve_type,
 )
 from sluicegate.scheduling.framework import (
+    Admitter,
     DataProducer,
     EndpointObserver,
     Filter,
     Picker,
     PreRequest,
     ProfileHandler,
+    ResponseObserver,
     Scorer,
 )
 from sluicegate.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
@@ -61,15 +63,16 @@ def load_preset(name: str) -> EndpointPickerConfig:
 
 
 class BuiltScheduler:
-    """A scheduler plus every plugin instance it was built from."""
+    """A scheduler plus every plugin instance it was built from, by role."""
 
     def __init__(self, scheduler: Scheduler, plugins: dict[str, Plugin]) -> None:
         self.scheduler = scheduler
         self.plugins = plugins
-
-    @property
-    def observers(self) -> list[EndpointObserver]:
-        return [p for p in self.plugins.values() if isinstance(p, EndpointObserver)]
+        self.observers = [p for p in plugins.values() if isinstance(p, EndpointObserver)]
+        """Plugins to tell when an endpoint leaves the pool."""
+        self.response_observers = [p for p in plugins.values() if isinstance(p, ResponseObserver)]
+        """Plugins to tell how each scheduled request went."""
+        self.admitters = [p for p in plugins.values() if isinstance(p, Admitter)]
 
 
 def build_scheduler(config: EndpointPickerConfig | None, context: PluginContext) -> BuiltScheduler:
@@ -140,7 +143,32 @@ def build_scheduler(config: EndpointPickerConfig | None, context: PluginContext)
         raise PluginConfigError("several schedulingProfiles need a profile handler plugin")
 
     ordered = auto + [p for p in plugins.values() if p not in auto]
-    producers = [p for p in ordered if isinstance(p, DataProducer)]
+    producers = _dependency_order([p for p in ordered if isinstance(p, DataProducer)])
     pre_request = [p for p in ordered if isinstance(p, PreRequest)]
     scheduler = Scheduler(handler, profiles, producers, pre_request)
     return BuiltScheduler(scheduler, plugins)
+
+
+def _dependency_order(producers: list[DataProducer]) -> list[DataProducer]:
+    """Producers ordered so each runs after the producer types it ``requires``."""
+    by_type = {type(p).type_name: p for p in producers}
+    ordered: list[DataProducer] = []
+    visiting: set[str] = set()
+
+    def visit(producer: DataProducer) -> None:
+        if producer in ordered:
+            return
+        name = type(producer).type_name
+        if name in visiting:
+            raise PluginConfigError(f"producers depend on each other in a cycle at {name!r}")
+        visiting.add(name)
+        for needed in producer.requires:
+            dependency = by_type.get(resolve_type(needed).type_name)
+            if dependency is not None:
+                visit(dependency)
+        visiting.discard(name)
+        ordered.append(producer)
+
+    for producer in producers:
+        visit(producer)
+    return ordered

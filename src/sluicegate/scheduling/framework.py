@@ -96,6 +96,14 @@ class LLMRequest:
     def sheddable(self) -> bool:
         return self.priority < 0
 
+    @property
+    def expected_output_tokens(self) -> int:
+        """Output tokens to expect: ``max_tokens``, else 1.5 × the prompt (the reference's
+        in-flight load estimate, anchors section D), capped at 4,096."""
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return min(4096, round(self.prompt_tokens * 1.5))
+
 
 class DataProducer(Plugin):
     """Computes request data before scheduling and stores it in the cycle state."""
@@ -105,6 +113,20 @@ class DataProducer(Plugin):
         self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
     ) -> None:
         """Compute data for ``request`` over the candidate ``endpoints``."""
+
+
+class AsyncDataProducer(Plugin):
+    """Fetches request data that needs I/O (e.g. remote predictions) before scheduling.
+
+    The host awaits :meth:`prefetch` once per request, before admission; the plugin's
+    synchronous ``produce`` then uses what was fetched, or falls back without it.
+    """
+
+    @abc.abstractmethod
+    async def prefetch(
+        self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> None:
+        """Fetch data for ``request`` over ``endpoints``; must not raise and must be quick."""
 
 
 class Filter(Plugin):
@@ -152,6 +174,42 @@ class PreRequest(Plugin):
     @abc.abstractmethod
     def pre_request(self, request: LLMRequest, state: CycleState, result: SchedulingResult) -> None:
         """Called once per scheduled request."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseOutcome:
+    """How a request ended. Times are clock seconds."""
+
+    endpoint: Endpoint
+    """The endpoint that answered (after any retry)."""
+    dispatched_at: float
+    first_token_at: float | None
+    finished_at: float
+    output_tokens: int | None
+    """Tokens generated, as the server reported them (or counted from the stream)."""
+    ok: bool
+
+
+class ResponseObserver(Plugin):
+    """Learns how scheduled requests went: first byte and end (e.g. to train models)."""
+
+    def on_first_token(
+        self, request: LLMRequest, state: CycleState, endpoint: Endpoint, now: float
+    ) -> None:
+        """The first byte of the answer arrived at ``now`` (clock seconds)."""
+        return
+
+    @abc.abstractmethod
+    def on_complete(self, request: LLMRequest, state: CycleState, outcome: ResponseOutcome) -> None:
+        """The request is over."""
+
+
+class Admitter(Plugin):
+    """Decides whether a request may be served at all, after data producers ran."""
+
+    @abc.abstractmethod
+    def admit(self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]) -> None:
+        """Raise :class:`sluicegate.errors.GatewayError` to refuse the request."""
 
 
 class EndpointObserver(Plugin):

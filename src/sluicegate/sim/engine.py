@@ -20,11 +20,12 @@ time: results of a step taken at ``now`` become visible at ``now + duration``.
 
 from __future__ import annotations
 
+import copy
 import enum
 import math
 import random
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import xxhash
 
@@ -171,6 +172,24 @@ class Engine:
         seq.finish_time = now
         self._count_finish("abort")
         return seq
+
+    def fork(self) -> Engine:
+        """An independent copy of the engine's state, for what-if simulations (e.g. the
+        benchmark lab's oracle): stepping the copy leaves this engine untouched."""
+        twin = Engine.__new__(Engine)
+        twin.profile = self.profile
+        twin.enable_prefix_caching = self.enable_prefix_caching
+        twin.pool = self.pool.fork()
+        twin.counters = replace(
+            self.counters, finished_by_reason=dict(self.counters.finished_by_reason)
+        )
+        twin.num_deferred = self.num_deferred
+        twin._gpu_loras = self._gpu_loras.copy()
+        copies = {id(s): _fork_sequence(s) for s in (*self.running, *self.waiting)}
+        twin.running = [copies[id(s)] for s in self.running]
+        twin.waiting = deque(copies[id(s)] for s in self.waiting)
+        twin._by_id = {s.request_id: s for s in copies.values()}
+        return twin
 
     def get(self, request_id: str) -> Sequence | None:
         return self._by_id.get(request_id)
@@ -420,6 +439,13 @@ class Engine:
         for b in range(seq.num_registered, full_blocks):
             register(blocks[b], hashes[b])
         seq.num_registered = full_blocks
+
+
+def _fork_sequence(seq: Sequence) -> Sequence:
+    twin = copy.copy(seq)
+    twin.blocks = list(seq.blocks)
+    twin.hashes = list(seq.hashes)
+    return twin
 
 
 # Output lengths of requests that may stop early follow a log-normal fitted to ShareGPT's

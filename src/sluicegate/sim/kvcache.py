@@ -108,6 +108,16 @@ class BlockPool:
             self._cached[block_hash] = block
             self._block_hash[block] = block_hash
 
+    def fork(self) -> BlockPool:
+        """An independent copy, for what-if simulations."""
+        twin = BlockPool.__new__(BlockPool)
+        twin.num_blocks = self.num_blocks
+        twin._ref = list(self._ref)
+        twin._block_hash = list(self._block_hash)
+        twin._free = self._free.copy()
+        twin._cached = dict(self._cached)
+        return twin
+
     def referenced_blocks(self) -> int:
         """Blocks with a non-zero reference count (for invariant checks)."""
         return sum(1 for r in self._ref if r > 0)

@@ -1,0 +1,80 @@
+"""The oracle predictor: latencies read from the simulated engines instead of predicted.
+
+For each candidate, the oracle forks the engine's exact state (``Engine.fork``), adds the
+request as the server would receive it, and steps the copy until the request's first
+token, then ``tpot_tokens`` more: the TTFT and TPOT it would see if nothing else arrived.
+That is the best any predictor can do with the information available when scheduling —
+the ``predicted-latency-oracle`` policy, the limit ``predicted-latency`` is measured
+against. Forking costs a few milliseconds per candidate, so oracle runs are slower.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from sluicegate.latency.features import FeatureRow, Sample
+from sluicegate.latency.predictor import Predictions
+from sluicegate.scheduling.framework import LLMRequest
+from sluicegate.sim.engine import Engine
+from sluicegate.sim.engine import Sequence as EngineSequence
+
+# What-if simulations stop after this many engine steps (a request that has not started
+# by then is predicted to wait at least as long as those steps took).
+_MAX_STEPS = 4000
+
+
+class OraclePredictor:
+    """Answers with the simulator's what-if latencies (ms)."""
+
+    def __init__(
+        self,
+        engine_of: Callable[[str], tuple[Engine, float]],
+        sequence_for: Callable[[LLMRequest, str], EngineSequence],
+        now: Callable[[], float],
+        tpot_tokens: int = 8,
+    ) -> None:
+        """``engine_of(endpoint name)`` gives the engine and when its next step starts;
+        ``sequence_for(request, endpoint name)`` builds the sequence the server would run."""
+        self._engine_of = engine_of
+        self._sequence_for = sequence_for
+        self._now = now
+        self.tpot_tokens = tpot_tokens
+
+    def predict_request(
+        self, request: Any, endpoints: Sequence[Any], rows: Sequence[FeatureRow]
+    ) -> Predictions | None:
+        now = self._now()
+        ttft = np.empty(len(endpoints))
+        tpot = np.empty(len(endpoints))
+        for i, endpoint in enumerate(endpoints):
+            ttft[i], tpot[i] = self._what_if(request, endpoint.name, now)
+        return Predictions(ttft, tpot)
+
+    def _what_if(self, request: LLMRequest, endpoint: str, now: float) -> tuple[float, float]:
+        engine, next_step = self._engine_of(endpoint)
+        fork = engine.fork()
+        seq = self._sequence_for(request, endpoint)
+        seq.arrival = now
+        fork.add(seq)
+        t = max(now, next_step)
+        want = 1 + self.tpot_tokens
+        for _ in range(_MAX_STEPS):
+            if seq.num_output >= want or seq.finished:
+                break
+            result = fork.step(t)
+            if result.idle:
+                break
+            t += result.duration
+        first = seq.first_token_time if seq.first_token_time >= 0 else t
+        ttft_ms = (first - now) * 1000.0
+        if seq.num_output > 1:
+            tpot_ms = (seq.last_token_time - seq.first_token_time) / (seq.num_output - 1) * 1000
+        else:
+            tpot_ms = (t - first) * 1000.0 / max(1, self.tpot_tokens)
+        return ttft_ms, tpot_ms
+
+    def observe(self, sample: Sample) -> None:
+        return None

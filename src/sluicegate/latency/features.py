@@ -1,0 +1,77 @@
+"""What a latency model sees: one row per (request, endpoint), in fixed column order.
+
+The same row is built when predicting (for every candidate, before scheduling) and when
+training (for the chosen endpoint, as it was at dispatch), so the model learns from exactly
+what it is later asked about. Features follow the reference predictor's (anchors, section
+F), with the input length a real token estimate rather than a word count, plus what the
+gateway alone knows: requests it dispatched since the endpoint's last scrape, and the
+request's expected output length.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureRow:
+    """One (request, endpoint) pair. Token counts are built-in tokens."""
+
+    kv_cache_percentage: float
+    """KV-cache use, 0..1 (the gateway's estimate: scrape + prompt tokens since)."""
+    input_token_length: int
+    num_request_waiting: int
+    num_request_running: int
+    prefill_tokens_in_flight: int
+    """Uncached prompt tokens this gateway dispatched and that have not produced a byte."""
+    decode_tokens_in_flight: int
+    prefix_cache_score: float
+    """Share of the prompt's blocks the endpoint probably holds, 0..1."""
+    dispatched_since_scrape: int
+    expected_output_tokens: int
+    """``max_tokens``, or the gateway's estimate when the request sets none."""
+
+    @property
+    def effective_input_tokens(self) -> float:
+        """Prompt tokens left to compute: (1 − prefix score) · input length."""
+        return (1.0 - self.prefix_cache_score) * self.input_token_length
+
+
+FEATURE_NAMES: tuple[str, ...] = (
+    *(f.name for f in fields(FeatureRow)),
+    "effective_input_tokens",
+)
+"""Column names of :func:`feature_matrix`, in order."""
+
+
+ROW_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(FeatureRow))
+"""The :class:`FeatureRow` field names, in declaration order (the first columns)."""
+
+_ROW_VALUES = operator.attrgetter(*ROW_FIELDS)
+
+
+def feature_vector(row: FeatureRow) -> tuple[float, ...]:
+    """One row of :func:`feature_matrix` as a tuple (before the float32 cast)."""
+    return (*_ROW_VALUES(row), row.effective_input_tokens)
+
+
+def feature_matrix(rows: Sequence[FeatureRow]) -> np.ndarray:
+    """``len(rows) × len(FEATURE_NAMES)`` float32 matrix."""
+    if not rows:
+        return np.empty((0, len(FEATURE_NAMES)), dtype=np.float32)
+    return np.array([feature_vector(row) for row in rows], dtype=np.float32)
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """A training sample: the row at dispatch and what was observed. Times in ms."""
+
+    row: FeatureRow
+    ttft_ms: float | None = None
+    """Time to first token (streaming), or end-to-end latency in non-streaming mode."""
+    tpot_ms: float | None = None
+    """Mean time per output token after the first (streaming only)."""

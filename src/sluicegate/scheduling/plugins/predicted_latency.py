@@ -1,0 +1,282 @@
+"""``predicted-latency-producer``: predicted TTFT/TPOT per endpoint, and training samples.
+
+Type: data producer (also pre-request hook and response observer). Inputs per candidate:
+the gateway's view of the endpoint (KV use, waiting and running requests, in-flight
+prefill and decode tokens, requests dispatched since the last scrape), the request's
+prompt tokens and expected output, and its prefix-cache score; the latency predictor is
+the host's ``latency-predictor`` service (in-process XGBoost models, remote prediction
+servers, or the simulator's oracle). One batched prediction covers all candidates.
+
+Output per endpoint (reference anchors, section E, "Headroom"):
+``ttftHeadroom = ttftSLO − predTTFT`` and ``ttftValid = predTTFT < ttftSLO``; in streaming
+mode ``bufTPOT = tpotSLO · sloBufferFactor``, lowered to the tightest TPOT SLO of the
+requests already running there (so a newcomer cannot break it), ``tpotHeadroom = bufTPOT −
+predTPOT``, ``tpotValid = predTPOT < bufTPOT``; in non-streaming mode TPOT is neutral
+(valid, headroom 0). Without SLO headers the SLO is 0: headroom is −prediction, never
+valid, and scorers pick the lowest predicted latency.
+
+Training: when a request completes on the endpoint it was scheduled to, its features at
+dispatch and what happened are a sample — in streaming mode TTFT (first byte − dispatch)
+and TPOT ((end − first byte) / (output tokens − 1)); in non-streaming mode the end-to-end
+latency stands in for TTFT (the reference's semantics).
+
+Parameters (reference names and defaults): ``sloBufferFactor`` (1.0), ``streamingMode``
+(true — the reference defaults to false; sluicegate sees each request's ``stream`` flag
+and learns TTFT/TPOT from streaming requests only), ``predictInProduce`` (true; false =
+train only), ``contextTTL`` ("5m"), ``endpointRoleLabel`` (""); ``samplingMean``,
+``maxDecodeTokenSamplesForPrediction``, ``prefixMatchInfoProducerName`` and
+``inFlightLoadProducerName`` are accepted for compatibility and unused.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pydantic import Field
+
+from sluicegate.api.units import Seconds
+from sluicegate.datalayer.endpoint import Endpoint
+from sluicegate.latency.features import FeatureRow, Sample
+from sluicegate.latency.predictor import (
+    LatencyPredictor,
+    Predictions,
+    RemoteLatencyPredictor,
+    RequestAwarePredictor,
+)
+from sluicegate.plugin import PluginContext, PluginParameters, register
+from sluicegate.scheduling.framework import (
+    AsyncDataProducer,
+    CycleState,
+    DataProducer,
+    EndpointObserver,
+    LLMRequest,
+    PreRequest,
+    ResponseObserver,
+    ResponseOutcome,
+    SchedulingResult,
+    StateKey,
+)
+from sluicegate.scheduling.plugins.prefix_cache import PREFIX_MATCH, PRODUCER_TYPE
+
+PREDICTOR_SERVICE = "latency-predictor"
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointPrediction:
+    """Predicted latency of a request on one endpoint, and its SLO headroom (ms)."""
+
+    ttft_ms: float
+    tpot_ms: float
+    ttft_valid: bool
+    tpot_valid: bool
+    ttft_headroom: float
+    tpot_headroom: float
+    dispatched: int
+    """Requests this gateway has in flight on the endpoint."""
+
+    @property
+    def valid(self) -> bool:
+        return self.ttft_valid and self.tpot_valid
+
+
+PREDICTIONS: StateKey[dict[str, EndpointPrediction]] = StateKey("latency-predictions")
+"""Predictions by endpoint name; absent when no prediction could be made."""
+_ROWS: StateKey[dict[str, FeatureRow]] = StateKey("latency-feature-rows")
+_CHOSEN: StateKey[tuple[str, FeatureRow]] = StateKey("latency-chosen-row")
+_PREFETCHED: StateKey[tuple[dict[str, FeatureRow], Predictions | None]] = StateKey(
+    "latency-prefetched"
+)
+
+
+def feature_row(request: LLMRequest, endpoint: Endpoint, prefix_score: float) -> FeatureRow:
+    """The latency models' view of ``request`` on ``endpoint`` now."""
+    inflight = endpoint.inflight
+    return FeatureRow(
+        kv_cache_percentage=endpoint.kv_usage(),
+        input_token_length=request.prompt_tokens,
+        num_request_waiting=endpoint.waiting,
+        num_request_running=endpoint.running,
+        prefill_tokens_in_flight=inflight.prompt_tokens,
+        decode_tokens_in_flight=inflight.decode_tokens,
+        prefix_cache_score=prefix_score,
+        dispatched_since_scrape=inflight.requests_since_scrape,
+        expected_output_tokens=request.expected_output_tokens,
+    )
+
+
+@register()
+class PredictedLatencyProducer(
+    AsyncDataProducer, DataProducer, PreRequest, ResponseObserver, EndpointObserver
+):
+    type_name = "predicted-latency-producer"
+    requires = (PRODUCER_TYPE,)
+
+    class Parameters(PluginParameters):
+        slo_buffer_factor: float = Field(1.0, gt=0.0)
+        streaming_mode: bool = True
+        predict_in_produce: bool = True
+        context_ttl: Seconds = 300.0
+        endpoint_role_label: str = ""
+        sampling_mean: float = 1000.0
+        max_decode_token_samples_for_prediction: int = 0
+        prefix_match_info_producer_name: str = ""
+        in_flight_load_producer_name: str = ""
+
+    params: Parameters
+
+    def __init__(
+        self, name: str, context: PluginContext, params: PluginParameters | None = None
+    ) -> None:
+        super().__init__(name, context, params)
+        service = context.services.get(PREDICTOR_SERVICE)
+        self.predictor: LatencyPredictor | None = None
+        self.remote: RemoteLatencyPredictor | None = None
+        self.oracle: RequestAwarePredictor | None = None
+        # Which kind of predictor the host provides decides how predictions are made.
+        if hasattr(service, "predict_request"):
+            self.oracle = service  # type: ignore[assignment]
+        elif hasattr(service, "predict_async"):
+            self.remote = service  # type: ignore[assignment]
+        elif service is not None:
+            self.predictor = service  # type: ignore[assignment]
+        self._tpot_slos: dict[str, Counter[float]] = {}
+        """TPOT SLOs (ms) of the requests running on each endpoint."""
+        self.fallbacks = 0
+        """Requests scheduled without predictions (models warming up, predictor down)."""
+
+    # ------------------------------------------------------------------ prediction
+
+    def _rows(
+        self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> dict[str, FeatureRow]:
+        match = state.get(PREFIX_MATCH)
+        return {
+            e.name: feature_row(request, e, match.score(e.name) if match else 0.0)
+            for e in endpoints
+        }
+
+    async def prefetch(
+        self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> None:
+        if self.remote is None or not self.params.predict_in_produce:
+            return
+        rows = self._rows(request, state, endpoints)
+        predictions = await self.remote.predict_async(list(rows.values()))
+        state.put(_PREFETCHED, (rows, predictions))
+
+    def produce(
+        self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> None:
+        rows = self._rows(request, state, endpoints)
+        state.put(_ROWS, rows)
+        if not self.params.predict_in_produce:
+            return
+        if self.oracle is not None:
+            predictions = self.oracle.predict_request(request, endpoints, list(rows.values()))
+        else:
+            predictions = self._predict(state, rows)
+        if predictions is None:
+            self.fallbacks += 1
+            return
+        state.put(PREDICTIONS, self._with_headroom(request, endpoints, predictions))
+
+    def _predict(self, state: CycleState, rows: dict[str, FeatureRow]) -> Predictions | None:
+        if self.predictor is not None:
+            if not self.predictor.ready:
+                return None
+            return self.predictor.predict(list(rows.values()))
+        prefetched = state.get(_PREFETCHED)
+        if prefetched is None:
+            return None
+        fetched_rows, fetched = prefetched
+        if fetched is None:
+            return None
+        if list(fetched_rows) != list(rows):
+            # The candidates changed since (e.g. the request waited in flow control):
+            # reuse the predictions of the endpoints that are still there.
+            index = {name: i for i, name in enumerate(fetched_rows)}
+            if any(name not in index for name in rows):
+                return None
+            picks = [index[name] for name in rows]
+            return Predictions(fetched.ttft_ms[picks], fetched.tpot_ms[picks])
+        return fetched
+
+    def _with_headroom(
+        self, request: LLMRequest, endpoints: Sequence[Endpoint], predictions: Predictions
+    ) -> dict[str, EndpointPrediction]:
+        factor = self.params.slo_buffer_factor
+        ttft_slo = request.slo_ttft_ms or 0.0
+        streaming = self.params.streaming_mode and request.stream
+        out: dict[str, EndpointPrediction] = {}
+        for i, e in enumerate(endpoints):
+            ttft = float(predictions.ttft_ms[i])
+            tpot = float(predictions.tpot_ms[i])
+            if not math.isfinite(ttft) or not math.isfinite(tpot):
+                continue
+            if streaming:
+                buffered = (request.slo_tpot_ms or 0.0) * factor
+                running = self._tpot_slos.get(e.name)
+                if running:
+                    tightest = min(running) * factor
+                    buffered = min(buffered, tightest) if buffered > 0 else tightest
+                tpot_headroom, tpot_valid = buffered - tpot, tpot < buffered
+            else:
+                tpot_headroom, tpot_valid = 0.0, True
+            out[e.name] = EndpointPrediction(
+                ttft_ms=ttft,
+                tpot_ms=tpot,
+                ttft_valid=ttft < ttft_slo,
+                tpot_valid=tpot_valid,
+                ttft_headroom=ttft_slo - ttft,
+                tpot_headroom=tpot_headroom,
+                dispatched=e.inflight.requests,
+            )
+        return out
+
+    # ------------------------------------------------------------------ training
+
+    def pre_request(self, request: LLMRequest, state: CycleState, result: SchedulingResult) -> None:
+        chosen = result.targets[0]
+        rows = state.get(_ROWS)
+        if rows is not None and chosen.name in rows:
+            state.put(_CHOSEN, (chosen.name, rows[chosen.name]))
+        if request.slo_tpot_ms:
+            self._tpot_slos.setdefault(chosen.name, Counter())[request.slo_tpot_ms] += 1
+
+    def on_complete(self, request: LLMRequest, state: CycleState, outcome: ResponseOutcome) -> None:
+        chosen = state.get(_CHOSEN)
+        if request.slo_tpot_ms and chosen is not None:
+            running = self._tpot_slos.get(chosen[0])
+            if running is not None:
+                running[request.slo_tpot_ms] -= 1
+                if running[request.slo_tpot_ms] <= 0:
+                    del running[request.slo_tpot_ms]
+        if chosen is None or not outcome.ok or chosen[0] != outcome.endpoint.name:
+            return  # no row, a failure, or served by a fallback: not a clean sample
+        sample = self._sample(request, chosen[1], outcome)
+        if sample is None:
+            return
+        for sink in (self.predictor, self.remote, self.oracle):
+            if sink is not None:
+                sink.observe(sample)
+
+    def _sample(
+        self, request: LLMRequest, row: FeatureRow, outcome: ResponseOutcome
+    ) -> Sample | None:
+        start = outcome.dispatched_at
+        if not self.params.streaming_mode:
+            return Sample(row, ttft_ms=(outcome.finished_at - start) * 1000.0)
+        if not request.stream or outcome.first_token_at is None:
+            return None
+        ttft = (outcome.first_token_at - start) * 1000.0
+        tpot = None
+        n = outcome.output_tokens
+        if n is not None and n >= 2:
+            tpot = (outcome.finished_at - outcome.first_token_at) * 1000.0 / (n - 1)
+        return Sample(row, ttft_ms=ttft, tpot_ms=tpot)
+
+    def forget_endpoint(self, endpoint: Endpoint) -> None:
+        self._tpot_slos.pop(endpoint.name, None)
