@@ -84,6 +84,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         PluginConfigError,
         PluginContext,
     )
+    from sluicegate.runtime import RuntimeOptions
     from sluicegate.scheduling.config import build_scheduler, load_preset
 
     if args.sim_time_scale <= 0:
@@ -105,7 +106,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         sim_profile=args.sim_profile,
         sim_time_scale=args.sim_time_scale,
         gateway=GatewayOptions(
-            seed=args.seed, access_log=args.access_log, api_keys=list(args.api_key)
+            RuntimeOptions(seed=args.seed), access_log=args.access_log, api_keys=list(args.api_key)
         ),
     )
     try:

@@ -374,7 +374,7 @@ async def test_dispatched_just_as_the_client_leaves_is_released() -> None:
     assert first.state is ItemState.DISPATCHED
     second, second_waiter = submit("second")
     assert second.state is ItemState.QUEUED
-    handler = asyncio.create_task(gw._wait(second, second_waiter))
+    handler = asyncio.create_task(gw.runtime._wait(second, second_waiter))
     await asyncio.sleep(0)  # the handler now waits for its turn
     first_waiter.result().finish(gw.clock.now())
     director.pump()  # the second request gets the place...

@@ -27,8 +27,9 @@ from aiohttp import web
 from sluicegate.clock import Clock
 from sluicegate.datalayer.collector import Collector
 from sluicegate.errors import GatewayError
-from sluicegate.gateway.metrics import GatewayMetrics
+from sluicegate.metrics import GatewayMetrics
 from sluicegate.requestcontrol.dispatch import Dispatch
+from sluicegate.runtime import Usage
 
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 SERVED_HEADER = "x-gateway-destination-endpoint-served"
@@ -70,6 +71,10 @@ class Outcome:
     cached_tokens: int | None = None
     chunks: int = 0
     error: str | None = None
+
+    def usage(self) -> Usage:
+        """Token counts for the runtime (streamed chunks stand in for unreported usage)."""
+        return Usage(self.completion_tokens or self.chunks, self.prompt_tokens, self.cached_tokens)
 
 
 def upstream_headers(

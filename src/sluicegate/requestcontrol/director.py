@@ -144,13 +144,19 @@ class Director:
         )
         return Admitted(request, pool, parsed, by_config)
 
-    def submit(self, admitted: Admitted, payload: Any = None) -> Dispatch | QueueItem:
+    def submit(
+        self, admitted: Admitted, payload: Any = None, state: CycleState | None = None
+    ) -> Dispatch | QueueItem:
         """Schedule now (a Dispatch), or queue (a QueueItem, reported later through the
-        hooks — possibly before this returns); raises GatewayError when refused."""
+        hooks — possibly before this returns); raises GatewayError when refused.
+
+        ``state`` carries what the scheduler's fetchers prefetched (see
+        :meth:`prefetch`); the data producers run again over it.
+        """
         request, pool = admitted.request, admitted.pool
         now = self.clock.now()
         candidates = self.candidates(admitted, now)
-        state = CycleState()
+        state = CycleState() if state is None else state
         self.built.scheduler.prepare(request, state, candidates)
         for admitter in (*self.built.admitters, *self.admitters):
             admitter.admit(request, state, candidates)
@@ -167,6 +173,25 @@ class Director:
         item.admitted = admitted
         self.pump(now)
         return item
+
+    async def prefetch(self, admitted: Admitted) -> CycleState | None:
+        """Await the I/O-bound data producers (e.g. a remote latency predictor) for
+        ``admitted``; the state to pass to :meth:`submit`, or None when there are none.
+
+        The synchronous producers run first so the fetchers see their output (the
+        prefix-cache match), and run again in :meth:`submit`: they are pure.
+        """
+        fetchers = self.built.fetchers
+        if not fetchers:
+            return None
+        request = admitted.request
+        candidates = self.candidates(admitted, self.clock.now())
+        state = CycleState()
+        if candidates:
+            self.built.scheduler.prepare(request, state, candidates)
+            for fetcher in fetchers:
+                await fetcher.prefetch(request, state, candidates)
+        return state
 
     def route(
         self, parsed: ParsedRequest, request_id: str, headers: Mapping[str, str] | None = None

@@ -29,6 +29,7 @@ from sluicegate.plugin import (
 )
 from sluicegate.scheduling.framework import (
     Admitter,
+    AsyncDataProducer,
     DataProducer,
     EndpointObserver,
     Filter,
@@ -73,6 +74,8 @@ class BuiltScheduler:
         self.response_observers = [p for p in plugins.values() if isinstance(p, ResponseObserver)]
         """Plugins to tell how each scheduled request went."""
         self.admitters = [p for p in plugins.values() if isinstance(p, Admitter)]
+        self.fetchers = [p for p in plugins.values() if isinstance(p, AsyncDataProducer)]
+        """Producers whose data needs I/O; the host awaits their prefetch before submit."""
 
 
 def build_scheduler(config: EndpointPickerConfig | None, context: PluginContext) -> BuiltScheduler:

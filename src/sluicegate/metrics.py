@@ -1,4 +1,5 @@
-"""The gateway's ``/metrics``, under the reference endpoint picker's names where they exist.
+"""sluicegate's ``/metrics`` (gateway and Envoy endpoint picker alike), under the reference
+endpoint picker's names where they exist.
 
 Names (reference anchors, section H): ``inference_objective_*`` per model,
 ``inference_pool_*`` per pool (computed when scraped), ``inference_extension_*`` for the

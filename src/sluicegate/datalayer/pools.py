@@ -1,0 +1,58 @@
+"""From configuration to endpoint set: static endpoint lists and applying them.
+
+Discovery — the configuration file's explicit ``endpoints`` lists, or Kubernetes pods —
+produces :class:`~sluicegate.datalayer.datastore.EndpointSpec` lists by pool;
+:func:`sync_pools` makes a :class:`~sluicegate.datalayer.datastore.Datastore` hold exactly
+those, keeping the state of endpoints that stayed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from sluicegate.api.loader import Config
+from sluicegate.datalayer.datastore import Datastore, EndpointSpec
+
+EndpointsByPool = Mapping[str, Iterable[EndpointSpec]]
+
+
+def static_endpoints(config: Config) -> dict[str, list[EndpointSpec]]:
+    """Every pool's explicit endpoint list, each named by ``name`` or by its address."""
+    out: dict[str, list[EndpointSpec]] = {}
+    for pool_name, pool in config.pools.items():
+        specs = []
+        for static in pool.spec.endpoints:
+            scheme = "https" if static.address.startswith("https://") else "http"
+            address = static.address.removeprefix("http://").removeprefix("https://")
+            host, _, port = address.rstrip("/").rpartition(":")
+            specs.append(
+                EndpointSpec(
+                    static.name or address,
+                    host.strip("[]"),
+                    int(port),
+                    dict(static.labels),
+                    static.engine_type,
+                    scheme,
+                )
+            )
+        out[pool_name] = specs
+    return out
+
+
+def sync_pools(datastore: Datastore, config: Config, endpoints: EndpointsByPool) -> None:
+    """Make ``datastore`` hold exactly the pools of ``endpoints`` and their endpoints.
+
+    Endpoints that stay (same name, host and port) keep their state (metrics, in-flight
+    counts); pools that vanished are removed. Each pool's annotations and failure mode come
+    from ``config``. Call it from the event loop (the datastore is single-threaded).
+    """
+    for name in list(datastore.pools):
+        if name not in endpoints:
+            datastore.remove_pool(name)
+    for name, specs in endpoints.items():
+        datastore.set_endpoints(name, specs)
+        resource = config.pools.get(name)
+        if resource is not None:
+            pool = datastore.pools[name]
+            pool.annotations = dict(resource.metadata.annotations)
+            pool.failure_mode = resource.spec.failure_mode

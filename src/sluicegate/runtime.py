@@ -1,0 +1,343 @@
+"""The endpoint picker without its front door: what both hosts share.
+
+A :class:`Runtime` holds the endpoint set and its metrics collector, the scheduler, the
+director with flow control, and the exported metrics. Its hosts — the standalone gateway
+(:mod:`sluicegate.gateway`, which proxies the request itself) and the Envoy endpoint picker
+(:mod:`sluicegate.extproc`, which tells Envoy where to send it) — call :meth:`acquire` with
+a parsed request to get a :class:`~sluicegate.requestcontrol.dispatch.Dispatch` (waiting in
+flow control when the pool is saturated) and :meth:`release` when the response has ended,
+however it ended.
+
+Everything here runs on one event loop; nothing blocks it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from sluicegate.api.loader import Config
+from sluicegate.clock import Clock, MonotonicClock
+from sluicegate.datalayer.collector import Collector, CollectorSettings
+from sluicegate.datalayer.datastore import Datastore
+from sluicegate.datalayer.endpoint import Endpoint
+from sluicegate.datalayer.pools import EndpointsByPool, static_endpoints, sync_pools
+from sluicegate.errors import GatewayError
+from sluicegate.flowcontrol.config import FlowControlSetup, build_flow_control
+from sluicegate.flowcontrol.types import QueueItem
+from sluicegate.metrics import GatewayMetrics
+from sluicegate.plugin import PluginContext
+from sluicegate.requestcontrol.director import Director
+from sluicegate.requestcontrol.dispatch import Dispatch
+from sluicegate.requestcontrol.models import ModelTable
+from sluicegate.requestcontrol.parse import ParsedRequest
+from sluicegate.scheduling.config import BuiltScheduler, build_scheduler
+from sluicegate.scheduling.plugins.prefix_cache import PREFIX_MATCH, ApproxPrefixCacheProducer
+
+log = logging.getLogger("sluicegate.runtime")
+
+
+@dataclass(slots=True)
+class RuntimeOptions:
+    """How the picker runs, beyond what the configuration says."""
+
+    seed: int = 0
+    """Seeds every random choice the plugins make (random pickers, tie breaks)."""
+    services: Mapping[str, object] = field(default_factory=dict)
+    """Shared services plugins look up by name (e.g. the latency predictor)."""
+
+
+@dataclass(slots=True)
+class Usage:
+    """What the server reported about a finished response (token counts)."""
+
+    output_tokens: int = 0
+    """Completion tokens (or streamed chunks when the server reported no usage)."""
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+
+
+class Runtime:
+    """Discovery state, scheduler, director and metrics for one configuration."""
+
+    def __init__(
+        self, config: Config, options: RuntimeOptions | None = None, clock: Clock | None = None
+    ) -> None:
+        self.options = options or RuntimeOptions()
+        self.clock = clock or MonotonicClock()
+        self.config = config
+        self.staleness_s = config.gateway.metrics_staleness_ms / 1000.0
+        self.datastore = Datastore()
+        self.built = self._build_scheduler(config)
+        self.director = Director(
+            self.datastore,
+            self.built,
+            ModelTable(config),
+            self.clock,
+            self.staleness_s,
+            flow=self._build_flow(config, self.built),
+        )
+        self.director.on_dispatch = self._on_dispatch
+        self.director.on_reject = self._on_reject
+        self.metrics = GatewayMetrics(
+            self.datastore, self.clock, self.staleness_s, self._prefix_index_size, self._flow_state
+        )
+        self.collector: Collector | None = None
+        self._expiry: asyncio.TimerHandle | None = None
+        self._discovered: EndpointsByPool | None = None
+        sync_pools(self.datastore, config, static_endpoints(config))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _context(self) -> PluginContext:
+        return PluginContext(self.clock, self.options.seed, services=self.options.services)
+
+    def _build_scheduler(self, config: Config) -> BuiltScheduler:
+        return build_scheduler(config.picker, self._context())
+
+    def _build_flow(self, config: Config, built: BuiltScheduler) -> FlowControlSetup:
+        return build_flow_control(config.picker, built.plugins, self._context())
+
+    def start(self, session: aiohttp.ClientSession) -> None:
+        """Start scraping every endpoint's metrics with ``session``."""
+        settings = self.config.gateway
+        self.collector = Collector(
+            self.datastore,
+            session,
+            self.clock,
+            CollectorSettings(
+                scrape_interval_s=settings.scrape_interval_ms / 1000.0,
+                scrape_timeout_s=settings.scrape_timeout_ms / 1000.0,
+                models_interval_s=settings.models_refresh_interval_ms / 1000.0,
+                eject_after=settings.eject_after_failures,
+            ),
+        )
+        self.collector.on_scrape.append(self._on_scrape)
+        self.collector.start()
+
+    async def stop(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        if self.collector is not None:
+            await self.collector.stop()
+            self.collector = None
+
+    def apply_config(self, config: Config, endpoints: EndpointsByPool | None = None) -> None:
+        """Switch to ``config`` (and, from discovery, ``endpoints`` by pool) without dropping
+        requests in flight.
+
+        Without ``endpoints`` the pools' endpoints are the configuration's static lists, or
+        the last ones discovery delivered. Endpoints that stay keep their state; the
+        scheduler is rebuilt only when the EndpointPickerConfig changed (rebuilding starts
+        its prefix index afresh). Raises (changing nothing) when the new scheduler cannot
+        be built.
+        """
+        old_picker, new_picker = self.config.picker, config.picker
+        same = (old_picker.model_dump() if old_picker else None) == (
+            new_picker.model_dump() if new_picker else None
+        )
+        # Build everything that can fail before changing anything.
+        built = self.built if same else self._build_scheduler(config)
+        flow = self.director.flow if same else self._build_flow(config, built)
+        models = ModelTable(config)
+        if endpoints is not None:
+            self._discovered = endpoints
+        self.config = config
+        self.director.models = models
+        sync_pools(
+            self.datastore,
+            config,
+            self._discovered if self._discovered is not None else static_endpoints(config),
+        )
+        self.built = self.director.built = built
+        self.director.set_flow(flow)
+        log.info(
+            "configuration applied: %d pool(s), %d model(s), %d endpoint(s)%s",
+            len(self.datastore.pools),
+            len(config.models),
+            len(self.datastore.all_endpoints()),
+            "" if same else ", scheduler rebuilt",
+        )
+
+    # ------------------------------------------------------------------ requests
+
+    async def acquire(
+        self,
+        parsed: ParsedRequest,
+        request_id: str,
+        headers: Mapping[str, str],
+        started: float | None = None,
+    ) -> Dispatch:
+        """Route ``parsed``: an endpoint now, or after a wait in flow control.
+
+        Raises :class:`~sluicegate.errors.GatewayError` when the request is refused
+        (unknown model, shed, queue timeout, no endpoint). Cancelling the awaiting task
+        (the client went away) gives up its place in the queue. ``started`` is the
+        ``time.perf_counter()`` reading when the request arrived, for the scheduling-time
+        metric. Every returned Dispatch must be handed to :meth:`release`.
+        """
+        metrics = self.metrics
+        started = time.perf_counter() if started is None else started
+        try:
+            admitted = self.director.admit(parsed, request_id, headers)
+            state = await self.director.prefetch(admitted) if self.built.fetchers else None
+            waiter: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()
+            result = self.director.submit(admitted, waiter, state)
+            if isinstance(result, QueueItem):
+                dispatch = await self._wait(result, waiter)
+            else:
+                dispatch = result
+                metrics.scheduler_duration.observe(time.perf_counter() - started)
+        except GatewayError as exc:
+            metrics.scheduler_attempts.labels("failure").inc()
+            metrics.refused.labels(exc.reason).inc()
+            metrics.errors.labels(parsed.model, "", str(exc.status)).inc()
+            raise
+        metrics.scheduler_attempts.labels("success").inc()
+        match = dispatch.state.get(PREFIX_MATCH)
+        if match is not None and match.hashes:
+            metrics.prefix_hit_ratio.observe(match.score(dispatch.endpoint.name))
+        model, target = parsed.model, dispatch.request.target_model
+        metrics.requests.labels(model, target).inc()
+        metrics.running.labels(model).inc()
+        return dispatch
+
+    def release(self, dispatch: Dispatch, status: int, usage: Usage | None = None) -> None:
+        """The response to ``dispatch`` has ended with HTTP ``status`` (0 = no response:
+        the client left or the upstream failed before answering). Frees its in-flight
+        charge, tells the response observers, records the latency metrics on success and
+        lets waiting requests take the room. Calling it again does nothing."""
+        if dispatch.finished_at is not None:
+            return
+        ok = 200 <= status < 400
+        dispatch.finish(self.clock.now(), usage.output_tokens if usage and ok else None, ok)
+        request = dispatch.request
+        self.metrics.running.labels(request.model).dec()
+        if ok:
+            self._observe(dispatch, usage or Usage())
+        elif status:
+            self.metrics.errors.labels(request.model, request.target_model, str(status)).inc()
+        if self.director.controllers():
+            self.director.pump()  # its place may be someone else's now
+            self._arm_expiry()
+
+    def ready_endpoints(self) -> int:
+        """Endpoints that can take traffic now (not ejected, metrics fresh)."""
+        now = self.clock.now()
+        return sum(
+            1
+            for e in self.datastore.all_endpoints()
+            if not e.health.ejected and not e.is_stale(now, self.staleness_s)
+        )
+
+    def model_names(self) -> list[str]:
+        """Public model names and every model or adapter an endpoint reports serving."""
+        names = set(self.director.models.public_names())
+        for endpoint in self.datastore.all_endpoints():
+            names |= endpoint.models.base_models | endpoint.models.adapters
+        return sorted(names)
+
+    # ------------------------------------------------------------------ flow control
+
+    async def _wait(self, item: QueueItem, waiter: asyncio.Future[Dispatch]) -> Dispatch:
+        """Wait for a queued request to be dispatched (or refused)."""
+        self._arm_expiry()
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            # The client left: free its place in the queue. If it was dispatched just
+            # before (the result set, this task not resumed yet), release the dispatch.
+            if self.director.cancel(item):
+                self._observe_wait(item, "cancelled")
+            elif waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                waiter.result().finish(self.clock.now(), ok=False)
+                self.director.pump()
+            raise
+
+    def _on_dispatch(self, item: QueueItem, dispatch: Dispatch) -> None:
+        waiter: asyncio.Future[Dispatch] = item.payload
+        self._observe_wait(item, "dispatched")
+        if waiter.done():  # its client left while it was being scheduled
+            dispatch.finish(self.clock.now(), ok=False)
+        else:
+            waiter.set_result(dispatch)
+
+    def _on_reject(self, item: QueueItem, error: GatewayError) -> None:
+        waiter: asyncio.Future[Dispatch] = item.payload
+        self._observe_wait(item, error.reason)
+        if not waiter.done():
+            waiter.set_exception(error)
+
+    def _observe_wait(self, item: QueueItem, outcome: str) -> None:
+        self.metrics.queue_wait.labels(str(item.priority), outcome).observe(
+            self.clock.now() - item.enqueued_at
+        )
+
+    def _arm_expiry(self) -> None:
+        """Make sure a timer fires at the next queue deadline."""
+        if self._expiry is not None:
+            return
+        deadline = self.director.next_deadline()
+        if deadline is None:
+            return
+        delay = max(0.0, deadline - self.clock.now())
+        self._expiry = asyncio.get_running_loop().call_later(delay, self._expire)
+
+    def _expire(self) -> None:
+        self._expiry = None
+        self.director.expire()
+        self._arm_expiry()
+
+    def _on_scrape(self, endpoint: Endpoint) -> None:
+        """Fresh metrics may show room for waiting requests."""
+        if self.director.controllers():
+            self.director.pump()
+
+    # ------------------------------------------------------------------ metrics
+
+    def _flow_state(self) -> list[tuple[str, float, list[tuple[int, int, int]]]]:
+        now = self.clock.now()
+        out = []
+        for name, controller in self.director.controllers().items():
+            pool = self.datastore.pools.get(name)
+            endpoints = [e for e in pool.endpoints if not e.health.ejected] if pool else []
+            out.append(
+                (
+                    name,
+                    self.director.flow.detector.saturation(endpoints, now),
+                    [(b.priority, b.requests, b.bytes) for b in controller.bands()],
+                )
+            )
+        return out
+
+    def _prefix_index_size(self) -> int:
+        return sum(
+            len(p.index)
+            for p in self.built.plugins.values()
+            if isinstance(p, ApproxPrefixCacheProducer)
+        )
+
+    def _observe(self, dispatch: Dispatch, usage: Usage) -> None:
+        m = self.metrics
+        labels = (dispatch.request.model, dispatch.request.target_model)
+        finished = dispatch.finished_at or self.clock.now()
+        e2e = finished - dispatch.request.arrival
+        m.duration.labels(*labels).observe(e2e)
+        output_tokens = usage.output_tokens
+        if dispatch.first_byte_at is not None and dispatch.request.stream:
+            ttft = dispatch.first_byte_at - dispatch.request.arrival
+            m.ttft.labels(*labels).observe(ttft)
+            if output_tokens > 1:
+                m.tpot.labels(*labels).observe((e2e - ttft) / (output_tokens - 1))
+        if usage.prompt_tokens is not None:
+            m.input_tokens.labels(*labels).observe(usage.prompt_tokens)
+        if output_tokens:
+            m.output_tokens.labels(*labels).observe(output_tokens)
+        if usage.cached_tokens is not None:
+            m.cached_tokens.labels(*labels).observe(usage.cached_tokens)
