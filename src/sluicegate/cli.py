@@ -55,6 +55,8 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         return 2
     if args.time_scale <= 0:
         return _fail("--time-scale must be positive")
+    if args.histogram_max_age < 0:
+        return _fail("--histogram-max-age must not be negative")
     loras = dict(_split_lora(spec) for spec in args.lora)
     options = ReplicaOptions(
         profile=profile,
@@ -65,6 +67,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         enable_prefix_caching=not args.no_prefix_caching,
         legacy_metric_names=args.legacy_metrics,
         seed=args.seed,
+        histogram_max_age_s=args.histogram_max_age,
     )
     try:
         _run(serve_pool(options, args.replicas, args.host, args.port, faults, console))
@@ -77,15 +80,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from sluicegate.api.loader import ConfigError, load_config
-    from sluicegate.clock import MonotonicClock
     from sluicegate.gateway.app import GatewayOptions
     from sluicegate.gateway.run import ServeOptions, serve
-    from sluicegate.plugin import (
-        PluginConfigError,
-        PluginContext,
-    )
-    from sluicegate.runtime import RuntimeOptions
-    from sluicegate.scheduling.config import build_scheduler, load_preset
+    from sluicegate.plugin import PluginConfigError
+    from sluicegate.runtime import Runtime, RuntimeOptions
+    from sluicegate.scheduling.config import load_preset
 
     if args.sim_time_scale <= 0:
         return _fail("--sim-time-scale must be positive")
@@ -94,7 +93,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         if args.config:
             # Fail fast with every problem listed, plugins included.
             config = load_config(args.config)
-            build_scheduler(picker or config.picker, PluginContext(MonotonicClock()))
+            if picker is not None:
+                config.picker = picker
+            Runtime(config)  # builds the scheduler and flow control
     except (ConfigError, PluginConfigError, OSError) as exc:
         return _fail(str(exc))
     options = ServeOptions(
@@ -113,6 +114,67 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         _run(serve(options, console))
     except OSError as exc:
         return _fail(f"cannot serve on {args.host}:{args.port}: {exc}", status=1)
+    return 0
+
+
+def _cmd_extproc(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from sluicegate.api.loader import ConfigError, load_config
+    from sluicegate.extproc.run import RunOptions, run_extproc
+    from sluicegate.extproc.server import ExtProcOptions
+    from sluicegate.extproc.stream import StreamSettings
+    from sluicegate.plugin import PluginConfigError
+    from sluicegate.runtime import Runtime, RuntimeOptions
+    from sluicegate.scheduling.config import load_preset
+
+    if not args.kubernetes:
+        if args.namespace or args.pool_name or args.kubeconfig:
+            return _fail("--namespace, --pool-name and --kubeconfig need --kubernetes")
+        if not args.config:
+            return _fail("--config is required (the pools to route to), unless --kubernetes")
+    ports = (args.grpc_port, args.grpc_health_port, args.metrics_port)
+    if any(not 0 <= p <= 65535 for p in ports):
+        return _fail("ports must be between 0 and 65535")
+    if len({p for p in ports if p}) < len([p for p in ports if p]):
+        return _fail("--grpc-port, --grpc-health-port and --metrics-port must differ")
+    if args.fallback_endpoints < 0:
+        return _fail("--fallback-endpoints must be 0 or more")
+    if args.grace_period < 0:
+        return _fail("--grace-period must be 0 or more")
+    try:
+        picker = load_preset(args.policy) if args.policy else None
+        if args.config:
+            # Fail fast with every problem listed, plugins included.
+            config = load_config(args.config)
+            if not args.kubernetes and not config.pools:
+                return _fail(f"{args.config} defines no InferencePool to route to")
+            if picker is not None:
+                config.picker = picker
+            Runtime(config)  # builds the scheduler and flow control
+    except (ConfigError, PluginConfigError, OSError) as exc:
+        return _fail(str(exc))
+    options = RunOptions(
+        config_path=Path(args.config) if args.config else None,
+        picker=picker,
+        server=ExtProcOptions(
+            host=args.host,
+            grpc_port=args.grpc_port,
+            health_port=args.grpc_health_port,
+            metrics_port=args.metrics_port,
+            stream=StreamSettings(fallback_endpoints=args.fallback_endpoints),
+            grace_period_s=args.grace_period,
+        ),
+        runtime=RuntimeOptions(seed=args.seed),
+        kubernetes=args.kubernetes,
+        namespace=args.namespace,
+        pool_name=args.pool_name,
+        kubeconfig=args.kubeconfig,
+    )
+    try:
+        _run(run_extproc(options, console))
+    except OSError as exc:  # a port in use, an address not ours, no kubeconfig...
+        return _fail(f"cannot start the endpoint picker: {exc}", status=1)
     return 0
 
 
@@ -170,9 +232,9 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
 
         try:
             http_runner.sim_profile_args(scenario.profile)
-            http_options = http_runner.HttpOptions(
-                http_runner.time_scale_for(scenario, args.time_scale)
-            )
+            if args.time_scale is not None:
+                http_runner.check_time_scale(args.time_scale)
+            http_options = http_runner.HttpOptions(args.time_scale)
         except ValueError as exc:  # UnsupportedScenarioError, a bad --time-scale
             return _fail(str(exc))
         runnable, notes = http_runner.plan_policies(policies, scenario)
@@ -285,10 +347,75 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=_cmd_serve)
 
+    extproc = sub.add_parser(
+        "extproc",
+        help="run the Envoy ext_proc endpoint picker",
+        description="Serve the Gateway API Inference Extension endpoint-picker protocol "
+        "over Envoy's ext_proc gRPC API: Envoy asks for every request where to send it. "
+        "Pools come from --config (static endpoints, reloaded on change or SIGHUP) or, with "
+        "--kubernetes, from the API server. See docs/extproc.md.",
+    )
+    extproc.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="YAML with InferencePool/InferenceModel/... documents; with --kubernetes only "
+        "its EndpointPickerConfig and GatewayConfig are used",
+    )
+    extproc.add_argument(
+        "--policy",
+        default=None,
+        metavar="PRESET",
+        help="scheduling preset; overrides the config's EndpointPickerConfig",
+    )
+    extproc.add_argument(
+        "--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0: all)"
+    )
+    extproc.add_argument("--grpc-port", type=int, default=9002, help="ext_proc (default 9002)")
+    extproc.add_argument(
+        "--grpc-health-port", type=int, default=9003, help="gRPC health (default 9003)"
+    )
+    extproc.add_argument(
+        "--metrics-port", type=int, default=9090, help="Prometheus /metrics (default 9090)"
+    )
+    extproc.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="read pools, models, objectives and pods from the Kubernetes API server",
+    )
+    extproc.add_argument(
+        "--namespace", default=None, help="namespace to watch (default: the pod's own)"
+    )
+    extproc.add_argument(
+        "--pool-name", default=None, help="serve this InferencePool only (default: all)"
+    )
+    extproc.add_argument(
+        "--kubeconfig", default=None, metavar="FILE", help="outside a pod: the kubeconfig"
+    )
+    extproc.add_argument(
+        "--fallback-endpoints",
+        type=int,
+        default=0,
+        metavar="N",
+        help="fallback endpoints listed after the chosen one in the destination "
+        "(default 0: Envoy's ORIGINAL_DST cluster takes a single ip:port)",
+    )
+    extproc.add_argument(
+        "--grace-period",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="seconds streams in flight may take to finish on SIGTERM (default 120)",
+    )
+    extproc.add_argument("--seed", type=int, default=0, help="seed of the scheduler's RNG")
+    extproc.set_defaults(func=_cmd_extproc)
+
     bench = sub.add_parser("bench", help="benchmarks", description="The benchmark lab.")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="COMMAND", required=True)
     micro = bench_sub.add_parser("micro", help="micro-benchmarks (scheduling cost, simulator)")
-    micro.add_argument("name", choices=["all", "scheduling", "sim", "gateway"])
+    micro.add_argument(
+        "name", choices=["all", "scheduling", "sim", "gateway", "latency", "extproc"]
+    )
     micro.add_argument("--quick", action="store_true", help="a short run (for smoke tests)")
     micro.add_argument("--out", default=None, help="file (or folder for 'all') to write")
     micro.set_defaults(func=_cmd_bench_micro)
@@ -320,7 +447,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         metavar="S",
-        help="--mode http: wall seconds per simulated second (default: per scenario)",
+        help="--mode http: wall seconds per simulated second (default: picked from the "
+        "plan's token rate, at least 1)",
     )
     run.add_argument("--out", required=True, help="output folder")
     run.set_defaults(func=_cmd_bench_run)
@@ -389,7 +517,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="inject faults, e.g. 1:error_rate=0.5,error_status=503 (repeatable)",
     )
     sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument(
+        "--histogram-max-age",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="wall seconds /metrics may reuse its histograms' text (default 1; 0 renders "
+        "them on every scrape; gauges and counters are always live)",
+    )
     sim.set_defaults(func=_cmd_sim)
+
+    from sluicegate.latency.commands import add_predictor_parser
+
+    add_predictor_parser(sub)
     return parser
 
 

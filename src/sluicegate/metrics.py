@@ -9,6 +9,8 @@ scheduler. sluicegate's own additions are prefixed ``sluicegate_``. Latencies ar
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -266,12 +268,52 @@ class GatewayMetrics:
             ("reason",),
             registry=r,
         )
+        self.attempt_success = self.scheduler_attempts.labels("success")
+        self._series: dict[tuple[str, str], ModelSeries] = {}
         r.register(_PoolCollector(datastore, clock, staleness_s, prefix_index_size))
         if flow is not None:
             r.register(_FlowCollector(flow))
 
+    def model_series(self, model: str, target: str) -> ModelSeries:
+        """The per-model children for ``model`` served as ``target``, resolved once (a
+        ``labels()`` call costs a lock and label checks on every request)."""
+        key = (model, target)
+        series = self._series.get(key)
+        if series is None:
+            if len(self._series) >= _MAX_SERIES:  # bounded; resolving again is cheap
+                self._series.clear()
+            labels = (model, target)
+            series = self._series[key] = ModelSeries(
+                requests=self.requests.labels(*labels),
+                running=self.running.labels(model),
+                duration=self.duration.labels(*labels),
+                ttft=self.ttft.labels(*labels),
+                tpot=self.tpot.labels(*labels),
+                input_tokens=self.input_tokens.labels(*labels),
+                output_tokens=self.output_tokens.labels(*labels),
+                cached_tokens=self.cached_tokens.labels(*labels),
+            )
+        return series
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+_MAX_SERIES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSeries:
+    """The labelled children of :class:`GatewayMetrics` for one (model, target) pair."""
+
+    requests: Any
+    running: Any
+    duration: Any
+    ttft: Any
+    tpot: Any
+    input_tokens: Any
+    output_tokens: Any
+    cached_tokens: Any
 
 
 FlowState = Callable[[], Iterable[tuple[str, float, Iterable[tuple[int, int, int]]]]]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -36,6 +36,7 @@ from sluicegate.requestcontrol.director import Director
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import ParsedRequest
+from sluicegate.requestcontrol.responses import Usage as Usage  # re-exported
 from sluicegate.scheduling.config import BuiltScheduler, build_scheduler
 from sluicegate.scheduling.plugins.prefix_cache import PREFIX_MATCH, ApproxPrefixCacheProducer
 
@@ -50,16 +51,6 @@ class RuntimeOptions:
     """Seeds every random choice the plugins make (random pickers, tie breaks)."""
     services: Mapping[str, object] = field(default_factory=dict)
     """Shared services plugins look up by name (e.g. the latency predictor)."""
-
-
-@dataclass(slots=True)
-class Usage:
-    """What the server reported about a finished response (token counts)."""
-
-    output_tokens: int = 0
-    """Completion tokens (or streamed chunks when the server reported no usage)."""
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None
 
 
 class Runtime:
@@ -173,6 +164,7 @@ class Runtime:
         request_id: str,
         headers: Mapping[str, str],
         started: float | None = None,
+        subset: Collection[str] | None = None,
     ) -> Dispatch:
         """Route ``parsed``: an endpoint now, or after a wait in flow control.
 
@@ -180,17 +172,22 @@ class Runtime:
         (unknown model, shed, queue timeout, no endpoint). Cancelling the awaiting task
         (the client went away) gives up its place in the queue. ``started`` is the
         ``time.perf_counter()`` reading when the request arrived, for the scheduling-time
-        metric. Every returned Dispatch must be handed to :meth:`release`.
+        metric. ``subset``, when given, lists the ``host:port`` addresses the request may
+        go to (the endpoint-picker protocol's subset hint; empty = none, a 503). Every
+        returned Dispatch must be handed to :meth:`release`.
         """
         metrics = self.metrics
         started = time.perf_counter() if started is None else started
         try:
-            admitted = self.director.admit(parsed, request_id, headers)
+            admitted = self.director.admit(parsed, request_id, headers, subset)
             state = await self.director.prefetch(admitted) if self.built.fetchers else None
             waiter: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()
             result = self.director.submit(admitted, waiter, state)
             if isinstance(result, QueueItem):
+                at_once = waiter.done()  # dispatched without waiting (or refused)
                 dispatch = await self._wait(result, waiter)
+                if at_once:
+                    metrics.scheduler_duration.observe(time.perf_counter() - started)
             else:
                 dispatch = result
                 metrics.scheduler_duration.observe(time.perf_counter() - started)
@@ -199,13 +196,13 @@ class Runtime:
             metrics.refused.labels(exc.reason).inc()
             metrics.errors.labels(parsed.model, "", str(exc.status)).inc()
             raise
-        metrics.scheduler_attempts.labels("success").inc()
+        metrics.attempt_success.inc()
         match = dispatch.state.get(PREFIX_MATCH)
         if match is not None and match.hashes:
             metrics.prefix_hit_ratio.observe(match.score(dispatch.endpoint.name))
-        model, target = parsed.model, dispatch.request.target_model
-        metrics.requests.labels(model, target).inc()
-        metrics.running.labels(model).inc()
+        series = metrics.model_series(parsed.model, dispatch.request.target_model)
+        series.requests.inc()
+        series.running.inc()
         return dispatch
 
     def release(self, dispatch: Dispatch, status: int, usage: Usage | None = None) -> None:
@@ -218,7 +215,7 @@ class Runtime:
         ok = 200 <= status < 400
         dispatch.finish(self.clock.now(), usage.output_tokens if usage and ok else None, ok)
         request = dispatch.request
-        self.metrics.running.labels(request.model).dec()
+        self.metrics.model_series(request.model, request.target_model).running.dec()
         if ok:
             self._observe(dispatch, usage or Usage())
         elif status:
@@ -324,20 +321,19 @@ class Runtime:
         )
 
     def _observe(self, dispatch: Dispatch, usage: Usage) -> None:
-        m = self.metrics
-        labels = (dispatch.request.model, dispatch.request.target_model)
+        m = self.metrics.model_series(dispatch.request.model, dispatch.request.target_model)
         finished = dispatch.finished_at or self.clock.now()
         e2e = finished - dispatch.request.arrival
-        m.duration.labels(*labels).observe(e2e)
+        m.duration.observe(e2e)
         output_tokens = usage.output_tokens
         if dispatch.first_byte_at is not None and dispatch.request.stream:
             ttft = dispatch.first_byte_at - dispatch.request.arrival
-            m.ttft.labels(*labels).observe(ttft)
+            m.ttft.observe(ttft)
             if output_tokens > 1:
-                m.tpot.labels(*labels).observe((e2e - ttft) / (output_tokens - 1))
+                m.tpot.observe((e2e - ttft) / (output_tokens - 1))
         if usage.prompt_tokens is not None:
-            m.input_tokens.labels(*labels).observe(usage.prompt_tokens)
+            m.input_tokens.observe(usage.prompt_tokens)
         if output_tokens:
-            m.output_tokens.labels(*labels).observe(output_tokens)
+            m.output_tokens.observe(output_tokens)
         if usage.cached_tokens is not None:
-            m.cached_tokens.labels(*labels).observe(usage.cached_tokens)
+            m.cached_tokens.observe(usage.cached_tokens)

@@ -25,6 +25,8 @@ from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import parse_request
 from sluicegate.scheduling.config import build_scheduler, load_preset
+from sluicegate.scheduling.framework import StateKey
+from sluicegate.scheduling.plugins.prefix_cache import PREFIX_MATCH
 
 POOL = "pool"
 FAIRNESS = "x-gateway-inference-fairness-id"
@@ -499,3 +501,39 @@ def test_settings_change_keeps_waiting_requests() -> None:
     env.director.pump()
     assert env.names(10) == ["w", "later"]
     assert waiting.state is ItemState.DISPATCHED
+
+
+def test_turning_flow_control_off_bypasses_the_queue_and_drains_it() -> None:
+    env = FlowEnv(gated())
+    env.saturate()
+    waiting = env.queued("standard", "w")
+    context = PluginContext(env.clock)
+    env.director.set_flow(build_flow_control(build_config([picker_doc()]).picker, {}, context))
+    # New requests are scheduled at once (the servers queue them), not queued behind "w".
+    assert isinstance(env.submit("standard", "new"), Dispatch)
+    assert env.waiting() == 1
+    env.scrape_as_running()
+    env.director.pump()
+    assert waiting.state is ItemState.DISPATCHED
+    assert env.names(10) == ["w"]
+    env.submit("standard", "after-drain")
+    assert not env.director.controllers()  # the drained queue is gone
+    env.finish_all()
+    env.assert_balanced()
+
+
+def test_a_queued_request_keeps_its_admission_state() -> None:
+    """What was fetched for a request at admission (e.g. remote latency predictions) is in
+    the state it is scheduled with when it leaves the queue."""
+    env = FlowEnv(gated())
+    env.saturate()
+    item = env.queued("standard", "w")
+    marker: StateKey[str] = StateKey("test-marker")
+    item.cycle_state.put(marker, "fetched at admission")
+    env.scrape_as_running()
+    env.director.pump()
+    (_, dispatch), *_ = [(i, d) for i, d in env.dispatched if i is item]
+    assert dispatch.state.get(marker) == "fetched at admission"
+    assert dispatch.state.get(PREFIX_MATCH) is not None  # producers ran again
+    env.finish_all()
+    env.assert_balanced()

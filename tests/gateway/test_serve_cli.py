@@ -18,6 +18,8 @@ import pytest
 import yaml
 from gw_support import model_doc, pool_doc
 
+from sluicegate.scheduling.config import load_preset
+
 BASE = "tiny-llama"
 
 
@@ -191,6 +193,24 @@ def test_serve_rejects_an_unknown_plugin_type(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "unknown plugin type 'fastest-scorer'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_serve_rejects_a_bad_flow_control_policy_reference(tmp_path: Path) -> None:
+    path = tmp_path / "picker.yaml"
+    picker = load_preset("default").model_dump(by_alias=True, exclude_none=True)
+    picker["featureGates"] = ["flowControl"]
+    picker["flowControl"] = {"defaultPriorityBand": {"orderingPolicyRef": "queue-scorer"}}
+    path.write_text(yaml.safe_dump_all([pool_doc(["127.0.0.1:9"]), picker]))
+    result = subprocess.run(
+        [sys.executable, "-m", "sluicegate", "serve", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert result.returncode == 2
+    assert "orderingPolicyRef" in result.stderr
     assert "Traceback" not in result.stderr
 
 

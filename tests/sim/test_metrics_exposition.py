@@ -16,6 +16,9 @@ import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from sluicegate.sim.engine import Engine, new_sequence
+from sluicegate.sim.metrics import EngineMetrics
+from sluicegate.sim.profiles import get_profile
 from sluicegate.tokens import count_tokens
 
 MODEL = "tiny-llama"
@@ -230,3 +233,42 @@ async def test_replicas_have_separate_metrics(
     )
     assert (await scrape(first)).value("vllm:generation_tokens") == 3
     assert (await scrape(second)).value("vllm:generation_tokens") == 0
+
+
+def _family_value(text: bytes, name: str, sample: str) -> float:
+    for family in text_string_to_metric_families(text.decode()):
+        for s in family.samples:
+            if s.name == sample and family.name == name:
+                return float(s.value)
+    raise KeyError(sample)
+
+
+def test_histograms_may_be_reused_but_gauges_are_live() -> None:
+    engine = Engine(get_profile("tiny"))
+    metrics = EngineMetrics(engine, MODEL, histogram_max_age_s=3600.0)
+    first = metrics.render()
+    engine.add(
+        new_sequence(
+            "r1",
+            b"hello there",
+            arrival=0.0,
+            max_tokens=4,
+            ignore_eos=True,
+            max_model_len=2048,
+            model=MODEL,
+        )
+    )
+    now = 0.0
+    while engine.has_work():
+        result = engine.step(now)
+        metrics.observe_step(result)
+        now += result.duration
+    second = metrics.render()
+    ttft = "vllm:time_to_first_token_seconds"
+    # The histogram text is the cached one; the counters moved.
+    assert _family_value(second, ttft, ttft + "_count") == 0
+    assert _family_value(second, "vllm:generation_tokens", "vllm:generation_tokens_total") == 4
+    assert _family_value(first, "vllm:generation_tokens", "vllm:generation_tokens_total") == 0
+
+    metrics.histogram_max_age_s = 0.0  # the default: rendered on every scrape
+    assert _family_value(metrics.render(), ttft, ttft + "_count") == 1

@@ -40,6 +40,7 @@ from sluicegate.datalayer.endpoint import EngineMetrics, ServedModels
 from sluicegate.errors import GatewayError
 from sluicegate.flowcontrol.config import POOL_ANNOTATION, build_flow_control
 from sluicegate.flowcontrol.types import QueueItem
+from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings
 from sluicegate.plugin import (
     PluginContext,
 )
@@ -112,6 +113,8 @@ class ClusterSpec:
     """Queue requests in the gateway while the pool is saturated (the pool annotation)."""
     predictor: Literal["none", "model", "oracle"] = "none"
     """The ``latency-predictor`` service: none, online-trained models, or the oracle."""
+    predictor_settings: PredictorSettings = field(default_factory=PredictorSettings)
+    """Training schedule of the ``model`` predictor (intervals in simulated seconds)."""
 
 
 @dataclass(slots=True)
@@ -162,6 +165,8 @@ class ClusterSimulation:
         models = ServedModels(frozenset({spec.model}), frozenset(spec.adapters), 0.0)
         for endpoint in self.endpoints:
             endpoint.models = models
+        self.predictor: InProcessPredictor | None = None
+        """The online-trained latency models (``predictor="model"``)."""
         self._next_step_at = [0.0] * spec.replicas
         self._bodies: dict[str, tuple[bytes, bool]] = {}
         """Bodies of requests the director is deciding about (for the oracle)."""
@@ -197,6 +202,10 @@ class ClusterSimulation:
     # ------------------------------------------------------------------ predictors
 
     def _services(self, spec: ClusterSpec) -> dict[str, object]:
+        if spec.predictor == "model":
+            # Trained on the run's own traffic, in virtual time (see _scrape handling).
+            self.predictor = InProcessPredictor(self.clock, spec.predictor_settings)
+            return {PREDICTOR_SERVICE: self.predictor}
         if spec.predictor == "oracle":
             return {
                 PREDICTOR_SERVICE: OraclePredictor(
@@ -260,6 +269,8 @@ class ClusterSimulation:
                 self._arrive(payload, t)
             elif kind == self._SCRAPE:
                 self._scrape(payload, t)
+                if payload == 0 and self.predictor is not None:
+                    self.predictor.maybe_retrain(t)  # training takes no simulated time
                 self._release(t)  # fresh metrics may show room for waiting requests
                 if self._busy():
                     self._push(t + interval, self._SCRAPE, payload)
@@ -332,7 +343,7 @@ class ClusterSimulation:
         try:
             seq = self._sequence(dispatch, raw, request_id, now, index, spec.kind == "chat")
         except ApiError as exc:
-            dispatch.finish(now)
+            dispatch.finish(now, ok=False)
             record.status, record.reason = exc.status, "engine-rejected"
             self._follow(record, now, None)
             return
@@ -414,7 +425,7 @@ class ClusterSimulation:
             record.cached_tokens = max(0, seq.num_cached_prompt_tokens)
             if record.first_token < 0:
                 record.first_token = seq.first_token_time
-            dispatch.finish(now)
+            dispatch.finish(now, seq.num_output)
             for hook in self.on_complete:
                 hook(record, dispatch)
             finished = True

@@ -21,8 +21,12 @@ sent at wall time ``t0 + t·S``; every instant the client observes (send, each s
 token, end of stream) is converted back to simulated seconds as ``(wall − t0) / S``. So
 all numbers in the results are simulated seconds, comparable with DES mode. What does not
 scale (the gateway's processing, loopback networking, the client's parsing, Python's
-scheduling noise: about a millisecond of wall time per request) appears multiplied by
-``1/S``; the smaller ``S``, the faster the run and the larger that bias.
+scheduling noise: 1-3 ms of wall time per request) appears multiplied by ``1/S``; so does
+the simulator's own step lateness (its driver carries each engine step's timer lateness,
+up to ~1 ms of wall time, into the engine's clock). The smaller ``S``, the faster the run
+and the larger those biases. Unless ``--time-scale`` says otherwise, :func:`pick_time_scale`
+picks the smallest ``S`` ≥ 1 at which the plan's output token rate (from a DES run) stays
+within what this machine streams faithfully; heavy scenarios run slower than real time.
 
 **Gateway settings.** The discrete-event mode scrapes every 50 ms of simulated time and
 treats metrics older than 1 s as stale (:class:`~sluicegate.bench.des.ClusterSpec`). The
@@ -31,8 +35,10 @@ generated ``GatewayConfig`` keeps those in simulated time: ``scrapeIntervalMs`` 
 the gateway's view is staler than the DES's) and ``metricsStalenessMs`` = 1000·S. SLO
 headers (``x-slo-ttft-ms``, ``x-slo-tpot-ms``) are multiplied by S on the wire, since the
 gateway compares them with wall-clock latencies; SLO attainment is computed from the
-converted latencies against the unscaled SLOs. Plugins with time constants of their own
-(TTLs, decay) still run on wall time.
+converted latencies against the unscaled SLOs. Plugins and flow control with time
+constants of their own (TTLs, decay, request TTL) still run on wall time. Flow control is
+turned on as in DES mode (the pool's queueing annotation); vllm-router has none, so its
+policies run with flow control off only.
 
 Every process runs in its own process group with a deadline and is ended in ``finally``
 (SIGTERM to the group, SIGKILL after a grace period).
@@ -44,6 +50,7 @@ import asyncio
 import contextlib
 import heapq
 import itertools
+import math
 import os
 import re
 import signal
@@ -64,16 +71,18 @@ from sluicegate.bench.des import POOL, ClusterSpec, RequestRecord
 from sluicegate.bench.gateway_overhead import (
     GATEWAY_CPU,
     Processes,
+    cpu_seconds,
     free_port_block,
     http_get,
     start_vllm_router,
     vllm_router_binary,
     wait_ready,
 )
-from sluicegate.bench.metrics import latency_summary
-from sluicegate.bench.runner import RunPlan, entry_from_records, results_document
+from sluicegate.bench.metrics import latency_summary, summarize
+from sluicegate.bench.runner import RunPlan, entry_from_records, results_document, run_level
 from sluicegate.bench.scenarios import Scenario, available_policies
 from sluicegate.bench.workloads import RequestSpec, Workload
+from sluicegate.flowcontrol.config import POOL_ANNOTATION
 from sluicegate.sim.profiles import PROFILES, EngineProfile
 from sluicegate.sim.text import PromptError, render_chat, render_prompt
 
@@ -85,25 +94,27 @@ ROUTER_POLICIES: dict[str, str] = {
 }
 """Peer policies: these names run the pool behind ``vllm-router --policy <value>``."""
 
-DEFAULT_TIME_SCALE = 0.5
-"""Wall seconds per simulated second for scenarios without an entry below."""
+TOKENS_PER_WALL_S_PER_CORE = 500.0
+"""Streamed output tokens per wall second, per core, that the whole chain (simulator,
+router, load generator) carries without slowing the simulated engines down noticeably.
+Measured on a 2-core machine: at ~1,600 tokens/s the engines' own TPOT was 8-45 % above
+the DES's (more behind sluicegate, whose scrapes and relaying share the cores)."""
 
-SCENARIO_TIME_SCALES: dict[str, float] = {
-    # ~600 output tok/s simulated (quick): 0.5 keeps the chain (sim → gateway → client)
-    # under ~1,200 SSE events/s on two cores, and a 10 ms TTFT 5 ms of wall time.
-    "multi-turn-chat": 0.5,
-    # ~1,500-4,000 output tok/s simulated from 4 replicas: real time.
-    "shared-prefix": 1.0,
-    "slo-mixed": 1.0,
-    "priority-overload": 1.0,
-    # 60+ req/s of ShareGPT even in the quick variant: more than two cores stream live.
-    "sharegpt-sweep": 1.0,
-}
-"""Default time scale per scenario (``--time-scale`` overrides): as fast as the token rate
-the scenario streams lets this machine's processes keep up."""
+MIN_AUTO_TIME_SCALE = 1.0
+"""Lowest time scale picked automatically. Faster-than-real-time runs distort latencies
+(per-step timer lateness of the simulator and per-request overheads grow as 1/S), so they
+are opt-in via ``--time-scale``."""
+
+AUTO_ESTIMATE_MAX_S = 10.0
+"""Simulated seconds of arrivals the DES estimate of the token rate runs for, at most."""
+
+SIM_CPU_WARNING = 0.8
+"""Share of a core above which the simulator process is reported as CPU-bound."""
 
 MIN_SCRAPE_INTERVAL_MS = 10.0
-"""Floor of the gateway's scrape interval, in wall milliseconds."""
+"""Floor of the gateway's scrape interval, in wall milliseconds. Scrapes are not free: the
+simulator renders ``/metrics`` in 2.5-4 ms of CPU per replica, so a 4-replica pool
+scraped every 50 ms costs it a third of a core (vllm-router does not scrape)."""
 
 STARTUP_TIMEOUT_S = 30.0
 """Wall seconds each process gets to become ready."""
@@ -137,14 +148,46 @@ DES_STALENESS_S = _des_default("staleness_s")
 # --------------------------------------------------------------------------- planning
 
 
-def time_scale_for(scenario: Scenario, override: float | None = None) -> float:
-    """Wall seconds per simulated second for ``scenario``: ``override`` if given, else its
-    entry in :data:`SCENARIO_TIME_SCALES`, else :data:`DEFAULT_TIME_SCALE`."""
+def check_time_scale(value: float) -> float:
+    """``value`` if it is a usable time scale (positive); raises ValueError otherwise."""
+    if not value > 0:
+        raise ValueError("the time scale must be positive")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class TimeScalePick:
+    """The time scale a plan runs at, and why (rates in output tokens per second)."""
+
+    time_scale: float
+    """Wall seconds per simulated second."""
+    simulated_tokens_per_s: float | None
+    """Peak output rate of the plan in DES mode (None: ``--time-scale`` was given)."""
+    budget_tokens_per_wall_s: float
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {
+            "time_scale": self.time_scale,
+            "simulated_tokens_per_s": self.simulated_tokens_per_s,
+            "budget_tokens_per_wall_s": self.budget_tokens_per_wall_s,
+        }
+
+
+def pick_time_scale(plan: RunPlan, override: float | None = None) -> TimeScalePick:
+    """The time scale for ``plan``: ``override`` if given; otherwise just slow enough that
+    the plan's output token rate — estimated by a DES run of its highest load level (its
+    first preset policy, at most :data:`AUTO_ESTIMATE_MAX_S` of arrivals) — stays within
+    :data:`TOKENS_PER_WALL_S_PER_CORE` × cores of wall time, and never below
+    :data:`MIN_AUTO_TIME_SCALE`. Rounded up to a multiple of 0.25."""
+    budget = TOKENS_PER_WALL_S_PER_CORE * (os.cpu_count() or 1)
     if override is not None:
-        if override <= 0:
-            raise ValueError("the time scale must be positive")
-        return override
-    return SCENARIO_TIME_SCALES.get(scenario.name, DEFAULT_TIME_SCALE)
+        return TimeScalePick(check_time_scale(override), None, budget)
+    presets = [p for p in plan.policies if p not in ROUTER_POLICIES] or ["round-robin"]
+    duration = min(plan.duration_s, AUTO_ESTIMATE_MAX_S)
+    result = run_level(plan.scenario, presets[0], max(plan.levels), duration, plan.seed)
+    rate = summarize(result.records)["output_tokens_per_s"]
+    scale = max(MIN_AUTO_TIME_SCALE, math.ceil(4.0 * rate / budget) / 4.0)
+    return TimeScalePick(scale, rate, budget)
 
 
 def sim_profile_args(profile: EngineProfile) -> list[str]:
@@ -213,17 +256,21 @@ def plan_policies(policies: Sequence[str], scenario: Scenario) -> tuple[list[str
 
 
 def gateway_documents(
-    urls: Sequence[str], scenario: Scenario, time_scale: float
+    urls: Sequence[str], scenario: Scenario, time_scale: float, flow_control: bool = False
 ) -> list[dict[str, Any]]:
     """The configuration ``sluicegate serve`` gets: pool ``sim-pool`` of ``urls`` (named
-    ``sim-0``... as in DES mode), the scenario's extra documents, and a GatewayConfig whose
-    scrape interval and staleness limit equal DES mode's in simulated time."""
+    ``sim-0``... as in DES mode; annotated for queueing with ``flow_control``, as DES mode
+    does), the scenario's extra documents, and a GatewayConfig whose scrape interval and
+    staleness limit equal DES mode's in simulated time."""
     scrape_ms = max(MIN_SCRAPE_INTERVAL_MS, DES_SCRAPE_INTERVAL_S * 1000.0 * time_scale)
     return [
         {
             "apiVersion": "inference.networking.k8s.io/v1",
             "kind": "InferencePool",
-            "metadata": {"name": POOL},
+            "metadata": {
+                "name": POOL,
+                "annotations": {POOL_ANNOTATION: "true"} if flow_control else {},
+            },
             "spec": {
                 "targetPorts": [{"number": 8000}],
                 "endpoints": [
@@ -277,6 +324,20 @@ class EngineCounters:
     prefix_hits: int = 0
     """Prompt tokens found there."""
     preemptions: int = 0
+    ttft_sum_s: float = 0.0
+    """Sum of the engines' own time-to-first-token observations, simulated seconds."""
+    ttft_count: int = 0
+    tpot_sum_s: float = 0.0
+    """Sum of the engines' own per-request time per output token, simulated seconds."""
+    tpot_count: int = 0
+
+    def engine_view(self) -> dict[str, float | None]:
+        """Mean TTFT and TPOT on the engines' own clocks (simulated s): what the client
+        measures, less transport and the router."""
+        return {
+            "ttft_mean_s": self.ttft_sum_s / self.ttft_count if self.ttft_count else None,
+            "tpot_mean_s": self.tpot_sum_s / self.tpot_count if self.tpot_count else None,
+        }
 
 
 @dataclass(slots=True)
@@ -292,6 +353,25 @@ class HttpRunResult:
     """``sluicegate`` or ``vllm-router``."""
     wall_s: float = 0.0
     """Wall seconds of the replay (processes' start and stop excluded)."""
+    cpu: dict[str, float] = field(default_factory=dict)
+    """Shares of one core used during the replay by ``sim`` and ``router`` (the
+    processes), and ``load_average``: the machine's 1-minute load average at the end."""
+
+    def warnings(self) -> list[str]:
+        """Why this run's latencies may not be faithful."""
+        out = []
+        if self.cpu.get("sim", 0.0) > SIM_CPU_WARNING:
+            out.append(
+                f"the simulator used {self.cpu['sim']:.0%} of a core: its engines ran late, "
+                "latencies are inflated"
+            )
+        cores = os.cpu_count() or 1
+        if self.cpu.get("load_average", 0.0) > cores:
+            out.append(
+                f"load average {self.cpu['load_average']:.1f} on {cores} cores: the machine "
+                "was busy, latencies are inflated"
+            )
+        return out
 
 
 # --------------------------------------------------------------------------- processes
@@ -354,8 +434,10 @@ def start_sim(
 
 
 def start_sluicegate(procs: Processes, config: Path, policy: str, seed: int, replicas: int) -> str:
-    """``sluicegate serve`` (on core ``GATEWAY_CPU``, as the vllm-router peer is); its
-    base URL once ``/ready`` counts every replica."""
+    """``sluicegate serve`` on core ``GATEWAY_CPU`` (where ``start_vllm_router`` puts the
+    peer); its base URL once ``/ready`` counts every replica. The simulator and the load
+    generator are not pinned: on a shared machine a pinned simulator cannot dodge other
+    load, which distorted its timing more than sharing cores with the router did."""
     port = free_port_block(1)
     cmd = _sluicegate("serve", "--config", str(config), "--policy", policy, "--port", str(port))
     procs.start("gateway", [*cmd, "--seed", str(seed)], GATEWAY_CPU)
@@ -375,13 +457,15 @@ def start_sluicegate(procs: Processes, config: Path, policy: str, seed: int, rep
 
 
 _COUNTER = re.compile(
-    rb"^vllm:(prefix_cache_queries|prefix_cache_hits|num_preemptions)_total(?:\{[^}]*\})? (\S+)$",
+    rb"^vllm:(prefix_cache_queries_total|prefix_cache_hits_total|num_preemptions_total"
+    rb"|time_to_first_token_seconds_(?:sum|count)"
+    rb"|request_time_per_output_token_seconds_(?:sum|count))(?:\{[^}]*\})? (\S+)$",
     re.MULTILINE,
 )
 
 
 def engine_counters(urls: Sequence[str]) -> EngineCounters:
-    """Prefix-cache and preemption totals over the replicas at ``urls`` (their
+    """Prefix-cache, preemption and latency totals over the replicas at ``urls`` (their
     ``/metrics``); a replica that does not answer counts zero."""
     out = EngineCounters()
     for url in urls:
@@ -389,13 +473,22 @@ def engine_counters(urls: Sequence[str]) -> EngineCounters:
         if status != 200:
             continue
         for name, value in _COUNTER.findall(body):
-            n = int(float(value))
-            if name == b"prefix_cache_queries":
-                out.prefix_queries += n
-            elif name == b"prefix_cache_hits":
-                out.prefix_hits += n
-            else:
-                out.preemptions += n
+            x = float(value)
+            match name.decode():
+                case "prefix_cache_queries_total":
+                    out.prefix_queries += int(x)
+                case "prefix_cache_hits_total":
+                    out.prefix_hits += int(x)
+                case "num_preemptions_total":
+                    out.preemptions += int(x)
+                case "time_to_first_token_seconds_sum":
+                    out.ttft_sum_s += x
+                case "time_to_first_token_seconds_count":
+                    out.ttft_count += int(x)
+                case "request_time_per_output_token_seconds_sum":
+                    out.tpot_sum_s += x
+                case _:
+                    out.tpot_count += int(x)
     return out
 
 
@@ -667,10 +760,14 @@ def run_level_http(
     seed: int,
     time_scale: float,
     workdir: Path,
+    flow_control: bool = False,
 ) -> HttpRunResult:
     """One run of ``policy`` at load ``level`` on freshly started processes (stopped
-    before returning, whatever happens). ``workdir`` receives the config and the logs."""
+    before returning, whatever happens). ``workdir`` receives the config and the logs.
+    ``flow_control`` (sluicegate only) queues requests in the gateway while saturated."""
     sim_profile_args(scenario.profile)  # refuse early what the simulator cannot run
+    if flow_control and policy in ROUTER_POLICIES:
+        raise ValueError(f"{policy} has no flow control")
     procs = ProcessGroups(workdir)
     try:
         urls, ports = start_sim(procs, scenario, time_scale, seed)
@@ -679,14 +776,21 @@ def run_level_http(
             base = start_vllm_router(procs, "vllm-router", urls, ROUTER_POLICIES[policy])
         else:
             router = "sluicegate"
-            config = workdir / f"gateway-{policy}-{level:g}.yaml"
-            config.write_text(
-                yaml.safe_dump_all(gateway_documents(urls, scenario, time_scale), sort_keys=False)
-            )
+            config = workdir / f"gateway-{policy}-{level:g}{'-fc' if flow_control else ''}.yaml"
+            docs = gateway_documents(urls, scenario, time_scale, flow_control)
+            config.write_text(yaml.safe_dump_all(docs, sort_keys=False))
             base = start_sluicegate(procs, config, policy, seed, scenario.replicas)
         workload = scenario.workload(level, duration_s, seed)
         horizon = duration_s * (1.0 + scenario.drain_factor)
+        pids = {"sim": procs.procs["sim"].pid}
+        pids["router"] = procs.procs["vllm-router" if router == "vllm-router" else "gateway"].pid
+        cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
         result = _run_async(replay(workload, base, time_scale, horizon, ports))
+        cpu = {
+            name: (cpu_seconds(pid) - cpu0[name]) / max(result.wall_s, 1e-9)
+            for name, pid in pids.items()
+        }
+        cpu["load_average"] = os.getloadavg()[0]
         procs.check("sim")
         counters = engine_counters(urls)
     finally:
@@ -699,6 +803,7 @@ def run_level_http(
         time_scale=time_scale,
         router=router,
         wall_s=result.wall_s,
+        cpu=cpu,
     )
 
 
@@ -707,7 +812,9 @@ def http_entry(
 ) -> dict[str, Any]:
     """The ``runs[]`` entry of one HTTP run: DES mode's, plus ``metrics.itl_s`` (inter-token
     latency over completed requests, simulated s), how late requests were sent
-    (``send_lag_s``), the time scale and the router."""
+    (``send_lag_s``), the engines' own mean TTFT/TPOT (``engine_view``), CPU use
+    (``cpu``) and what makes the run's latencies doubtful (``warnings``), the time scale
+    and the router."""
     c = result.counters
     entry = entry_from_records(
         scenario,
@@ -725,6 +832,9 @@ def http_entry(
     entry["metrics"]["itl_s"] = latency_summary([g for r in done for g in r.itl])
     lags = [r.lag for r in result.records]
     entry["send_lag_s"] = {"mean": sum(lags) / len(lags), "max": max(lags)} if lags else None
+    entry["engine_view"] = c.engine_view()
+    entry["cpu"] = result.cpu
+    entry["warnings"] = result.warnings()
     entry["time_scale"] = result.time_scale
     entry["router"] = result.router
     return entry
@@ -735,7 +845,7 @@ class HttpOptions:
     """Settings of an HTTP-mode plan."""
 
     time_scale: float | None = None
-    """Wall seconds per simulated second; None: :func:`time_scale_for` the scenario."""
+    """Wall seconds per simulated second; None: :func:`pick_time_scale` picks it."""
     workdir: Path | None = None
     """Where configs and process logs go (default: a temporary folder, removed after)."""
 
@@ -752,7 +862,8 @@ def run_plan_http(
     options = options or HttpOptions()
     scenario = plan.scenario
     sim_profile_args(scenario.profile)
-    scale = time_scale_for(scenario, options.time_scale)
+    pick = pick_time_scale(plan, options.time_scale)
+    scale = pick.time_scale
     policies, notes = plan_policies(plan.policies, scenario)
     with contextlib.ExitStack() as stack:
         if options.workdir is None:
@@ -762,18 +873,35 @@ def run_plan_http(
             workdir.mkdir(parents=True, exist_ok=True)
         runs = []
         for level in plan.levels:
-            for policy in policies:
-                if progress is not None:
-                    progress(f"{policy} @ {level:g} {scenario.load_unit} (http)")
-                started = time.perf_counter()
-                result = run_level_http(
-                    scenario, policy, level, plan.duration_s, plan.seed, scale, workdir
-                )
-                runs.append(
-                    http_entry(scenario, policy, level, result, time.perf_counter() - started)
-                )
+            for flow_control in plan.flow_control:
+                for policy in policies:
+                    if flow_control and policy in ROUTER_POLICIES:
+                        continue  # noted below
+                    label = f"{policy}{' + flow control' if flow_control else ''}"
+                    if progress is not None:
+                        progress(f"{label} @ {level:g} {scenario.load_unit} (http)")
+                    started = time.perf_counter()
+                    result = run_level_http(
+                        scenario,
+                        policy,
+                        level,
+                        plan.duration_s,
+                        plan.seed,
+                        scale,
+                        workdir,
+                        flow_control,
+                    )
+                    entry = http_entry(
+                        scenario, policy, level, result, time.perf_counter() - started
+                    )
+                    entry["flow_control"] = flow_control
+                    runs.append(entry)
+                    notes += [f"{label} @ {level:g}: {w}" for w in entry["warnings"]]
+        if any(plan.flow_control) and any(p in ROUTER_POLICIES for p in policies):
+            notes.append("vllm-router policies: run with flow control off only (it has none)")
     doc = results_document(plan, runs, "http")
     doc["time_scale"] = scale
+    doc["time_scale_pick"] = pick.as_dict()
     doc["gateway"] = gateway_documents([], scenario, scale)[-1]["spec"]
     doc["notes"] = notes
     return doc
@@ -787,10 +915,10 @@ __all__ = [
     "UnsupportedScenarioError",
     "gateway_documents",
     "http_entry",
+    "pick_time_scale",
     "plan_policies",
     "replay",
     "run_level_http",
     "run_plan_http",
     "sim_profile_args",
-    "time_scale_for",
 ]

@@ -134,8 +134,26 @@ def gateway_report(quick: bool, console: Console) -> str:
     return report(quick, console, machine())
 
 
+def latency_report(quick: bool, console: Console) -> str:
+    """Latency predictor speed: in-process, one prediction server, RemotePredictor (see
+    :mod:`sluicegate.latency.bench`)."""
+    from sluicegate.latency.bench import report
+
+    return report(quick, console, machine())
+
+
+def extproc_report(quick: bool, console: Console) -> str:
+    """Envoy endpoint picker: decisions/s on one core, added latency through Envoy
+    (starts processes; see :mod:`sluicegate.bench.extproc`)."""
+    from sluicegate.bench.extproc import report
+
+    return report(quick, console, machine())
+
+
 REPORTS: dict[str, Callable[[bool, Console], str]] = {
     "scheduling": scheduling_report,
     "sim": sim_report,
     "gateway": gateway_report,
+    "latency": latency_report,
+    "extproc": extproc_report,
 }

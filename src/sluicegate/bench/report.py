@@ -123,21 +123,26 @@ def _itl_table(results: dict[str, Any]) -> list[str]:
         "",
         "### Inter-token latency (HTTP)",
         "",
-        "Gaps between consecutive streamed tokens as the client saw them, in simulated ms; "
-        "send lag: how late the load generator sent requests, in simulated ms.",
+        "Gaps between consecutive streamed tokens as the client saw them; the engines' own "
+        "mean TTFT and TPOT (their clocks: no transport, no router); send lag: how late the "
+        "load generator sent requests. All in simulated ms. Sim CPU: share of a core the "
+        "simulator process used (near 100 %, its engines ran late).",
         "",
         f"| {unit} | policy | router | ITL mean | ITL p50 | ITL p90 | ITL p99 | "
-        "send lag mean | send lag max |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "engine TTFT mean | engine TPOT mean | send lag mean | send lag max | sim CPU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         itl = run["metrics"]["itl_s"]
         lag = run.get("send_lag_s") or {"mean": None, "max": None}
+        engine = run.get("engine_view") or {"ttft_mean_s": None, "tpot_mean_s": None}
         lines.append(
             f"| {run['load']:g} | {run_label(run)} | {run.get('router', '–')} | "
             f"{_fmt(itl['mean'], 1000, 1)} | {_fmt(itl['p50'], 1000, 1)} | "
             f"{_fmt(itl['p90'], 1000, 1)} | {_fmt(itl['p99'], 1000, 1)} | "
-            f"{_fmt(lag['mean'], 1000, 1)} | {_fmt(lag['max'], 1000, 1)} |"
+            f"{_fmt(engine['ttft_mean_s'], 1000, 1)} | {_fmt(engine['tpot_mean_s'], 1000, 1)} | "
+            f"{_fmt(lag['mean'], 1000, 1)} | {_fmt(lag['max'], 1000, 1)} | "
+            f"{_pct((run.get('cpu') or {}).get('sim'))} |"
         )
     return lines
 

@@ -34,6 +34,8 @@ class QueueItem:
     """The director's: the admitted request (pool, parsed body) to schedule later."""
     candidates: list[Any] = field(default_factory=list)
     """The endpoints with room found when it was last considered for dispatch."""
+    cycle_state: Any = None
+    """The director's: the scheduling state from admission (what was prefetched for it)."""
 
     @property
     def size_bytes(self) -> int:

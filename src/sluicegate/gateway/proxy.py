@@ -15,13 +15,10 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
-import orjson
 from aiohttp import web
 
 from sluicegate.clock import Clock
@@ -29,7 +26,13 @@ from sluicegate.datalayer.collector import Collector
 from sluicegate.errors import GatewayError
 from sluicegate.metrics import GatewayMetrics
 from sluicegate.requestcontrol.dispatch import Dispatch
-from sluicegate.runtime import Usage
+from sluicegate.requestcontrol.responses import (
+    EventRewriter,
+    ModelNameRewriter,
+    ResponseStats,
+    json_or_none,
+    restore_model_name,
+)
 
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 SERVED_HEADER = "x-gateway-destination-endpoint-served"
@@ -62,19 +65,12 @@ class ProxySettings:
 
 
 @dataclass(slots=True)
-class Outcome:
-    """What happened upstream, for metrics and logs. Token counts as the server reports."""
+class Outcome(ResponseStats):
+    """What happened upstream, for metrics and logs. Token counts as the server reports
+    (:class:`~sluicegate.requestcontrol.responses.ResponseStats`)."""
 
     status: int = 0
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    cached_tokens: int | None = None
-    chunks: int = 0
     error: str | None = None
-
-    def usage(self) -> Usage:
-        """Token counts for the runtime (streamed chunks stand in for unreported usage)."""
-        return Usage(self.completion_tokens or self.chunks, self.prompt_tokens, self.cached_tokens)
 
 
 def upstream_headers(
@@ -103,19 +99,6 @@ def _client_headers(upstream: Mapping[str, str], dispatch: Dispatch) -> dict[str
     out["x-request-id"] = dispatch.request.request_id
     out.update(dispatch.response_headers)
     return out
-
-
-class ModelNameRewriter:
-    """Puts the client's model name back where the server wrote the target's."""
-
-    __slots__ = ("_pattern", "_replacement")
-
-    def __init__(self, target: str, public: str) -> None:
-        self._pattern = re.compile(rb'("model"\s*:\s*)' + re.escape(orjson.dumps(target)))
-        self._replacement = rb"\g<1>" + orjson.dumps(public).replace(b"\\", b"\\\\")
-
-    def __call__(self, data: bytes) -> bytes:
-        return self._pattern.sub(self._replacement, data)
 
 
 class Proxy:
@@ -200,12 +183,11 @@ class Proxy:
             raise _RetryableError(f"read: {type(exc).__name__}") from None
         dispatch.mark_first_byte(self.clock.now())
         outcome.status = upstream.status
-        payload = _json_or_none(data)
-        if isinstance(payload, dict):
-            _read_usage(payload.get("usage"), outcome)
-            if dispatch.rewrites_model and payload.get("model") == dispatch.request.target_model:
-                payload["model"] = dispatch.request.model
-                data = orjson.dumps(payload)
+        payload = json_or_none(data)
+        outcome.observe_json(payload)
+        if dispatch.rewrites_model:
+            request = dispatch.request
+            data = restore_model_name(payload, request.target_model, request.model) or data
         return web.Response(
             status=upstream.status, body=data, headers=_client_headers(upstream.headers, dispatch)
         )
@@ -219,7 +201,7 @@ class Proxy:
     ) -> web.StreamResponse:
         outcome.status = upstream.status
         rewrite = (
-            ModelNameRewriter(dispatch.request.target_model, dispatch.request.model)
+            EventRewriter(ModelNameRewriter(dispatch.request.target_model, dispatch.request.model))
             if dispatch.rewrites_model
             else None
         )
@@ -234,29 +216,18 @@ class Proxy:
             status=upstream.status, headers=_client_headers(upstream.headers, dispatch)
         )
         await response.prepare(request)
-        pending = b""
+        if first:
+            dispatch.mark_first_byte(self.clock.now())
         chunk = first
         try:
             while chunk:
-                if outcome.chunks == 0:
-                    dispatch.mark_first_byte(self.clock.now())
-                # Token events, for when the server reports no usage: events with a choice,
-                # less the chat role event (vLLM writes compact JSON).
-                outcome.chunks += chunk.count(b'"choices":[{') - chunk.count(b'"delta":{"role"')
-                if b'"usage"' in chunk:
-                    _scan_usage(chunk, outcome)
-                if rewrite is not None:
-                    pending += chunk
-                    cut = pending.rfind(b"\n\n") + 2
-                    if cut >= 2:
-                        await response.write(rewrite(pending[:cut]))
-                        pending = pending[cut:]
-                else:
-                    await response.write(chunk)
+                outcome.observe_stream_chunk(chunk)
+                await response.write(rewrite.feed(chunk) if rewrite is not None else chunk)
                 chunk = await content.readany()
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as exc:
             outcome.error = f"stream: {type(exc).__name__}"
-            pending = b""  # an incomplete event cannot precede the error event
+            if rewrite is not None:
+                rewrite.discard()  # an incomplete event cannot precede the error event
             error = GatewayError(
                 502,
                 "the model server failed while streaming",
@@ -264,8 +235,9 @@ class Proxy:
                 reason="upstream-failure",
             )
             await response.write(b"data: " + error.body() + b"\n\n")
-        if pending:
-            await response.write(rewrite(pending) if rewrite is not None else pending)
+        outcome.end_stream()
+        if rewrite is not None and (rest := rewrite.flush()):
+            await response.write(rest)
         await response.write_eof()
         return response
 
@@ -290,36 +262,6 @@ def _done_with(upstream: aiohttp.ClientResponse) -> None:
 
 class _RetryableError(Exception):
     """The upstream failed before anything reached the client."""
-
-
-def _json_or_none(data: bytes) -> Any:
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-
-
-def _read_usage(usage: object, outcome: Outcome) -> None:
-    if not isinstance(usage, dict):
-        return
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if isinstance(prompt, int):
-        outcome.prompt_tokens = prompt
-    if isinstance(completion, int):
-        outcome.completion_tokens = completion
-    details = usage.get("prompt_tokens_details")
-    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-        outcome.cached_tokens = details["cached_tokens"]
-
-
-def _scan_usage(chunk: bytes, outcome: Outcome) -> None:
-    for event in chunk.split(b"\n\n"):
-        start = event.find(b"{")
-        if start < 0 or b'"usage"' not in event:
-            continue
-        payload = _json_or_none(event[start:])
-        if isinstance(payload, dict):
-            _read_usage(payload.get("usage"), outcome)
 
 
 __all__ = ["ModelNameRewriter", "Outcome", "Proxy", "ProxySettings", "upstream_headers"]

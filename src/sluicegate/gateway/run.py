@@ -9,18 +9,16 @@ invalid new version is reported and the running one kept.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
 
-from sluicegate.api.loader import Config, ConfigError, build_config, load_config
+from sluicegate.api.loader import Config, build_config
 from sluicegate.api.resources import EndpointPickerConfig
+from sluicegate.config_watch import install_signal_handlers, read_config, watch_config
 from sluicegate.gateway.app import Gateway, GatewayOptions
-from sluicegate.plugin import PluginConfigError
 from sluicegate.sim.profiles import get_profile
 from sluicegate.sim.server import ReplicaOptions, SimCluster
 
@@ -60,38 +58,34 @@ def embedded_config(urls: list[str], picker: EndpointPickerConfig | None) -> Con
     return config
 
 
-def _read(path: Path, picker: EndpointPickerConfig | None) -> Config:
-    config = load_config(path)
-    if picker is not None:
-        config.picker = picker
-    return config
-
-
 async def serve(options: ServeOptions, console: Console) -> None:
     cluster: SimCluster | None = None
     if options.config_path is None:
         profile = get_profile(options.sim_profile)
         cluster = SimCluster(
-            ReplicaOptions(profile, time_scale=options.sim_time_scale), options.sim_replicas
+            ReplicaOptions(profile, time_scale=options.sim_time_scale, histogram_max_age_s=1.0),
+            options.sim_replicas,
         )
         await cluster.start()
         config = embedded_config(cluster.urls, options.picker)
     else:
-        config = _read(options.config_path, options.picker)
+        config = read_config(options.config_path, options.picker)
     gateway = Gateway(config, options.gateway)
     await gateway.start(options.host, options.port)
     _announce(console, gateway, cluster, options)
     stop = asyncio.Event()
     reload_now = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    with contextlib.suppress(NotImplementedError):
-        loop.add_signal_handler(signal.SIGHUP, reload_now.set)
+    install_signal_handlers(stop, reload_now)
     watcher = None
     if options.config_path is not None:
-        watcher = asyncio.create_task(_watch(options, gateway, reload_now))
+        watcher = asyncio.create_task(
+            watch_config(
+                options.config_path,
+                lambda path: read_config(path, options.picker),
+                gateway.apply_config,
+                reload_now,
+            )
+        )
     try:
         await stop.wait()
     finally:
@@ -101,34 +95,6 @@ async def serve(options: ServeOptions, console: Console) -> None:
         await gateway.stop()
         if cluster is not None:
             await cluster.stop()
-
-
-async def _watch(options: ServeOptions, gateway: Gateway, reload_now: asyncio.Event) -> None:
-    path = options.config_path
-    assert path is not None
-    last = _mtime(path)
-    while True:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(reload_now.wait(), timeout=1.0)
-        forced = reload_now.is_set()
-        reload_now.clear()
-        current = _mtime(path)
-        if not forced and current == last:
-            continue
-        last = current
-        try:
-            gateway.apply_config(_read(path, options.picker))
-        except (ConfigError, PluginConfigError, OSError) as exc:
-            log.error("configuration %s not applied; keeping the running one:\n%s", path, exc)
-        except Exception:  # the watcher must outlive any bad file
-            log.exception("configuration %s not applied; keeping the running one", path)
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return -1.0
 
 
 def _announce(

@@ -24,7 +24,7 @@ request finished, fresh metrics arrived) and :meth:`Director.expire` at
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +60,9 @@ class Admitted:
     parsed: ParsedRequest
     resolved_by_config: bool
     """True when an InferenceModel or the rewrite header named the target."""
+    subset: frozenset[str] | None = None
+    """``host:port`` addresses the request may go to (the proxy's subset hint), or None
+    for any endpoint of the pool."""
 
 
 DispatchHook = Callable[[QueueItem, Dispatch], None]
@@ -102,9 +105,15 @@ class Director:
     # ------------------------------------------------------------------ admission
 
     def admit(
-        self, parsed: ParsedRequest, request_id: str, headers: Mapping[str, str] | None = None
+        self,
+        parsed: ParsedRequest,
+        request_id: str,
+        headers: Mapping[str, str] | None = None,
+        subset: Collection[str] | None = None,
     ) -> Admitted:
-        """Resolve the model; raises 404 for a model nothing serves, 503 for an empty pool."""
+        """Resolve the model; raises 404 for a model nothing serves, 503 for an empty pool
+        or a ``subset`` (allowed ``host:port`` addresses) that names none of its endpoints.
+        """
         now = self.clock.now()
         model_route = self.models.route(parsed.model)
         pool_name = model_route.pool if model_route is not None else self.models.default_pool
@@ -113,6 +122,13 @@ class Director:
         if pool_name not in self.datastore.pools:
             raise no_endpoint(f"pool '{pool_name}' has no endpoints")
         pool = self.datastore.pools[pool_name]
+        allowed = None if subset is None else frozenset(subset)
+        if allowed is not None and not any(e.address in allowed for e in pool.endpoints):
+            raise no_endpoint(
+                "the endpoint subset hint is empty"
+                if not allowed
+                else f"no endpoint of pool '{pool_name}' is in the endpoint subset hint"
+            )
         if parsed.model_rewrite:
             target = parsed.model_rewrite
         elif model_route is not None:
@@ -142,7 +158,7 @@ class Director:
             headers=headers or {},
             body_bytes=parsed.body_bytes,
         )
-        return Admitted(request, pool, parsed, by_config)
+        return Admitted(request, pool, parsed, by_config, allowed)
 
     def submit(
         self, admitted: Admitted, payload: Any = None, state: CycleState | None = None
@@ -171,6 +187,7 @@ class Director:
             return self.schedule(admitted, candidates, state)
         item = controller.enqueue(request, now, payload)
         item.admitted = admitted
+        item.cycle_state = state
         self.pump(now)
         return item
 
@@ -211,8 +228,15 @@ class Director:
             controller.settings = flow.settings
 
     def _controller(self, pool: Pool) -> FlowController | None:
+        """The pool's flow controller, or None when flow control is off for it."""
         controller = self._controllers.get(pool.name)
-        if controller is None and self.flow.enabled_for(pool.annotations):
+        if not self.flow.enabled_for(pool.annotations):
+            # Turned off by a reload: new requests bypass the queue; those waiting in it
+            # still leave through pump(), and it goes once drained.
+            if controller is not None and not controller.requests:
+                del self._controllers[pool.name]
+            return None
+        if controller is None:
             controller = self._controllers[pool.name] = FlowController(self.flow.settings)
         return controller
 
@@ -238,8 +262,14 @@ class Director:
                 if item is None:
                     break
                 left += 1
+                # The producers run again over the endpoints with room now; what was
+                # prefetched at admission (remote predictions) stays in the state.
+                state: CycleState | None = item.cycle_state
+                item.cycle_state = None
+                if state is not None:
+                    self.built.scheduler.prepare(item.request, state, item.candidates)
                 try:
-                    dispatch = self.schedule(item.admitted, item.candidates)
+                    dispatch = self.schedule(item.admitted, item.candidates, state)
                 except GatewayError as exc:
                     self.on_reject(item, exc)
                 else:
@@ -282,9 +312,12 @@ class Director:
     # ------------------------------------------------------------------ scheduling
 
     def candidates(self, admitted: Admitted, now: float) -> list[Endpoint]:
-        """Endpoints that may take the request: not ejected, serving its target model,
-        with fresh metrics (all of them if every one is stale)."""
+        """Endpoints that may take the request: not ejected, serving its target model, in
+        its subset hint (if any), with fresh metrics (all of them if every one is stale)."""
         serving = self._serving(admitted.pool, admitted.request.target_model)
+        if serving and admitted.subset is not None:
+            allowed = admitted.subset
+            serving = [e for e in serving if e.address in allowed]
         if not serving:
             return []
         fresh = [e for e in serving if not e.is_stale(now, self.staleness_s)]

@@ -194,142 +194,75 @@ _LLAMA2_7B_KV_LAYER = 16_384  # 2 (K, V) * 32 KV heads * 128 dims * 2 bytes
 _LLAMA3_8B_KV_LAYER = 4_096  # 2 (K, V) * 8 KV heads * 128 dims * 2 bytes
 
 
-def _llama2_7b(
-    name: str,
-    gpu: str,
-    column: str,
-    fit: tuple[float, float],
-    bw: float,
-    flops: float,
-    max_seqs: int,
-    max_batched: int,
+@dataclass(frozen=True, slots=True)
+class _Model:
+    model_name: str
+    label: str
+    weights_gib: float
+    kv_bytes_per_token_per_layer: int
+    max_model_len: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Gpu:
+    label: str
+    memory_gib: float
+    bandwidth_bytes_per_s: float
+    attention_flops_per_s: float
+    max_num_seqs: int
+    """vLLM 0.32 `vllm serve` defaults: 1024 sequences and 8192 batched tokens on a
+    >= 70 GiB non-A100 GPU, 256 / 2048 on A100 and other GPUs (anchors J)."""
+    max_num_batched_tokens: int
+
+
+_LLAMA2_7B = _Model("meta-llama/Llama-2-7b-hf", "Llama-2-7B", 12.55, _LLAMA2_7B_KV_LAYER, 4096)
+_LLAMA3_8B = _Model("meta-llama/Meta-Llama-3-8B", "Llama-3-8B", 14.99, _LLAMA3_8B_KV_LAYER, 8192)
+_H100 = _Gpu("H100 80GB", _H100_GIB, _H100_BW, _H100_ATTN_FLOPS, 1024, 8192)
+_A100 = _Gpu("A100 80GB", _H100_GIB, _A100_BW, _A100_ATTN_FLOPS, 256, 2048)
+_A100_40GB = replace(_A100, label="A100 40GB", memory_gib=_A100_40GB_GIB)
+
+
+def _profile(
+    name: str, model: _Model, gpu: _Gpu, column: str, fit: tuple[float, float]
 ) -> EngineProfile:
+    """``model`` on one ``gpu`` with vLLM's defaults; linear-layer times from the
+    calibration ``column`` fitted with ``fit`` (see LinearOpsCurve.from_calibration)."""
+    kv_layer = model.kv_bytes_per_token_per_layer
     return EngineProfile(
         name=name,
-        description=f"Llama-2-7B on one {gpu} 80GB, vLLM 0.32 defaults",
-        model_name="meta-llama/Llama-2-7b-hf",
+        description=f"{model.label} on one {gpu.label}, vLLM 0.32 defaults",
+        model_name=model.model_name,
         linear_ops=LinearOpsCurve.from_calibration(column, *fit),
         num_layers=32,
         hidden_size=4096,
-        kv_bytes_per_token_per_layer=_LLAMA2_7B_KV_LAYER,
-        memory_bandwidth_bytes_per_s=bw,
-        attention_flops_per_s=flops,
+        kv_bytes_per_token_per_layer=kv_layer,
+        memory_bandwidth_bytes_per_s=gpu.bandwidth_bytes_per_s,
+        attention_flops_per_s=gpu.attention_flops_per_s,
         num_gpu_blocks=kv_blocks_for(
-            _H100_GIB, 0.92, 12.55 + _ACTIVATION_AND_RUNTIME_GIB, _LLAMA2_7B_KV_LAYER * 32
+            gpu.memory_gib, 0.92, model.weights_gib + _ACTIVATION_AND_RUNTIME_GIB, kv_layer * 32
         ),
-        max_num_seqs=max_seqs,
-        max_num_batched_tokens=max_batched,
-        max_model_len=4096,
-    )
-
-
-def _llama3_8b(
-    name: str,
-    gpu: str,
-    column: str,
-    fit: tuple[float, float],
-    bw: float,
-    flops: float,
-    max_seqs: int,
-    max_batched: int,
-) -> EngineProfile:
-    return EngineProfile(
-        name=name,
-        description=f"Llama-3-8B on one {gpu} 80GB, vLLM 0.32 defaults",
-        model_name="meta-llama/Meta-Llama-3-8B",
-        linear_ops=LinearOpsCurve.from_calibration(column, *fit),
-        num_layers=32,
-        hidden_size=4096,
-        kv_bytes_per_token_per_layer=_LLAMA3_8B_KV_LAYER,
-        memory_bandwidth_bytes_per_s=bw,
-        attention_flops_per_s=flops,
-        num_gpu_blocks=kv_blocks_for(
-            _H100_GIB, 0.92, 14.99 + _ACTIVATION_AND_RUNTIME_GIB, _LLAMA3_8B_KV_LAYER * 32
-        ),
-        max_num_seqs=max_seqs,
-        max_num_batched_tokens=max_batched,
-        max_model_len=8192,
+        max_num_seqs=gpu.max_num_seqs,
+        max_num_batched_tokens=gpu.max_num_batched_tokens,
+        max_model_len=model.max_model_len,
     )
 
 
 def _builtin_profiles() -> dict[str, EngineProfile]:
     profiles = [
-        # vLLM 0.32 `vllm serve` on a >= 70 GiB non-A100 GPU: max_num_seqs 1024,
-        # max_num_batched_tokens 8192; A100 and other GPUs: 256 / 2048 (anchors J).
-        _llama2_7b(
-            "llama2-7b-h100",
-            "H100",
-            "h100_llama2_7b_ms",
-            (2.87, 20.45),
-            _H100_BW,
-            _H100_ATTN_FLOPS,
-            1024,
-            8192,
-        ),
-        _llama3_8b(
-            "llama3-8b-h100",
-            "H100",
-            "h100_llama3_8b_est_ms",
-            (4.51, 21.21),
-            _H100_BW,
-            _H100_ATTN_FLOPS,
-            1024,
-            8192,
-        ),
+        _profile("llama2-7b-h100", _LLAMA2_7B, _H100, "h100_llama2_7b_ms", (2.87, 20.45)),
+        _profile("llama3-8b-h100", _LLAMA3_8B, _H100, "h100_llama3_8b_est_ms", (4.51, 21.21)),
         replace(
-            _llama3_8b(
-                "llama3.1-8b-h100",
-                "H100",
-                "h100_llama3_8b_est_ms",
-                (4.51, 21.21),
-                _H100_BW,
-                _H100_ATTN_FLOPS,
-                1024,
-                8192,
-            ),
+            _profile("llama3.1-8b-h100", _LLAMA3_8B, _H100, "h100_llama3_8b_est_ms", (4.51, 21.21)),
             # Llama-3.1-8B: Llama-3-8B's architecture with a 128K context; the anchors'
             # memory split was measured on it (with max-model-len 16000).
             description="Llama-3.1-8B (128K context) on one H100 80GB, vLLM 0.32 defaults",
             model_name="meta-llama/Llama-3.1-8B",
             max_model_len=131_072,
         ),
-        _llama2_7b(
-            "llama2-7b-a100",
-            "A100",
-            "a100_llama2_7b_ms",
-            (2.14, 64.62),
-            _A100_BW,
-            _A100_ATTN_FLOPS,
-            256,
-            2048,
-        ),
-        _llama3_8b(
-            "llama3-8b-a100",
-            "A100",
-            "a100_llama3_8b_ms",
-            (6.40, 67.19),
-            _A100_BW,
-            _A100_ATTN_FLOPS,
-            256,
-            2048,
-        ),
-        replace(
-            _llama3_8b(
-                "llama3-8b-a100-40gb",
-                "A100",
-                "a100_llama3_8b_ms",
-                (6.40, 67.19),
-                _A100_BW,
-                _A100_ATTN_FLOPS,
-                256,
-                2048,
-            ),
-            # The 40 GB A100: the same compute, the KV cache of 39.39 GiB usable memory.
-            description="Llama-3-8B on one A100 40GB, vLLM 0.32 defaults",
-            num_gpu_blocks=kv_blocks_for(
-                _A100_40GB_GIB, 0.92, 14.99 + _ACTIVATION_AND_RUNTIME_GIB, _LLAMA3_8B_KV_LAYER * 32
-            ),
-        ),
+        _profile("llama2-7b-a100", _LLAMA2_7B, _A100, "a100_llama2_7b_ms", (2.14, 64.62)),
+        _profile("llama3-8b-a100", _LLAMA3_8B, _A100, "a100_llama3_8b_ms", (6.40, 67.19)),
+        # The 40 GB A100: the same compute, the KV cache of 39.39 GiB usable memory.
+        _profile("llama3-8b-a100-40gb", _LLAMA3_8B, _A100_40GB, "a100_llama3_8b_ms", (6.40, 67.19)),
         EngineProfile(
             name="tiny",
             description="a toy engine for fast tests: 8,192-token KV, 16 sequences, ~2 ms steps",

@@ -51,6 +51,8 @@ class ReplicaOptions:
     pod_name_prefix: str = "sim"
     namespace: str = "default"
     seed: int = 0
+    histogram_max_age_s: float = 0.0
+    """How long ``/metrics`` may reuse its histograms' text, in wall seconds (0: never)."""
 
 
 class _Handle:
@@ -118,6 +120,7 @@ class Replica:
             self.model_name,
             lora_enabled=self.lora_enabled,
             legacy_names=self.options.legacy_metric_names,
+            histogram_max_age_s=self.options.histogram_max_age_s,
         )
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
@@ -176,18 +179,28 @@ class Replica:
         loop = asyncio.get_running_loop()
         scale = self.options.time_scale
         engine = self.engine
+        busy = False
         while True:
             if not engine.has_work():
+                busy = False
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            now = max(self._engine_now, self._sim_now())
+            # Back-to-back steps keep the absolute schedule (timer lateness is not carried
+            # into the engine's clock); after idling, or when far behind, resynchronise.
+            sim_now = self._sim_now()
+            if busy and sim_now - self._engine_now < 0.005 / scale:
+                now = self._engine_now
+            else:
+                now = max(self._engine_now, sim_now)
             result = engine.step(now)
             if result.idle:
+                busy = False
                 # Nothing can be scheduled until a request arrives or leaves.
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            busy = True
             done_at = now + result.duration
             delay = self._t0 + done_at * scale - loop.time()
             # Yield even when behind the clock: a driver that never yields would starve the

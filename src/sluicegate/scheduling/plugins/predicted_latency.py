@@ -23,7 +23,7 @@ latency stands in for TTFT (the reference's semantics).
 Parameters (reference names and defaults): ``sloBufferFactor`` (1.0), ``streamingMode``
 (true — the reference defaults to false; sluicegate sees each request's ``stream`` flag
 and learns TTFT/TPOT from streaming requests only), ``predictInProduce`` (true; false =
-train only), ``contextTTL`` ("5m"), ``endpointRoleLabel`` (""); ``samplingMean``,
+train only); ``contextTTL`` ("5m"), ``endpointRoleLabel`` (""), ``samplingMean``,
 ``maxDecodeTokenSamplesForPrediction``, ``prefixMatchInfoProducerName`` and
 ``inFlightLoadProducerName`` are accepted for compatibility and unused.
 """
@@ -118,7 +118,9 @@ class PredictedLatencyProducer(
         slo_buffer_factor: float = Field(1.0, gt=0.0)
         streaming_mode: bool = True
         predict_in_produce: bool = True
-        context_ttl: Seconds = 300.0
+        # Accepted for compatibility and unused: per-request context lives in the
+        # request's cycle state, which ends with the request; there are no P/D roles.
+        context_ttl: Seconds = Field(300.0, alias="contextTTL")
         endpoint_role_label: str = ""
         sampling_mean: float = 1000.0
         max_decode_token_samples_for_prediction: int = 0

@@ -1,0 +1,176 @@
+"""What a model server's answer tells about the request it served.
+
+Shared by every host that sees the response bytes — the standalone gateway's proxy
+(:mod:`sluicegate.gateway.proxy`) and the Envoy endpoint picker's response phase
+(:mod:`sluicegate.extproc.response`) — so usage, token-event counts and the model-name
+rewrite back behave the same whichever way sluicegate runs:
+
+- :class:`ResponseStats` reads the ``usage`` block (prompt, completion and cached prompt
+  tokens) of a JSON answer or of a streamed (SSE) answer's events, and counts the streamed
+  token events, which stand in for the completion tokens when the server reports no usage;
+- :class:`ModelNameRewriter` puts the client's model name back where the server wrote the
+  target model's (the request was rewritten to a target model);
+- :class:`EventRewriter` applies it to a stream, one complete SSE event at a time.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+MAX_EVENT_BYTES = 1024 * 1024
+"""Longest incomplete SSE event (bytes) held across chunks: a longer one is dropped from
+the usage scan and passed on without waiting for its end (its bytes still reach the
+client)."""
+
+
+@dataclass(slots=True)
+class Usage:
+    """What the server reported about a finished response (token counts)."""
+
+    output_tokens: int = 0
+    """Completion tokens (or streamed chunks when the server reported no usage)."""
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class ResponseStats:
+    """Token counts read from one response, as the server reports them."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    chunks: int = 0
+    """Streamed token events seen (events with a choice, less the chat role event)."""
+    _tail: bytes = field(default=b"", repr=False)
+    """The incomplete last SSE event of the stream so far."""
+
+    def usage(self) -> Usage:
+        """Token counts for the runtime (streamed chunks stand in for unreported usage)."""
+        return Usage(self.completion_tokens or self.chunks, self.prompt_tokens, self.cached_tokens)
+
+    def observe_stream_chunk(self, chunk: bytes) -> None:
+        """Count the token events of the complete SSE events so far and read any usage;
+        an event split across chunks is read once it is complete."""
+        data = self._tail + chunk if self._tail else chunk
+        cut = data.rfind(b"\n\n") + 2
+        if cut < 2:
+            self._tail = data if len(data) <= MAX_EVENT_BYTES else b""
+            return
+        self._tail = data[cut:] if len(data) - cut <= MAX_EVENT_BYTES else b""
+        self._observe_events(data[:cut] if cut < len(data) else data)
+
+    def end_stream(self) -> None:
+        """The stream ended: read its last event even without the closing blank line."""
+        if self._tail:
+            tail, self._tail = self._tail, b""
+            self._observe_events(tail)
+
+    def observe_json(self, payload: Any) -> None:
+        """Read the ``usage`` block of a whole (non-streamed) JSON answer."""
+        if isinstance(payload, dict):
+            self._read_usage(payload.get("usage"))
+
+    def _observe_events(self, events: bytes) -> None:
+        # vLLM writes compact JSON, so these byte patterns find the events with a choice.
+        self.chunks += events.count(b'"choices":[{') - events.count(b'"delta":{"role"')
+        if b'"usage"' not in events:
+            return
+        for event in events.split(b"\n\n"):
+            start = event.find(b"{")
+            if start < 0 or b'"usage"' not in event:
+                continue
+            payload = json_or_none(event[start:])
+            if isinstance(payload, dict):
+                self._read_usage(payload.get("usage"))
+
+    def _read_usage(self, usage: object) -> None:
+        if not isinstance(usage, dict):
+            return
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if isinstance(prompt, int):
+            self.prompt_tokens = prompt
+        if isinstance(completion, int):
+            self.completion_tokens = completion
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+            self.cached_tokens = details["cached_tokens"]
+
+
+class ModelNameRewriter:
+    """Puts the client's model name back where the server wrote the target's."""
+
+    __slots__ = ("_pattern", "_replacement")
+
+    def __init__(self, target: str, public: str) -> None:
+        self._pattern = re.compile(rb'("model"\s*:\s*)' + re.escape(orjson.dumps(target)))
+        self._replacement = rb"\g<1>" + orjson.dumps(public).replace(b"\\", b"\\\\")
+
+    def __call__(self, data: bytes) -> bytes:
+        return self._pattern.sub(self._replacement, data)
+
+
+class EventRewriter:
+    """Applies a :class:`ModelNameRewriter` to a stream one complete SSE event at a time:
+    the incomplete tail of a chunk is held back until the rest of its event arrives."""
+
+    __slots__ = ("_pending", "_rewrite")
+
+    def __init__(self, rewrite: ModelNameRewriter) -> None:
+        self._rewrite = rewrite
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The rewritten complete events of ``chunk`` (and of what was held back). An
+        incomplete event longer than :data:`MAX_EVENT_BYTES` is not held any longer: it
+        goes on, rewritten as far as it is (memory stays bounded)."""
+        data = self._pending + chunk if self._pending else chunk
+        cut = data.rfind(b"\n\n") + 2
+        if cut < 2:
+            if len(data) > MAX_EVENT_BYTES:
+                self._pending = b""
+                return self._rewrite(data)
+            self._pending = data
+            return b""
+        self._pending = data[cut:]
+        return self._rewrite(data[:cut])
+
+    def flush(self) -> bytes:
+        """What is still held back, rewritten (the stream ended)."""
+        pending, self._pending = self._pending, b""
+        return self._rewrite(pending) if pending else b""
+
+    def discard(self) -> None:
+        """Forget what is held back (an error event replaces it)."""
+        self._pending = b""
+
+
+def restore_model_name(payload: Any, target: str, public: str) -> bytes | None:
+    """The JSON answer ``payload`` re-encoded with ``model`` set back to ``public``, or
+    None when its ``model`` is not ``target`` (nothing to restore)."""
+    if not isinstance(payload, dict) or payload.get("model") != target:
+        return None
+    payload["model"] = public
+    return orjson.dumps(payload)
+
+
+def json_or_none(data: bytes) -> Any:
+    """``data`` decoded as JSON, or None when it is not JSON."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+
+
+__all__ = [
+    "EventRewriter",
+    "ModelNameRewriter",
+    "ResponseStats",
+    "Usage",
+    "json_or_none",
+    "restore_model_name",
+]
