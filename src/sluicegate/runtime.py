@@ -30,6 +30,7 @@ from sluicegate.datalayer.pools import EndpointsByPool, static_endpoints, sync_p
 from sluicegate.errors import GatewayError
 from sluicegate.flowcontrol.config import FlowControlSetup, build_flow_control
 from sluicegate.flowcontrol.types import QueueItem
+from sluicegate.latency.host import PredictorHost
 from sluicegate.metrics import GatewayMetrics
 from sluicegate.plugin import PluginContext
 from sluicegate.requestcontrol.director import Director
@@ -38,6 +39,7 @@ from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import ParsedRequest
 from sluicegate.requestcontrol.responses import Usage as Usage  # re-exported
 from sluicegate.scheduling.config import BuiltScheduler, build_scheduler
+from sluicegate.scheduling.plugins.predicted_latency import PREDICTOR_SERVICE
 from sluicegate.scheduling.plugins.prefix_cache import PREFIX_MATCH, ApproxPrefixCacheProducer
 
 log = logging.getLogger("sluicegate.runtime")
@@ -62,6 +64,12 @@ class Runtime:
         self.options = options or RuntimeOptions()
         self.clock = clock or MonotonicClock()
         self.config = config
+        self.predictor: PredictorHost | None = None
+        """The latency predictor, unless the options provide one."""
+        self._services = dict(self.options.services)
+        if PREDICTOR_SERVICE not in self._services:
+            self.predictor = PredictorHost(config.gateway.latency_predictor, self.clock)
+            self._services[PREDICTOR_SERVICE] = self.predictor.service
         self.staleness_s = config.gateway.metrics_staleness_ms / 1000.0
         self.datastore = Datastore()
         self.built = self._build_scheduler(config)
@@ -78,6 +86,8 @@ class Runtime:
         self.metrics = GatewayMetrics(
             self.datastore, self.clock, self.staleness_s, self._prefix_index_size, self._flow_state
         )
+        if self.predictor is not None:
+            self.predictor.register_metrics(self.metrics.registry)
         self.collector: Collector | None = None
         self._expiry: asyncio.TimerHandle | None = None
         self._discovered: EndpointsByPool | None = None
@@ -86,7 +96,7 @@ class Runtime:
     # ------------------------------------------------------------------ lifecycle
 
     def _context(self) -> PluginContext:
-        return PluginContext(self.clock, self.options.seed, services=self.options.services)
+        return PluginContext(self.clock, self.options.seed, services=self._services)
 
     def _build_scheduler(self, config: Config) -> BuiltScheduler:
         return build_scheduler(config.picker, self._context())
@@ -94,8 +104,11 @@ class Runtime:
     def _build_flow(self, config: Config, built: BuiltScheduler) -> FlowControlSetup:
         return build_flow_control(config.picker, built.plugins, self._context())
 
-    def start(self, session: aiohttp.ClientSession) -> None:
-        """Start scraping every endpoint's metrics with ``session``."""
+    async def start(self, session: aiohttp.ClientSession) -> None:
+        """Start scraping every endpoint's metrics with ``session``, and the latency
+        predictor (loading saved models, training, or connecting to its servers)."""
+        if self.predictor is not None:
+            await self.predictor.start()
         settings = self.config.gateway
         self.collector = Collector(
             self.datastore,
@@ -118,6 +131,8 @@ class Runtime:
         if self.collector is not None:
             await self.collector.stop()
             self.collector = None
+        if self.predictor is not None:
+            await self.predictor.stop()
 
     def apply_config(self, config: Config, endpoints: EndpointsByPool | None = None) -> None:
         """Switch to ``config`` (and, from discovery, ``endpoints`` by pool) without dropping
@@ -137,6 +152,8 @@ class Runtime:
         built = self.built if same else self._build_scheduler(config)
         flow = self.director.flow if same else self._build_flow(config, built)
         models = ModelTable(config)
+        if config.gateway.latency_predictor != self.config.gateway.latency_predictor:
+            log.warning("latencyPredictor changes take effect at the next restart")
         if endpoints is not None:
             self._discovered = endpoints
         self.config = config

@@ -168,6 +168,28 @@ def test_escaped_label_values(gauges: Gauges) -> None:
     assert m.waiting_loras == frozenset({"e\nf"})
 
 
+def test_braces_and_spaces_inside_label_values_and_timestamps(gauges: Gauges) -> None:
+    text = gauges() + (
+        'vllm:lora_requests_info{max_lora="2",running_lora_adapters="a} b, c{",'
+        'waiting_lora_adapters=""} 1 1700000000000\n'
+    )
+    m = vllm(text)
+    assert m.running_loras == frozenset({"a} b", "c{"})
+    assert m.max_loras == 2
+
+
+def test_the_series_cache_stays_bounded(gauges: Gauges) -> None:
+    parser = MetricsParser("vllm")
+    for i in range(3 * MetricsParser.MAX_CACHED_SERIES):
+        # Adapter sets change: every scrape has a new lora_requests_info series.
+        text = gauges() + (
+            f'vllm:lora_requests_info{{max_lora="2",running_lora_adapters="a{i}",'
+            'waiting_lora_adapters=""} 1\n'
+        )
+        assert parser.parse(text, 1.0).running_loras == frozenset({f"a{i}"})
+        assert len(parser._series) <= MetricsParser.MAX_CACHED_SERIES
+
+
 def test_help_and_type_lines_are_ignored() -> None:
     text = (
         "# HELP vllm:num_requests_waiting Number of requests waiting.\n"

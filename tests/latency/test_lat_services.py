@@ -93,9 +93,9 @@ async def test_training_server_collects_trains_and_serves_models(
 
     status, text = await get(http, url(server, "/metrics"))
     metrics = text.decode()
-    assert 'sluicegate_predictor_samples{target="ttft",split="train"}' in metrics
+    assert 'sluicegate_predictor_samples{split="train",target="ttft"}' in metrics
     assert "sluicegate_predictor_bucket_samples{" in metrics
-    assert 'sluicegate_predictor_model_score{target="ttft",score="coverage"}' in metrics
+    assert 'sluicegate_predictor_model_score{score="coverage",target="ttft"}' in metrics
     assert "sluicegate_predictor_trainings_total" in metrics
 
     status, body = await post(http, url(server, "/flush"), {"flush_test_data": False})

@@ -301,6 +301,31 @@ class EndpointPickerConfig(Model):
 # ---------------------------------------------------------------------------- GatewayConfig
 
 
+class LatencyPredictorSettings(Model):
+    """Where the predicted-latency plugins get TTFT/TPOT predictions. Durations in ms.
+
+    Without ``predictionUrls`` the models are trained and evaluated in the picker's own
+    process, on its own traffic. With them, predictions come from prediction servers and
+    samples go to ``trainingUrl`` (``sluicegate predictor`` servers, or any server speaking
+    the reference predictor's HTTP API). The environment variables ``PREDICTION_SERVER_URL``
+    (comma-separated) and ``TRAINING_SERVER_URL`` fill both when the file leaves them out,
+    as the reference endpoint picker reads them (anchors, section F).
+    """
+
+    prediction_urls: list[str] = Field(default_factory=list)
+    training_url: str | None = None
+    timeout_ms: Annotated[float, Field(gt=0)] = 100.0
+    """How long a remote prediction may take before the request is scheduled without it."""
+    retrain_interval_ms: Annotated[float, Field(gt=0)] = 10_000.0
+    min_samples: Annotated[int, Field(ge=1)] = 100
+    """Samples needed before the first in-process training."""
+    model_dir: str | None = None
+    """Where in-process models are saved after each training and loaded at start."""
+    objective: Literal["quantile", "mean"] = "quantile"
+    quantile: Annotated[float, Field(gt=0, lt=1)] = 0.9
+    """The latency quantile predicted with the quantile objective (0.9: p90)."""
+
+
 class GatewaySettings(Model):
     """Settings of the standalone gateway. Durations are in milliseconds."""
 
@@ -315,6 +340,7 @@ class GatewaySettings(Model):
     max_retries: Annotated[int, Field(ge=0)] = 2
     connect_timeout_ms: Annotated[float, Field(gt=0)] = 2000.0
     request_timeout_ms: Annotated[float, Field(gt=0)] = 600_000.0
+    latency_predictor: LatencyPredictorSettings = Field(default_factory=LatencyPredictorSettings)
 
 
 class GatewayConfig(Model):

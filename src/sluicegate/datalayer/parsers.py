@@ -2,9 +2,11 @@
 
 Each engine type names the same few facts differently (reference anchors, section C).
 A scrape is a few hundred lines, mostly histogram buckets the gateway does not read, and
-it is parsed up to 20 times a second per endpoint; so lines are first filtered by metric
-name with a cheap prefix test and only the survivors go through prometheus-client's parser
-(which handles label quoting and escaping correctly).
+it is parsed up to 20 times a second per endpoint; so the lines of the wanted metrics are
+found with substring searches (``str.find`` runs in C), and each distinct series (name
+and label set) goes through prometheus-client's parser (which handles label quoting and
+escaping correctly) once: its labels are cached, and only the value is read on later
+scrapes.
 
 Data-parallel servers report one series per engine rank: waiting and running are summed,
 KV usage is the highest rank's (the one that decides admission).
@@ -92,7 +94,10 @@ class MetricsParseError(ValueError):
 class MetricsParser:
     """Parses one engine type's scrapes."""
 
-    __slots__ = ("_load", "_names", "_prefixes", "_wanted", "engine_type")
+    __slots__ = ("_load", "_names", "_needles", "_series", "_wanted", "engine_type")
+
+    MAX_CACHED_SERIES = 1024
+    """Distinct series whose parsed labels are kept (the cache restarts when full)."""
 
     def __init__(self, engine_type: str) -> None:
         self.engine_type = engine_type
@@ -107,8 +112,10 @@ class MetricsParser:
             if single:
                 wanted.add(single)
         self._wanted = frozenset(wanted)
-        self._prefixes = tuple(sorted(wanted))
+        self._needles = tuple(("\n" + name, len(name) + 1) for name in sorted(wanted))
         self._load = frozenset({*n.waiting, *n.running, *n.kv_usage})
+        self._series: dict[str, tuple[str, dict[str, str]]] = {}
+        """Parsed (name, labels) by the line's text up to its value."""
 
     def parse(self, text: str, scraped_at: float) -> EngineMetrics:
         """The facts in ``text`` (Prometheus exposition) stamped with ``scraped_at`` (s)."""
@@ -136,28 +143,55 @@ class MetricsParser:
         )
 
     def _samples(self, text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-        prefixes, wanted = self._prefixes, self._wanted
-        lines = [line for line in text.splitlines() if line.startswith(prefixes)]
         out: dict[str, list[tuple[dict[str, str], float]]] = {}
-        if not lines:
-            return out
-        lines.append("")
+        for line in self._lines(text):
+            key, value = _split_sample(line)
+            series = self._series.get(key)
+            if series is None:
+                series = self._parse_series(key)
+            name, labels = series
+            if name not in self._wanted:
+                continue
+            try:
+                number = float(value)
+            except ValueError:
+                raise MetricsParseError(f"malformed exposition text: {line[:200]!r}") from None
+            if not math.isfinite(number):
+                # A load gauge we cannot read must not pass for an idle server.
+                if name in self._load:
+                    raise MetricsParseError(f"{name} is {number}")
+                continue
+            out.setdefault(name, []).append((labels, number))
+        return out
+
+    def _lines(self, text: str) -> list[str]:
+        """The sample lines of the wanted metrics: the name, then labels or the value."""
+        text = "\n" + text
+        out = []
+        for needle, skip in self._needles:
+            start = text.find(needle)
+            while start >= 0:
+                end = text.find("\n", start + 1)
+                if end < 0:
+                    end = len(text)
+                if text[start + skip : start + skip + 1] in ("{", " ", "\t"):
+                    out.append(text[start + 1 : end].rstrip("\r"))
+                start = text.find(needle, end)
+        return out
+
+    def _parse_series(self, key: str) -> tuple[str, dict[str, str]]:
+        """Name and labels of the series ``key`` (a sample line up to its value)."""
         try:
-            for family in text_string_to_metric_families("\n".join(lines)):
-                for sample in family.samples:
-                    if sample.name not in wanted:
-                        continue
-                    if not math.isfinite(sample.value):
-                        # A load gauge we cannot read must not pass for an idle server.
-                        if sample.name in self._load:
-                            raise MetricsParseError(f"{sample.name} is {sample.value}")
-                        continue
-                    out.setdefault(sample.name, []).append((sample.labels, sample.value))
-        except MetricsParseError:
-            raise
+            families = list(text_string_to_metric_families(key + " 0\n"))
         except ValueError as exc:
             raise MetricsParseError(f"malformed exposition text: {exc}") from None
-        return out
+        if len(families) != 1 or len(families[0].samples) != 1:
+            raise MetricsParseError(f"malformed exposition text: {key[:200]!r}")
+        sample = families[0].samples[0]
+        if len(self._series) >= self.MAX_CACHED_SERIES:
+            self._series.clear()
+        series = self._series[key] = (sample.name, sample.labels)
+        return series
 
     def _cache(
         self, samples: dict[str, list[tuple[dict[str, str], float]]]
@@ -188,6 +222,28 @@ class MetricsParser:
             _names(labels.get("waiting_lora_adapters", "")),
             max_loras,
         )
+
+
+def _split_sample(line: str) -> tuple[str, str]:
+    """``name{labels} value [timestamp]`` → (``name{labels}``, ``value``). The value and
+    timestamp hold no ``}``, so the last one closes the label set."""
+    close = line.rfind("}")
+    if close >= 0:
+        key, rest = line[: close + 1], line[close + 1 :]
+    else:
+        key, _, rest = line.partition(" ")
+    fields = rest.split()
+    if not 1 <= len(fields) <= 2 or (len(fields) == 2 and not _is_number(fields[1])):
+        raise MetricsParseError(f"malformed exposition text: {line[:200]!r}")
+    return key.rstrip(), fields[0]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _matching(

@@ -94,7 +94,7 @@ class ExtProcServer:
         options = self.options
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
         self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
-        self.runtime.start(self._session)
+        await self.runtime.start(self._session)
         await self.health.start()
         max_message = max(_MIN_MESSAGE_BYTES, self.runtime.config.gateway.max_body_bytes + 65536)
         main = grpc.aio.server(

@@ -112,7 +112,7 @@ class Gateway:
         settings = self.config.gateway
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
         self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
-        self.runtime.start(self.session)
+        await self.runtime.start(self.session)
         assert self.runtime.collector is not None
         self.proxy = Proxy(
             self.session,

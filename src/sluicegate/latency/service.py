@@ -23,16 +23,17 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
 
 from sluicegate.latency.batching import TurnBatcher
 from sluicegate.latency.inprocess import InProcessPredictor
+from sluicegate.latency.metrics import PredictorCollector
 from sluicegate.latency.model import ModelBundle
-from sluicegate.latency.store import KV_BUCKETS, PREFIX_BUCKETS, QUEUE_BUCKETS
 from sluicegate.latency.wire import FieldError, matrix_from_json, row_values
 
 log = logging.getLogger("sluicegate.latency")
@@ -232,97 +233,11 @@ def readyz_handler(predictor: InProcessPredictor) -> Handler:
 
 
 def metrics_text(predictor: InProcessPredictor, buckets: bool = True) -> str:
-    """Prometheus text of a predictor's state: samples (per bucket when ``buckets``),
-    model scores and version, trainings, predictions."""
-    lines: list[str] = []
-
-    def metric(name: str, kind: str, help_text: str, values: Sequence[tuple[str, float]]) -> None:
-        lines.append(f"# HELP sluicegate_predictor_{name} {help_text}")
-        lines.append(f"# TYPE sluicegate_predictor_{name} {kind}")
-        for labels, value in values:
-            lines.append(f"sluicegate_predictor_{name}{labels} {value}")
-
-    store = predictor.store
-    bundle = predictor.bundle
-    metric("ready", "gauge", "1 when a model exists.", [("", int(bundle is not None))])
-    metric(
-        "model_version",
-        "gauge",
-        "Trainings behind the models in use (0: none).",
-        [("", bundle.version if bundle else 0)],
-    )
-    sets = (("ttft", store.ttft), ("tpot", store.tpot))
-    metric(
-        "samples",
-        "gauge",
-        "Samples in the window.",
-        [
-            (f'{{target="{t}",split="{split}"}}', count)
-            for t, s in sets
-            for split, count in (("train", s.train_count), ("test", s.test_count))
-        ],
-    )
-    metric("rejected_samples_total", "counter", "Samples refused.", [("", store.rejected)])
-    scores = []
-    models = (("ttft", bundle.ttft), ("tpot", bundle.tpot)) if bundle is not None else ()
-    for target, model in models:
-        if model is None:
-            continue
-        if model.mape is not None:
-            scores.append((f'{{target="{target}",score="mape"}}', model.mape))
-        if model.coverage is not None:
-            scores.append((f'{{target="{target}",score="coverage"}}', model.coverage))
-    metric(
-        "model_score",
-        "gauge",
-        "Held-out MAPE and quantile coverage of the models in use (fractions).",
-        scores,
-    )
-    metric("trainings_total", "counter", "Successful trainings.", [("", predictor.trainings)])
-    metric(
-        "training_failures_total",
-        "counter",
-        "Failed trainings.",
-        [("", predictor.training_failures)],
-    )
-    metric(
-        "last_train_duration_seconds",
-        "gauge",
-        "Wall time of the last training.",
-        [("", predictor.last_train_duration_s)],
-    )
-    metric(
-        "predicted_rows_total",
-        "counter",
-        "Rows predicted.",
-        [("", predictor.predicted_rows)],
-    )
-    metric(
-        "prediction_seconds_total",
-        "counter",
-        "Time spent predicting.",
-        [("", predictor.prediction_seconds_total)],
-    )
-    if buckets:
-        values = []
-        for target, sample_set in sets:
-            counts = sample_set.bucket_counts()
-            for q in range(QUEUE_BUCKETS):
-                for kv in range(KV_BUCKETS):
-                    for p in range(PREFIX_BUCKETS):
-                        if counts[q, kv, p]:
-                            labels = (
-                                f'{{target="{target}",queue_bucket="{q}",'
-                                f'kv_bucket="{kv}",prefix_bucket="{p}"}}'
-                            )
-                            values.append((labels, int(counts[q, kv, p])))
-        metric(
-            "bucket_samples",
-            "gauge",
-            "Training samples per (queue, KV, prefix) bucket (empty buckets left out).",
-            values,
-        )
-    return "\n".join(lines) + "\n"
+    """Prometheus text of a predictor's state (see
+    :class:`~sluicegate.latency.metrics.PredictorCollector`)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PredictorCollector(predictor, buckets))
+    return generate_latest(registry).decode()
 
 
 def metrics_handler(predictor: InProcessPredictor, buckets: bool = True) -> Handler:

@@ -1,0 +1,109 @@
+"""The latency predictor a picker provides its plugins, and its lifecycle.
+
+:func:`build_predictor` turns the ``latencyPredictor`` settings into the service the
+``predicted-latency-producer`` looks up: an :class:`InProcessPredictor` (the default,
+trained on the picker's own traffic in a worker thread) or a :class:`RemotePredictor`
+(prediction and training servers). :class:`PredictorHost` starts and stops it with the
+picker and exports its metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry
+
+from sluicegate.api.resources import LatencyPredictorSettings
+from sluicegate.clock import Clock
+from sluicegate.latency.client import RemotePredictor, RemoteSettings
+from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings
+from sluicegate.latency.metrics import PredictorCollector
+from sluicegate.latency.model import TrainConfig
+
+log = logging.getLogger("sluicegate.latency")
+
+PREDICTION_URL_ENV = "PREDICTION_SERVER_URL"
+TRAINING_URL_ENV = "TRAINING_SERVER_URL"
+
+
+def remote_urls(
+    settings: LatencyPredictorSettings, environ: Mapping[str, str] | None = None
+) -> tuple[tuple[str, ...], str | None]:
+    """Prediction server URLs and the training server URL: the settings', else the
+    environment's (``PREDICTION_SERVER_URL`` comma-separated, ``TRAINING_SERVER_URL``)."""
+    env = os.environ if environ is None else environ
+    predict = tuple(settings.prediction_urls) or tuple(
+        u.strip() for u in env.get(PREDICTION_URL_ENV, "").split(",") if u.strip()
+    )
+    train = settings.training_url or env.get(TRAINING_URL_ENV) or None
+    return predict, train
+
+
+class PredictorHost:
+    """Owns one latency predictor: starts it, stops it, exports its metrics."""
+
+    def __init__(
+        self,
+        settings: LatencyPredictorSettings,
+        clock: Clock,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.settings = settings
+        predict_urls, train_url = remote_urls(settings, environ)
+        self.local: InProcessPredictor | None = None
+        self.remote: RemotePredictor | None = None
+        if predict_urls:
+            self.remote = RemotePredictor(
+                RemoteSettings(
+                    prediction_urls=predict_urls,
+                    training_url=train_url,
+                    timeout_s=settings.timeout_ms / 1000.0,
+                )
+            )
+        else:
+            self.local = InProcessPredictor(
+                clock,
+                PredictorSettings(
+                    retrain_interval_s=settings.retrain_interval_ms / 1000.0,
+                    min_samples=settings.min_samples,
+                    train=TrainConfig(objective=settings.objective, alpha=settings.quantile),
+                    model_dir=settings.model_dir,
+                ),
+                timer=time.perf_counter,
+            )
+        self._trainer: asyncio.Task[None] | None = None
+
+    @property
+    def service(self) -> InProcessPredictor | RemotePredictor:
+        """What the plugins call."""
+        service = self.local or self.remote
+        assert service is not None
+        return service
+
+    def register_metrics(self, registry: CollectorRegistry) -> None:
+        if self.local is not None:
+            registry.register(PredictorCollector(self.local))
+
+    async def start(self) -> None:
+        """Load saved models (in process) and start training, or connect (remote)."""
+        if self.local is not None:
+            directory = self.settings.model_dir
+            if directory and self.local.load(directory):
+                log.info("latency models loaded from %s", directory)
+            self._trainer = asyncio.create_task(self.local.run_trainer(), name="latency-trainer")
+        elif self.remote is not None:
+            await self.remote.start()
+
+    async def stop(self) -> None:
+        if self._trainer is not None:
+            self._trainer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._trainer
+            self._trainer = None
+        if self.remote is not None:
+            await self.remote.close()

@@ -1,0 +1,98 @@
+"""Prometheus metrics of an :class:`~sluicegate.latency.inprocess.InProcessPredictor`.
+
+:class:`PredictorCollector` reads the predictor's plain attributes when scraped; the
+gateway, the Envoy endpoint picker and the predictor servers register it in their
+registries. Names are prefixed ``sluicegate_predictor_``; scores are fractions, durations
+seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sluicegate.latency.inprocess import InProcessPredictor
+from sluicegate.latency.store import KV_BUCKETS, PREFIX_BUCKETS, QUEUE_BUCKETS
+
+_P = "sluicegate_predictor_"
+
+
+class PredictorCollector(Collector):
+    """Samples (per bucket when ``buckets``), model scores and version, trainings and
+    predictions of ``predictor``."""
+
+    def __init__(self, predictor: InProcessPredictor, buckets: bool = False) -> None:
+        self._predictor = predictor
+        self._buckets = buckets
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        predictor = self._predictor
+        store, bundle = predictor.store, predictor.bundle
+        yield GaugeMetricFamily(_P + "ready", "1 when a model exists.", int(bundle is not None))
+        yield GaugeMetricFamily(
+            _P + "model_version",
+            "Trainings behind the models in use (0: none).",
+            bundle.version if bundle else 0,
+        )
+        sets = (("ttft", store.ttft), ("tpot", store.tpot))
+        samples = GaugeMetricFamily(
+            _P + "samples", "Samples in the window.", labels=["target", "split"]
+        )
+        for target, sample_set in sets:
+            samples.add_metric([target, "train"], sample_set.train_count)
+            samples.add_metric([target, "test"], sample_set.test_count)
+        yield samples
+        yield CounterMetricFamily(_P + "rejected_samples", "Samples refused.", store.rejected)
+        scores = GaugeMetricFamily(
+            _P + "model_score",
+            "Held-out MAPE and quantile coverage of the models in use (fractions).",
+            labels=["target", "score"],
+        )
+        models = (("ttft", bundle.ttft), ("tpot", bundle.tpot)) if bundle is not None else ()
+        for target, model in models:
+            if model is None:
+                continue
+            if model.mape is not None:
+                scores.add_metric([target, "mape"], model.mape)
+            if model.coverage is not None:
+                scores.add_metric([target, "coverage"], model.coverage)
+        yield scores
+        yield CounterMetricFamily(_P + "trainings", "Successful trainings.", predictor.trainings)
+        yield CounterMetricFamily(
+            _P + "training_failures", "Failed trainings.", predictor.training_failures
+        )
+        yield GaugeMetricFamily(
+            _P + "last_train_duration_seconds",
+            "Wall time of the last training.",
+            predictor.last_train_duration_s,
+        )
+        yield CounterMetricFamily(
+            _P + "predicted_rows", "Rows predicted.", predictor.predicted_rows
+        )
+        yield CounterMetricFamily(
+            _P + "prediction_seconds", "Time spent predicting.", predictor.prediction_seconds_total
+        )
+        if self._buckets:
+            yield self._bucket_samples(sets)
+
+    def _bucket_samples(self, sets: tuple[tuple[str, object], ...]) -> Metric:
+        family = GaugeMetricFamily(
+            _P + "bucket_samples",
+            "Training samples per (queue, KV, prefix) bucket (empty buckets left out).",
+            labels=["target", "queue_bucket", "kv_bucket", "prefix_bucket"],
+        )
+        for target, sample_set in sets:
+            counts = sample_set.bucket_counts()  # type: ignore[attr-defined]
+            for q in range(QUEUE_BUCKETS):
+                for kv in range(KV_BUCKETS):
+                    for p in range(PREFIX_BUCKETS):
+                        if counts[q, kv, p]:
+                            family.add_metric(
+                                [target, str(q), str(kv), str(p)], int(counts[q, kv, p])
+                            )
+        return family
