@@ -1136,7 +1136,7 @@ def _throughput_run(
 # helpers — pass the sample on to their caller). Checked in order.
 _CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("logging", ("/logging/",)),
-    ("metrics (prometheus_client, ours)", ("prometheus_client/", "sluicegate/gateway/metrics")),
+    ("metrics (prometheus_client, ours)", ("prometheus_client/", "sluicegate/metrics")),
     ("metric scrapes (collector, parser)", ("sluicegate/datalayer/",)),
     ("request parse + model lookup", ("sluicegate/requestcontrol/parse", "sluicegate/tokens")),
     (
