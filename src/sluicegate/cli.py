@@ -8,10 +8,15 @@ import contextlib
 import logging
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.text import Text
+
+from sluicegate.latency.commands import add_latency_flags, check_latency_flags
+
+if TYPE_CHECKING:
+    from sluicegate.runtime import RuntimeOptions
 
 console = Console(stderr=True)
 
@@ -82,12 +87,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from sluicegate.api.loader import ConfigError, load_config
     from sluicegate.gateway.app import GatewayOptions
     from sluicegate.gateway.run import ServeOptions, serve
+    from sluicegate.latency.trace import TraceError
     from sluicegate.plugin import PluginConfigError
-    from sluicegate.runtime import Runtime, RuntimeOptions
+    from sluicegate.runtime import Runtime
     from sluicegate.scheduling.config import load_preset
 
     if args.sim_time_scale <= 0:
         return _fail("--sim-time-scale must be positive")
+    if problem := check_latency_flags(args):
+        return _fail(problem)
+    runtime = _runtime_options(args)
     try:
         picker = load_preset(args.policy) if args.policy else None
         if args.config:
@@ -106,12 +115,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         sim_replicas=args.sim_replicas,
         sim_profile=args.sim_profile,
         sim_time_scale=args.sim_time_scale,
-        gateway=GatewayOptions(
-            RuntimeOptions(seed=args.seed), access_log=args.access_log, api_keys=list(args.api_key)
-        ),
+        gateway=GatewayOptions(runtime, access_log=args.access_log, api_keys=list(args.api_key)),
     )
     try:
         _run(serve(options, console))
+    except TraceError as exc:  # --latency-trace, read when the gateway starts
+        return _fail(str(exc))
     except OSError as exc:
         return _fail(f"cannot serve on {args.host}:{args.port}: {exc}", status=1)
     return 0
@@ -124,8 +133,9 @@ def _cmd_extproc(args: argparse.Namespace) -> int:
     from sluicegate.extproc.run import RunOptions, run_extproc
     from sluicegate.extproc.server import ExtProcOptions
     from sluicegate.extproc.stream import StreamSettings
+    from sluicegate.latency.trace import TraceError
     from sluicegate.plugin import PluginConfigError
-    from sluicegate.runtime import Runtime, RuntimeOptions
+    from sluicegate.runtime import Runtime
     from sluicegate.scheduling.config import load_preset
 
     if not args.kubernetes:
@@ -142,6 +152,8 @@ def _cmd_extproc(args: argparse.Namespace) -> int:
         return _fail("--fallback-endpoints must be 0 or more")
     if args.grace_period < 0:
         return _fail("--grace-period must be 0 or more")
+    if problem := check_latency_flags(args):
+        return _fail(problem)
     try:
         picker = load_preset(args.policy) if args.policy else None
         if args.config:
@@ -165,7 +177,7 @@ def _cmd_extproc(args: argparse.Namespace) -> int:
             stream=StreamSettings(fallback_endpoints=args.fallback_endpoints),
             grace_period_s=args.grace_period,
         ),
-        runtime=RuntimeOptions(seed=args.seed),
+        runtime=_runtime_options(args),
         kubernetes=args.kubernetes,
         namespace=args.namespace,
         pool_name=args.pool_name,
@@ -173,9 +185,22 @@ def _cmd_extproc(args: argparse.Namespace) -> int:
     )
     try:
         _run(run_extproc(options, console))
+    except TraceError as exc:  # --latency-trace, read when the picker starts
+        return _fail(str(exc))
     except OSError as exc:  # a port in use, an address not ours, no kubeconfig...
         return _fail(f"cannot start the endpoint picker: {exc}", status=1)
     return 0
+
+
+def _runtime_options(args: argparse.Namespace) -> RuntimeOptions:
+    """The picker's options from the flags ``serve`` and ``extproc`` share."""
+    from sluicegate.runtime import RuntimeOptions
+
+    return RuntimeOptions(
+        seed=args.seed,
+        latency_model_dir=args.latency_model_dir,
+        latency_trace=args.latency_trace,
+    )
 
 
 def _cmd_bench_micro(args: argparse.Namespace) -> int:
@@ -345,6 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="embedded pool's wall seconds per simulated second",
     )
+    add_latency_flags(serve)
     serve.set_defaults(func=_cmd_serve)
 
     extproc = sub.add_parser(
@@ -408,13 +434,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds streams in flight may take to finish on SIGTERM (default 120)",
     )
     extproc.add_argument("--seed", type=int, default=0, help="seed of the scheduler's RNG")
+    add_latency_flags(extproc)
     extproc.set_defaults(func=_cmd_extproc)
 
     bench = sub.add_parser("bench", help="benchmarks", description="The benchmark lab.")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="COMMAND", required=True)
     micro = bench_sub.add_parser("micro", help="micro-benchmarks (scheduling cost, simulator)")
     micro.add_argument(
-        "name", choices=["all", "scheduling", "sim", "gateway", "latency", "extproc"]
+        "name",
+        choices=["all", "scheduling", "sim", "gateway", "latency", "extproc", "latency-accuracy"],
     )
     micro.add_argument("--quick", action="store_true", help="a short run (for smoke tests)")
     micro.add_argument("--out", default=None, help="file (or folder for 'all') to write")

@@ -268,11 +268,78 @@ class GatewayMetrics:
             ("reason",),
             registry=r,
         )
+        self._define_prediction_metrics(r)
         self.attempt_success = self.scheduler_attempts.labels("success")
         self._series: dict[tuple[str, str], ModelSeries] = {}
+        self._prediction_series: dict[tuple[str, str], PredictionSeries] = {}
         r.register(_PoolCollector(datastore, clock, staleness_s, prefix_index_size))
         if flow is not None:
             r.register(_FlowCollector(flow))
+
+    def _define_prediction_metrics(self, r: CollectorRegistry) -> None:
+        """Predicted latency of the chosen endpoint, prediction time, SLO violations and
+        predictor fallbacks (names: anchors H; GIE's ``inference_objective_`` ones)."""
+        self.predicted_ttft = Histogram(
+            "inference_objective_request_predicted_ttft_seconds",
+            "Predicted TTFT on the chosen endpoint, in seconds.",
+            _MODEL,
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.predicted_tpot = Histogram(
+            "inference_objective_request_predicted_tpot_seconds",
+            "Predicted TPOT on the chosen endpoint, in seconds.",
+            _MODEL,
+            buckets=_TPOT,
+            registry=r,
+        )
+        # Anchors H give no buckets for these; one batched call takes well under the
+        # 5 ms latency floor, so they share the scheduler's 10 µs .. 1 s buckets.
+        self.ttft_prediction_duration = Histogram(
+            "inference_objective_request_ttft_prediction_duration_seconds",
+            "Time the TTFT prediction for all candidates took, in seconds.",
+            _MODEL,
+            buckets=_MICRO,
+            registry=r,
+        )
+        self.tpot_prediction_duration = Histogram(
+            "inference_objective_request_tpot_prediction_duration_seconds",
+            "Time the TPOT prediction for all candidates took, in seconds.",
+            _MODEL,
+            buckets=_MICRO,
+            registry=r,
+        )
+        self.slo_violations = Counter(
+            "inference_objective_request_slo_violation",
+            "Streamed answers whose observed TTFT or TPOT exceeded the request's SLO header, "
+            "by type (ttft, tpot).",
+            (*_MODEL, "type"),
+            registry=r,
+        )
+        self.predictor_fallbacks = Counter(
+            "sluicegate_predictor_fallbacks",
+            "Requests scheduled on the heuristic composite although predictions were wanted, "
+            "by reason (warming-up, unavailable).",
+            ("reason",),
+            registry=r,
+        )
+
+    def prediction_series(self, model: str, target: str) -> PredictionSeries:
+        """The prediction children for ``model`` served as ``target``, made on first use so
+        models never scheduled on predictions export no empty histograms."""
+        key = (model, target)
+        series = self._prediction_series.get(key)
+        if series is None:
+            if len(self._prediction_series) >= _MAX_SERIES:
+                self._prediction_series.clear()
+            labels = (model, target)
+            series = self._prediction_series[key] = PredictionSeries(
+                predicted_ttft=self.predicted_ttft.labels(*labels),
+                predicted_tpot=self.predicted_tpot.labels(*labels),
+                ttft_duration=self.ttft_prediction_duration.labels(*labels),
+                tpot_duration=self.tpot_prediction_duration.labels(*labels),
+            )
+        return series
 
     def model_series(self, model: str, target: str) -> ModelSeries:
         """The per-model children for ``model`` served as ``target``, resolved once (a
@@ -314,6 +381,17 @@ class ModelSeries:
     input_tokens: Any
     output_tokens: Any
     cached_tokens: Any
+
+
+@dataclass(frozen=True, slots=True)
+class PredictionSeries:
+    """The labelled prediction children of :class:`GatewayMetrics` for one (model, target)
+    pair (seconds)."""
+
+    predicted_ttft: Any
+    predicted_tpot: Any
+    ttft_duration: Any
+    tpot_duration: Any
 
 
 FlowState = Callable[[], Iterable[tuple[str, float, Iterable[tuple[int, int, int]]]]]

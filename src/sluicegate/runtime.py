@@ -39,7 +39,12 @@ from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import ParsedRequest
 from sluicegate.requestcontrol.responses import Usage as Usage  # re-exported
 from sluicegate.scheduling.config import BuiltScheduler, build_scheduler
-from sluicegate.scheduling.plugins.predicted_latency import PREDICTOR_SERVICE
+from sluicegate.scheduling.plugins.predicted_latency import (
+    PREDICTION_OUTCOME,
+    PREDICTIONS,
+    PREDICTOR_SERVICE,
+    PredictionOutcome,
+)
 from sluicegate.scheduling.plugins.prefix_cache import PREFIX_MATCH, ApproxPrefixCacheProducer
 
 log = logging.getLogger("sluicegate.runtime")
@@ -53,6 +58,10 @@ class RuntimeOptions:
     """Seeds every random choice the plugins make (random pickers, tie breaks)."""
     services: Mapping[str, object] = field(default_factory=dict)
     """Shared services plugins look up by name (e.g. the latency predictor)."""
+    latency_model_dir: str | None = None
+    """Overrides ``latencyPredictor.modelDir`` (``--latency-model-dir``)."""
+    latency_trace: str | None = None
+    """A recorded trace the in-process models train on at start (``--latency-trace``)."""
 
 
 class Runtime:
@@ -68,7 +77,12 @@ class Runtime:
         """The latency predictor, unless the options provide one."""
         self._services = dict(self.options.services)
         if PREDICTOR_SERVICE not in self._services:
-            self.predictor = PredictorHost(config.gateway.latency_predictor, self.clock)
+            self.predictor = PredictorHost(
+                config.gateway.latency_predictor,
+                self.clock,
+                model_dir=self.options.latency_model_dir,
+                trace=self.options.latency_trace,
+            )
             self._services[PREDICTOR_SERVICE] = self.predictor.service
         self.staleness_s = config.gateway.metrics_staleness_ms / 1000.0
         self.datastore = Datastore()
@@ -80,6 +94,7 @@ class Runtime:
             self.clock,
             self.staleness_s,
             flow=self._build_flow(config, self.built),
+            prediction_default=config.gateway.latency_predictor.prediction_based_scheduling_default,
         )
         self.director.on_dispatch = self._on_dispatch
         self.director.on_reject = self._on_reject
@@ -152,12 +167,16 @@ class Runtime:
         built = self.built if same else self._build_scheduler(config)
         flow = self.director.flow if same else self._build_flow(config, built)
         models = ModelTable(config)
-        if config.gateway.latency_predictor != self.config.gateway.latency_predictor:
+        new_predictor = config.gateway.latency_predictor
+        live = {"prediction_based_scheduling_default"}  # read per request: applied now
+        old_predictor = self.config.gateway.latency_predictor
+        if new_predictor.model_dump(exclude=live) != old_predictor.model_dump(exclude=live):
             log.warning("latencyPredictor changes take effect at the next restart")
         if endpoints is not None:
             self._discovered = endpoints
         self.config = config
         self.director.models = models
+        self.director.prediction_default = new_predictor.prediction_based_scheduling_default
         sync_pools(
             self.datastore,
             config,
@@ -220,6 +239,9 @@ class Runtime:
         series = metrics.model_series(parsed.model, dispatch.request.target_model)
         series.requests.inc()
         series.running.inc()
+        outcome = dispatch.state.get(PREDICTION_OUTCOME)
+        if outcome is not None:
+            self._observe_prediction(dispatch, outcome)
         return dispatch
 
     def release(self, dispatch: Dispatch, status: int, usage: Usage | None = None) -> None:
@@ -337,20 +359,53 @@ class Runtime:
             if isinstance(p, ApproxPrefixCacheProducer)
         )
 
+    def _observe_prediction(self, dispatch: Dispatch, outcome: PredictionOutcome) -> None:
+        """What the predicted-latency producer did for a dispatched request: the chosen
+        endpoint's predictions and the call's duration, or a fallback (opted-out requests
+        count as neither)."""
+        metrics = self.metrics
+        if outcome.fallback:
+            metrics.predictor_fallbacks.labels(outcome.status).inc()
+            return
+        if outcome.status != "predicted":
+            return
+        request = dispatch.request
+        series = metrics.prediction_series(request.model, request.target_model)
+        # One batched call predicts both targets: its duration is each one's (as GIE does).
+        series.ttft_duration.observe(outcome.duration_s)
+        series.tpot_duration.observe(outcome.duration_s)
+        chosen = (dispatch.state.get(PREDICTIONS) or {}).get(dispatch.endpoint.name)
+        if chosen is None:  # e.g. an endpoint whose prediction was not finite
+            return
+        series.predicted_ttft.observe(chosen.ttft_ms / 1000.0)
+        if chosen.tpot_ms > 0:  # 0 until a TPOT model exists: nothing was predicted
+            series.predicted_tpot.observe(chosen.tpot_ms / 1000.0)
+
     def _observe(self, dispatch: Dispatch, usage: Usage) -> None:
         m = self.metrics.model_series(dispatch.request.model, dispatch.request.target_model)
         finished = dispatch.finished_at or self.clock.now()
         e2e = finished - dispatch.request.arrival
         m.duration.observe(e2e)
         output_tokens = usage.output_tokens
-        if dispatch.first_byte_at is not None and dispatch.request.stream:
-            ttft = dispatch.first_byte_at - dispatch.request.arrival
+        request = dispatch.request
+        if dispatch.first_byte_at is not None and request.stream:
+            ttft = dispatch.first_byte_at - request.arrival
             m.ttft.observe(ttft)
+            if request.slo_ttft_ms is not None and ttft * 1000.0 > request.slo_ttft_ms:
+                self._slo_violated(request.model, request.target_model, "ttft")
             if output_tokens > 1:
-                m.tpot.observe((e2e - ttft) / (output_tokens - 1))
+                tpot = (e2e - ttft) / (output_tokens - 1)
+                m.tpot.observe(tpot)
+                if request.slo_tpot_ms is not None and tpot * 1000.0 > request.slo_tpot_ms:
+                    self._slo_violated(request.model, request.target_model, "tpot")
         if usage.prompt_tokens is not None:
             m.input_tokens.observe(usage.prompt_tokens)
         if output_tokens:
             m.output_tokens.observe(output_tokens)
         if usage.cached_tokens is not None:
             m.cached_tokens.observe(usage.cached_tokens)
+
+    def _slo_violated(self, model: str, target: str, kind: str) -> None:
+        # Only streamed answers: the gateway sees no first token of a non-streamed one,
+        # so its TTFT (and TPOT) cannot be judged against the SLO.
+        self.metrics.slo_violations.labels(model, target, kind).inc()

@@ -276,6 +276,18 @@ def test_inflight_lifecycle() -> None:
     assert f == InFlight()
 
 
+def test_inflight_token_times_iterations() -> None:
+    f = InFlight()
+    f.token(1.0)
+    assert (f.last_token_at, f.token_interval_s) == (1.0, 0.0)
+    f.token(1.0002)  # another chunk of the same iteration
+    assert (f.last_token_at, f.token_interval_s) == (1.0, 0.0)
+    f.token(1.015)
+    assert f.last_token_at == 1.015
+    assert f.token_interval_s == pytest.approx(0.015)
+    assert f == InFlight()  # timing is not part of the accounting's equality
+
+
 def test_inflight_never_negative() -> None:
     f = InFlight()
     f.complete(10, 10)

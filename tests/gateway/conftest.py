@@ -11,6 +11,7 @@ from gw_support import GatewayFactory, gateway_doc, pool_doc, wait_until_scraped
 
 from sluicegate.api.loader import build_config
 from sluicegate.gateway.app import Gateway, GatewayOptions
+from sluicegate.runtime import RuntimeOptions
 from sluicegate.scheduling.config import load_preset
 from sluicegate.sim.server import SimCluster
 
@@ -28,12 +29,13 @@ async def gateway() -> AsyncIterator[GatewayFactory]:
         settings: dict[str, Any] | None = None,
         api_keys: Sequence[str] = (),
         wait_ready: bool = True,
+        runtime: RuntimeOptions | None = None,
     ) -> Gateway:
         spec = {"scrapeIntervalMs": 20, "metricsStalenessMs": 2000, **(settings or {})}
         config = build_config([pool_doc(cluster.urls), gateway_doc(**spec), *docs])
         if preset is not None:
             config.picker = load_preset(preset)
-        gw = Gateway(config, GatewayOptions(api_keys=list(api_keys)))
+        gw = Gateway(config, GatewayOptions(runtime or RuntimeOptions(), api_keys=list(api_keys)))
         await gw.start("127.0.0.1", 0)
         started.append(gw)
         if wait_ready:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from sluicegate.gateway.app import Gateway
+from sluicegate.runtime import RuntimeOptions
 from sluicegate.scheduling.config import load_preset
 from sluicegate.sim.server import SimCluster
 
@@ -22,6 +23,7 @@ class GatewayFactory(Protocol):
         settings: dict[str, Any] | None = None,
         api_keys: Sequence[str] = (),
         wait_ready: bool = True,
+        runtime: RuntimeOptions | None = None,
     ) -> Gateway: ...
 
 

@@ -33,6 +33,7 @@ PredictServerFactory = Callable[..., Awaitable[PredictionServer]]
 
 def random_rows(n: int, seed: int = 0) -> list[FeatureRow]:
     rng = np.random.default_rng(seed)
+    timing = np.random.default_rng(seed + 77)  # its own stream: the other draws stay as they were
     rows = []
     for _ in range(n):
         rows.append(
@@ -46,6 +47,8 @@ def random_rows(n: int, seed: int = 0) -> list[FeatureRow]:
                 prefix_cache_score=float(rng.random()),
                 dispatched_since_scrape=int(rng.integers(0, 5)),
                 expected_output_tokens=int(rng.integers(16, 1025)),
+                ms_since_last_token=float(timing.uniform(0.0, 1000.0)),
+                token_interval_ms=float(timing.uniform(0.0, 60.0)),
             )
         )
     return rows

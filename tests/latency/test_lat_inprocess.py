@@ -61,6 +61,19 @@ def test_maybe_retrain_waits_for_interval_and_samples() -> None:
     assert p.trainings == 2
 
 
+def test_first_training_does_not_wait_for_the_interval() -> None:
+    clock = ManualClock()
+    p = InProcessPredictor(clock, settings(retrain_interval_s=10.0))
+    for s in samples(300, seed=2):
+        p.observe(s)
+    clock.set(1.0)
+    assert p.maybe_retrain()  # no model yet: decisions fall back until there is one
+    p.observe(samples(1, seed=3)[0])
+    clock.set(5.0)
+    assert not p.maybe_retrain()  # then the interval holds
+    assert p.maybe_retrain(now=11.0)
+
+
 def test_simulation_training_is_deterministic_and_reads_no_timer() -> None:
     def run() -> np.ndarray:
         clock = ManualClock()
@@ -70,7 +83,8 @@ def test_simulation_training_is_deterministic_and_reads_no_timer() -> None:
             clock.set(i * 0.01)
             p.observe(s)
             p.maybe_retrain()
-        assert p.trainings == 2  # at t=5 and t=10
+        # The first as soon as 100 training samples exist (t ≈ 1.1), then every 5 s.
+        assert p.trainings == 3
         assert p.last_train_duration_s == 0.0  # no timer: nothing measured
         out = p.predict(random_rows(50, seed=5))
         assert out is not None

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from lat_support import samples
 
-from sluicegate.latency.features import FeatureRow, Sample, feature_matrix
+from sluicegate.latency.features import FEATURE_NAMES, FeatureRow, Sample, feature_matrix
 from sluicegate.latency.store import (
     BUCKETS,
     SampleStore,
@@ -77,7 +77,7 @@ def test_never_exceeds_its_caps_under_a_million_adds() -> None:
         assert sample_set.train_count == counts.sum() <= BUCKETS * 3
         assert sample_set.test_count == 7
         x, y = sample_set.training_arrays()
-        assert x.shape == (counts.sum(), 10)
+        assert x.shape == (counts.sum(), len(FEATURE_NAMES))
         assert y.shape == (counts.sum(),)
     assert store.ttft.added == 1_024_000
 
@@ -211,7 +211,7 @@ def test_clear() -> None:
     assert store.ttft.bucket_counts().sum() == 0
     store.clear()
     assert store.ttft.test_count == 0
-    assert store.ttft.training_arrays()[0].shape == (0, 10)
+    assert store.ttft.training_arrays()[0].shape == (0, len(FEATURE_NAMES))
 
 
 def test_config_is_validated() -> None:

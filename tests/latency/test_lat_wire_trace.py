@@ -12,7 +12,14 @@ import pytest
 from lat_support import random_rows, samples
 
 from sluicegate.cli import main
-from sluicegate.latency.features import FeatureRow, Sample, feature_matrix
+from sluicegate.latency.features import (
+    FEATURE_NAMES,
+    TOKEN_TIMING_CAP_MS,
+    FeatureRow,
+    Sample,
+    feature_matrix,
+    token_timing,
+)
 from sluicegate.latency.model import ModelBundle
 from sluicegate.latency.trace import TraceError, TraceWriter, read_trace
 from sluicegate.latency.wire import (
@@ -46,12 +53,22 @@ def test_reference_bodies_are_accepted_with_defaults_for_our_fields() -> None:
     assert isinstance(row.input_token_length, int)
 
 
+def test_token_timing_fields_default_validate_and_cap() -> None:
+    row = row_from_json(REFERENCE_BODY)
+    assert (row.ms_since_last_token, row.token_interval_ms) == (TOKEN_TIMING_CAP_MS, 0.0)
+    timed = row_from_json({**REFERENCE_BODY, "ms_since_last_token": 3.5, "token_interval_ms": 5e6})
+    assert (timed.ms_since_last_token, timed.token_interval_ms) == (3.5, TOKEN_TIMING_CAP_MS)
+    for bad in (-1.0, float("inf"), "3"):
+        with pytest.raises(FieldError, match="ms_since_last_token"):
+            row_from_json({**REFERENCE_BODY, "ms_since_last_token": bad})
+
+
 def test_rows_round_trip_and_match_the_feature_matrix() -> None:
     rows = random_rows(25, seed=1)
     assert [row_from_json(row_to_json(r)) for r in rows] == rows
     x = matrix_from_json([row_to_json(r) for r in rows])
     assert np.array_equal(x, feature_matrix(rows))
-    assert matrix_from_json([]).shape == (0, 10)
+    assert matrix_from_json([]).shape == (0, len(FEATURE_NAMES))
 
 
 @pytest.mark.parametrize(
@@ -195,3 +212,12 @@ def test_cli_server_argument_errors(
         main(["predictor", *args])
     assert info.value.code == 2
     assert message in " ".join(capsys.readouterr().err.split())
+
+
+def test_token_timing_is_relative_and_capped() -> None:
+    assert token_timing(None, 0.0, 5.0) == (TOKEN_TIMING_CAP_MS, 0.0)
+    since, interval = token_timing(10.0, 0.012, 10.004)
+    assert since == pytest.approx(4.0)
+    assert interval == pytest.approx(12.0)
+    assert token_timing(1.0, 3.0, 100.0) == (TOKEN_TIMING_CAP_MS, TOKEN_TIMING_CAP_MS)
+    assert token_timing(10.0, 0.0, 9.0)[0] == 0.0  # a clock behind the token: not negative

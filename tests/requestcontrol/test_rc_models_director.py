@@ -697,3 +697,23 @@ def test_fallbacks_respect_the_profiles_filters(route_env: Any) -> None:
     assert sorted(tried) == ["ep-1", "ep-3"]
     d.finish(env.clock.now())
     assert all(v == (0, 0, 0) for v in env.inflight().values())
+
+
+@pytest.mark.parametrize(
+    ("default", "header", "expected"),
+    [
+        (True, None, True),
+        (False, None, False),
+        (False, "true", True),
+        (True, "false", False),
+    ],
+)
+def test_prediction_based_scheduling_header_overrides_the_default(
+    route_env: Any, default: bool, header: str | None, expected: bool
+) -> None:
+    env = route_env()
+    env.scrape_all()
+    env.director.prediction_default = default
+    headers = {} if header is None else {"x-prediction-based-scheduling": header}
+    d = env.route({"model": "base", "prompt": "hi"}, headers)
+    assert d.request.prediction_based is expected

@@ -16,6 +16,7 @@ from sluicegate.requestcontrol.parse import (
     MAX_HEADER_ID_LENGTH,
     MODEL_REWRITE_HEADER,
     OBJECTIVE_HEADERS,
+    PREDICTION_BASED_HEADER,
     SLO_TPOT_HEADERS,
     SLO_TTFT_HEADERS,
     ParsedRequest,
@@ -389,3 +390,29 @@ def test_header_errors_come_after_body_checks() -> None:
     # A body error is reported first even when a header is bad too.
     err = bad("completions", b'{"prompt": "x"}', {SLO_TTFT_HEADERS[0]: "soon"})
     assert err.param == "model"
+
+
+# --------------------------------------------------------------------------- prediction opt-in
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("true", True), ("false", False), ("TRUE", True), (" False ", False), ("", None)],
+)
+def test_prediction_based_header(value: str, expected: bool | None) -> None:
+    assert completions({PREDICTION_BASED_HEADER: value}).prediction_based is expected
+
+
+def test_prediction_based_header_absent_leaves_the_choice_to_the_default() -> None:
+    assert completions().prediction_based is None
+
+
+@pytest.mark.parametrize("value", ["yes", "1", "0", "on", "truee", "maybe"])
+def test_prediction_based_header_other_values_are_400(value: str) -> None:
+    err = bad("completions", b'{"model": "m", "prompt": "x"}', {PREDICTION_BASED_HEADER: value})
+    assert err.param == PREDICTION_BASED_HEADER
+    assert "must be true or false" in err.message
+
+
+def test_prediction_based_header_is_not_forwarded() -> None:
+    assert PREDICTION_BASED_HEADER in CONTROL_HEADERS

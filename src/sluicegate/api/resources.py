@@ -324,6 +324,10 @@ class LatencyPredictorSettings(Model):
     objective: Literal["quantile", "mean"] = "quantile"
     quantile: Annotated[float, Field(gt=0, lt=1)] = 0.9
     """The latency quantile predicted with the quantile objective (0.9: p90)."""
+    prediction_based_scheduling_default: bool = True
+    """Whether a request without an ``x-prediction-based-scheduling`` header is scheduled
+    on predictions (true) or on the predicted-latency plugins' heuristic fallback (false).
+    The header is GIE v1.2's (anchors E, "Request headers"); applied on reload."""
 
 
 class GatewaySettings(Model):

@@ -26,7 +26,7 @@ import heapq
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import orjson
 
@@ -40,7 +40,9 @@ from sluicegate.datalayer.endpoint import EngineMetrics, ServedModels
 from sluicegate.errors import GatewayError
 from sluicegate.flowcontrol.config import POOL_ANNOTATION, build_flow_control
 from sluicegate.flowcontrol.types import QueueItem
+from sluicegate.latency.features import FeatureRow, Sample
 from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings
+from sluicegate.latency.predictor import Predictions
 from sluicegate.plugin import (
     PluginContext,
 )
@@ -56,6 +58,24 @@ from sluicegate.sim.engine import Engine, Sequence, StepResult, new_sequence
 from sluicegate.sim.profiles import EngineProfile
 
 POOL = "sim-pool"
+
+
+class TrainedPredictor(Protocol):
+    """A latency predictor the simulation trains on its virtual clock (the
+    :class:`~sluicegate.latency.inprocess.InProcessPredictor` API the run loop uses)."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    def predict(self, rows: list[FeatureRow]) -> Predictions | None: ...
+
+    def observe(self, sample: Sample) -> None: ...
+
+    def maybe_retrain(self, now: float | None = None) -> bool: ...
+
+
+PredictorFactory = Callable[[ManualClock, PredictorSettings], TrainedPredictor]
+"""Builds the ``model`` predictor of a run from its clock and settings."""
 
 
 @dataclass(slots=True, eq=False)
@@ -115,6 +135,9 @@ class ClusterSpec:
     """The ``latency-predictor`` service: none, online-trained models, or the oracle."""
     predictor_settings: PredictorSettings = field(default_factory=PredictorSettings)
     """Training schedule of the ``model`` predictor (intervals in simulated seconds)."""
+    predictor_factory: PredictorFactory | None = None
+    """Makes the ``model`` predictor (None: an :class:`InProcessPredictor`); the accuracy
+    benchmark passes one that also records what was predicted at dispatch."""
 
 
 @dataclass(slots=True)
@@ -165,7 +188,7 @@ class ClusterSimulation:
         models = ServedModels(frozenset({spec.model}), frozenset(spec.adapters), 0.0)
         for endpoint in self.endpoints:
             endpoint.models = models
-        self.predictor: InProcessPredictor | None = None
+        self.predictor: TrainedPredictor | None = None
         """The online-trained latency models (``predictor="model"``)."""
         self._next_step_at = [0.0] * spec.replicas
         self._bodies: dict[str, tuple[bytes, bool]] = {}
@@ -204,7 +227,8 @@ class ClusterSimulation:
     def _services(self, spec: ClusterSpec) -> dict[str, object]:
         if spec.predictor == "model":
             # Trained on the run's own traffic, in virtual time (see _scrape handling).
-            self.predictor = InProcessPredictor(self.clock, spec.predictor_settings)
+            factory = spec.predictor_factory or InProcessPredictor
+            self.predictor = factory(self.clock, spec.predictor_settings)
             return {PREDICTOR_SERVICE: self.predictor}
         if spec.predictor == "oracle":
             return {
@@ -394,6 +418,11 @@ class ClusterSimulation:
         if previous is not None:
             self._pending[index] = None
             self._deliver(previous, now)
+            if previous.emitted:
+                # The gateway relays these tokens as stream chunks, each marking the
+                # endpoint's token time (Dispatch.mark_token); one call stands for all of
+                # them, as they arrive at the same instant.
+                self.endpoints[index].inflight.token(now)
         if not engine.has_work():
             self._stepping[index] = False
             return

@@ -52,6 +52,8 @@ import orjson
 import yaml
 from rich.console import Console
 
+from sluicegate.bench.processes import cpu_seconds
+
 ROOT = Path(__file__).resolve().parents[3]
 ENVOY_EXAMPLE = ROOT / "deploy" / "envoy" / "envoy.yaml"
 MODEL = "tiny-llama"
@@ -82,13 +84,6 @@ def _pin(pid: int, cpu: int) -> bool:
     except OSError:
         return False
     return True
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads), from ``/proc``."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
 
 
 def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
@@ -251,6 +246,9 @@ class DecisionRun:
     pinned: bool
     idle_share: float = 0.0
     """Share of a core the picker used with no traffic (scraping the replicas)."""
+    loop_cpu_s: float = 0.0
+    """Of ``picker_cpu_s``, the event-loop (main) thread's; the rest is gRPC's own
+    threads (completion-queue poller, event engine)."""
 
     @property
     def per_s(self) -> float:
@@ -265,6 +263,11 @@ class DecisionRun:
     def per_cpu_s(self) -> float:
         """Decisions per second of picker CPU (its capacity on one saturated core)."""
         return self.decisions / self.picker_cpu_s if self.picker_cpu_s else 0.0
+
+    @property
+    def loop_share(self) -> float:
+        """Share of the picker's CPU spent on its event-loop thread."""
+        return self.loop_cpu_s / self.picker_cpu_s if self.picker_cpu_s else 0.0
 
     @property
     def net_cpu_us(self) -> float:
@@ -361,16 +364,17 @@ async def _drive(port: int, streams: int, seconds: float, warmup_s: float, pid: 
 
     tasks = [asyncio.create_task(worker(i)) for i in range(streams)]
     await asyncio.sleep(warmup_s)
-    cpu0, t0 = _cpu_seconds(pid), time.perf_counter()
+    cpu0, loop0, t0 = cpu_seconds(pid), cpu_seconds(pid, pid), time.perf_counter()
     measuring = True
     await asyncio.sleep(seconds)
     measuring = False
-    elapsed, cpu = time.perf_counter() - t0, _cpu_seconds(pid) - cpu0
+    elapsed, cpu = time.perf_counter() - t0, cpu_seconds(pid) - cpu0
+    loop_cpu = cpu_seconds(pid, pid) - loop0
     stop = True
     await asyncio.gather(*tasks, return_exceptions=True)
     for channel in channels:
         await channel.close()
-    return DecisionRun(streams, elapsed, done, cpu, errors, True)
+    return DecisionRun(streams, elapsed, done, cpu, errors, True, loop_cpu_s=loop_cpu)
 
 
 def measure_decisions(
@@ -386,9 +390,9 @@ def measure_decisions(
         _sim_pool(Path(tmp), 1e-6) as pool,
         _picker(pool.config, policy) as picker,
     ):
-        cpu0 = _cpu_seconds(picker.proc.pid)
+        cpu0 = cpu_seconds(picker.proc.pid)
         time.sleep(3.0)
-        idle = (_cpu_seconds(picker.proc.pid) - cpu0) / 3.0
+        idle = (cpu_seconds(picker.proc.pid) - cpu0) / 3.0
         warmup = min(2.0, seconds / 3)
         for streams in streams_levels:
             console.print(f"extproc decisions: {streams} concurrent streams ...")
@@ -638,7 +642,7 @@ def report(quick: bool, console: Console, machine: str) -> str:
     load_after = _load()
     rows = [
         f"| {r.streams} | {r.per_s:,.0f} | {r.cpu_us:,.0f} | {r.net_cpu_us:,.0f} | "
-        f"{r.per_cpu_s:,.0f} | {r.errors} |"
+        f"{r.loop_share:.0%} | {r.per_cpu_s:,.0f} | {r.errors} |"
         for r in runs
     ]
     idle = runs[0].idle_share if runs else 0.0
@@ -666,18 +670,21 @@ def report(quick: bool, console: Console, machine: str) -> str:
         "headers, a body with usage → answers; end of stream). *CPU/decision* is the "
         "picker process's CPU time divided by the decisions; *net* leaves out what it "
         f"spends scraping the replicas anyway ({idle:.0%} of a core with no traffic); "
+        "*on the loop* is the share of that CPU spent on the event-loop thread (the "
+        "rest is gRPC's own threads: the completion-queue poller and the event engine); "
         "*decisions per CPU-second* is what one saturated core would sustain, independent "
         "of the client's speed.",
         "",
         "| concurrent streams | decisions/s | picker CPU µs/decision | net of scraping "
-        "| decisions per CPU-second | errors |",
-        "|---|---|---|---|---|---|",
+        "| on the loop | decisions per CPU-second | errors |",
+        "|---|---|---|---|---|---|---|",
         *rows,
         "",
         "For scale, the same load against a do-nothing servicer (every message answered at "
         "once with an empty response; same grpc.aio and uvloop): "
-        f"{null.per_s:,.0f} streams/s, {null.cpu_us:,.0f} µs CPU per stream — the cost of "
-        "the gRPC runtime alone, which no Python ext_proc server goes below.",
+        f"{null.per_s:,.0f} streams/s, {null.cpu_us:,.0f} µs CPU per stream "
+        f"({null.loop_share:.0%} on the event-loop thread) — the cost of the gRPC runtime "
+        "alone, which no Python ext_proc server goes below.",
         "",
         "## Added latency through Envoy",
         "",

@@ -68,17 +68,16 @@ import orjson
 import yaml
 
 from sluicegate.bench.des import POOL, ClusterSpec, RequestRecord
-from sluicegate.bench.gateway_overhead import (
-    GATEWAY_CPU,
+from sluicegate.bench.gateway.routers import start_vllm_router, vllm_router_binary
+from sluicegate.bench.gateway.settings import GATEWAY_CPU
+from sluicegate.bench.metrics import latency_summary, summarize
+from sluicegate.bench.processes import (
     Processes,
     cpu_seconds,
     free_port_block,
     http_get,
-    start_vllm_router,
-    vllm_router_binary,
     wait_ready,
 )
-from sluicegate.bench.metrics import latency_summary, summarize
 from sluicegate.bench.runner import RunPlan, entry_from_records, results_document, run_level
 from sluicegate.bench.scenarios import Scenario, available_policies
 from sluicegate.bench.workloads import RequestSpec, Workload
@@ -378,7 +377,7 @@ class HttpRunResult:
 
 
 class ProcessGroups(Processes):
-    """:class:`~sluicegate.bench.gateway_overhead.Processes` whose :meth:`stop` ends the
+    """:class:`~sluicegate.bench.processes.Processes` whose :meth:`stop` ends the
     whole process group each one leads (every child started in its own session)."""
 
     def stop(self, name: str, timeout_s: float = 5.0) -> None:

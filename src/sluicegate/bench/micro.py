@@ -128,8 +128,8 @@ def sim_report(quick: bool, console: Console) -> str:
 
 def gateway_report(quick: bool, console: Console) -> str:
     """Gateway overhead and requests/s on one core, beside vllm-router (starts processes;
-    see :mod:`sluicegate.bench.gateway_overhead`)."""
-    from sluicegate.bench.gateway_overhead import report
+    see :mod:`sluicegate.bench.gateway`)."""
+    from sluicegate.bench.gateway.report import report
 
     return report(quick, console, machine())
 
@@ -150,10 +150,19 @@ def extproc_report(quick: bool, console: Console) -> str:
     return report(quick, console, machine())
 
 
+def latency_accuracy_report(quick: bool, console: Console) -> str:
+    """TTFT/TPOT prediction accuracy of the online models on the simulator (see
+    :mod:`sluicegate.bench.latency_accuracy`)."""
+    from sluicegate.bench.latency_accuracy import report
+
+    return report(quick, console, machine())
+
+
 REPORTS: dict[str, Callable[[bool, Console], str]] = {
     "scheduling": scheduling_report,
     "sim": sim_report,
     "gateway": gateway_report,
     "latency": latency_report,
     "extproc": extproc_report,
+    "latency-accuracy": latency_accuracy_report,
 }

@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
-import shutil
-import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 
 import orjson
 
+from sluicegate.bench.loadgen import parse_wrk, wrk_output
 from sluicegate.sim.engine import Engine, new_sequence
 from sluicegate.sim.profiles import get_profile
 from sluicegate.sim.server import ReplicaOptions, SimCluster
@@ -104,29 +101,14 @@ def wrk_post_script(body: dict[str, object], path: str) -> str:
 def run_wrk(
     url: str, script: str, connections: int, seconds: float, cpu: int | None = None
 ) -> tuple[int, float, str]:
-    """Run wrk (one thread) against ``url``; returns (completed requests, seconds, output)."""
-    wrk = shutil.which("wrk")
-    if wrk is None:
-        raise RuntimeError("wrk is not installed (Debian: apt-get install wrk)")
-    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
-        f.write(script)
-    cmd = [wrk, "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", f.name, url]
-    if cpu is not None and shutil.which("taskset"):
-        cmd = ["taskset", "-c", str(cpu), *cmd]
-    try:
-        out = subprocess.run(
-            cmd, capture_output=True, text=True, check=True, timeout=seconds + 60
-        ).stdout
-    finally:
-        os.unlink(f.name)
-    match = re.search(r"(\d+) requests in ([\d.]+)(m?s)", out)
-    if match is None:
-        raise RuntimeError(f"cannot read wrk's output:\n{out}")
-    duration = float(match.group(2)) / (1000.0 if match.group(3) == "ms" else 1.0)
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    if errors:
-        raise RuntimeError(f"{errors.group(1)} requests failed:\n{out}")
-    return int(match.group(1)), duration, out
+    """Run wrk (one thread) against ``url``; returns (completed requests, seconds, output).
+    Raises when any request failed (see :func:`~sluicegate.bench.loadgen.wrk` for a run
+    whose failures are counted instead)."""
+    out = wrk_output(url, script, connections, seconds, cpu)
+    result = parse_wrk(out)
+    if result.non_2xx:
+        raise RuntimeError(f"{result.non_2xx} requests failed:\n{out}")
+    return result.requests, result.seconds, out
 
 
 async def http_speed(

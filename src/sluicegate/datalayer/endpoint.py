@@ -55,6 +55,11 @@ class ServedModels:
         return self.fetched_at >= 0
 
 
+SAME_ITERATION_S = 0.0005
+"""Tokens relayed within 0.5 ms of each other are taken as one engine iteration's (an
+iteration takes milliseconds; its chunks reach the gateway microseconds apart)."""
+
+
 @dataclass(slots=True)
 class InFlight:
     """Work this gateway dispatched to an endpoint and that has not finished.
@@ -62,7 +67,9 @@ class InFlight:
     ``prompt_tokens`` counts uncached prompt tokens still to prefill (released at the first
     response byte); ``decode_tokens`` the expected output tokens of running requests
     (released at completion). ``*_since_scrape`` count what was dispatched after the last
-    metrics scrape and reset when a new one arrives.
+    metrics scrape and reset when a new one arrives. ``last_token_at`` and
+    ``token_interval_s`` time the endpoint's iterations from the tokens relayed (see
+    :meth:`token`); they are not compared.
     """
 
     requests: int = 0
@@ -70,6 +77,23 @@ class InFlight:
     decode_tokens: int = 0
     requests_since_scrape: int = 0
     prompt_tokens_since_scrape: int = 0
+    last_token_at: float | None = field(default=None, compare=False)
+    """Clock time (s) the endpoint last produced a token this gateway relayed."""
+    token_interval_s: float = field(default=0.0, compare=False)
+    """Seconds between the last two distinct moments it produced tokens: its iteration
+    time while it streams (0 until known)."""
+
+    def token(self, now: float) -> None:
+        """A token of any request left the endpoint at ``now`` (clock s): a first byte or
+        a streamed chunk. An engine emits the tokens of one iteration together, so chunks
+        within :data:`SAME_ITERATION_S` of the last one count as the same moment."""
+        last = self.last_token_at
+        if last is not None:
+            gap = now - last
+            if gap < SAME_ITERATION_S:
+                return
+            self.token_interval_s = gap
+        self.last_token_at = now
 
     def dispatch(self, prompt_tokens: int, decode_tokens: int) -> None:
         self.requests += 1

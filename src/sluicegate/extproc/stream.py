@@ -381,8 +381,12 @@ class ExtProcStream:
         if relay is None or self.response_ended:
             return self._body_out("response_body", chunk, chunk, end)
         dispatch = self.dispatch
-        if chunk and dispatch is not None and dispatch.first_byte_at is None:
-            dispatch.mark_first_byte(self.runtime.clock.now())
+        if chunk and dispatch is not None:
+            # Every streamed chunk times the endpoint's iterations for the latency models.
+            if dispatch.first_byte_at is None:
+                dispatch.mark_first_byte(self.runtime.clock.now())
+            else:
+                dispatch.mark_token(self.runtime.clock.now())
         out = relay.feed(chunk, end)
         if end:
             self._end_response()

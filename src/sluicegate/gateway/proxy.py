@@ -224,6 +224,8 @@ class Proxy:
                 outcome.observe_stream_chunk(chunk)
                 await response.write(rewrite.feed(chunk) if rewrite is not None else chunk)
                 chunk = await content.readany()
+                if chunk:  # the engine just ended an iteration: a latency-model feature
+                    dispatch.mark_token(self.clock.now())
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as exc:
             outcome.error = f"stream: {type(exc).__name__}"
             if rewrite is not None:

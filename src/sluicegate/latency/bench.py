@@ -261,13 +261,13 @@ def measure_server(
     model_dir: Path, workdir: Path, seconds: float, console: Console
 ) -> list[ServerRun]:
     """Throughput of one pinned ``predict-server`` process under wrk, per endpoint count."""
-    from sluicegate.bench.gateway_overhead import (
+    from sluicegate.bench.loadgen import wrk_rotating_script
+    from sluicegate.bench.processes import (
         Processes,
         cpu_seconds,
         free_port_block,
         http_get,
         wait_ready,
-        wrk_rotating_script,
     )
 
     def booster_calls() -> int:
@@ -430,7 +430,7 @@ def report(quick: bool, console: Console, machine: str) -> str:
     """Markdown of ``sluicegate bench micro latency`` (at ``$SLUICEGATE_BENCH_NICE``, as
     the gateway benchmark: on a shared machine, ``-10`` (root) runs this process, the
     servers and wrk ahead of other work)."""
-    from sluicegate.bench.gateway_overhead import bench_nice, niceness
+    from sluicegate.bench.processes import bench_nice, niceness
 
     nice = bench_nice()
     with niceness(nice):
@@ -486,7 +486,7 @@ def _report(quick: bool, console: Console, machine: str, nice: int) -> str:
 
 def _client_against_server(workdir: Path, seconds: float, console: Console) -> ClientRun:
     """RemotePredictor (this process, core ``BENCH_CPU``) against a pinned server."""
-    from sluicegate.bench.gateway_overhead import Processes, free_port_block, wait_ready
+    from sluicegate.bench.processes import Processes, free_port_block, wait_ready
 
     port = free_port_block(2)
     procs = Processes(workdir)

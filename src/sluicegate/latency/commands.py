@@ -6,12 +6,16 @@
   (:mod:`sluicegate.latency.trace`) through the same stratified window as online training
   (so a long trace keeps the latest 500 samples per bucket) and save the bundle.
 
+:func:`add_latency_flags` adds the in-process models' ``--latency-model-dir`` and
+``--latency-trace`` to ``serve`` and ``extproc``.
+
 Heavy imports happen in the handlers, so building the parser stays cheap.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -86,6 +90,39 @@ def add_predictor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
     train.set_defaults(func=_cmd_train)
 
 
+def add_latency_flags(parser: argparse.ArgumentParser) -> None:
+    """``--latency-model-dir`` and ``--latency-trace``, for ``serve`` and ``extproc``."""
+    parser.add_argument(
+        "--latency-model-dir",
+        default=None,
+        metavar="DIR",
+        help="in-process latency models: load the ones saved here at start (a restarted "
+        "picker starts warm) and save after each training; overrides latencyPredictor.modelDir",
+    )
+    parser.add_argument(
+        "--latency-trace",
+        default=None,
+        metavar="FILE",
+        help="train the in-process latency models at start on this recorded trace (JSON "
+        "Lines samples, as 'sluicegate predictor train --trace' reads)",
+    )
+
+
+def check_latency_flags(args: argparse.Namespace) -> str | None:
+    """What is wrong with the latency flags, or None. The trace is opened, not parsed: a
+    bad line is reported when the picker starts."""
+    directory = args.latency_model_dir
+    if directory is not None and os.path.exists(directory) and not os.path.isdir(directory):
+        return f"--latency-model-dir {directory}: not a directory"
+    if args.latency_trace is not None:
+        try:
+            with open(args.latency_trace, "rb"):
+                pass
+        except OSError as exc:
+            return f"--latency-trace: {exc}"
+    return None
+
+
 def _model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--objective", choices=["quantile", "mean"], default="quantile")
     parser.add_argument("--alpha", type=float, default=0.9, help="quantile predicted (default 0.9)")
@@ -157,18 +194,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from sluicegate.cli import _fail, console
     from sluicegate.latency.model import TrainingData, train_bundle
     from sluicegate.latency.store import SampleStore
-    from sluicegate.latency.trace import TraceError, read_trace
+    from sluicegate.latency.trace import TraceError, load_trace
 
     try:
         config = _train_config(args)
     except ValueError as exc:
         return _fail(str(exc))
     store = SampleStore()
-    read = 0
     try:
-        for sample in read_trace(args.trace):
-            store.add(sample)
-            read += 1
+        read = load_trace(args.trace, store)
     except (OSError, TraceError) as exc:
         return _fail(str(exc))
     bundle = train_bundle(

@@ -4,8 +4,15 @@ The same row is built when predicting (for every candidate, before scheduling) a
 training (for the chosen endpoint, as it was at dispatch), so the model learns from exactly
 what it is later asked about. Features follow the reference predictor's (anchors, section
 F), with the input length a real token estimate rather than a word count, plus what the
-gateway alone knows: requests it dispatched since the endpoint's last scrape, and the
-request's expected output length.
+gateway alone knows: requests it dispatched since the endpoint's last scrape, the
+request's expected output length, and when it last saw the endpoint produce a token.
+
+The token timing is what makes TTFT predictable on a busy engine: a new request waits
+for the iteration in progress to end before its prefill runs, and that residual wait is a
+large, otherwise random share of a short TTFT. Every token the gateway relays marks the
+end of an engine iteration, so ``ms_since_last_token`` and ``token_interval_ms`` (the
+last gap between two iterations seen) locate the next one (measured effect:
+``docs/benchmarks/latency-accuracy.md``).
 """
 
 from __future__ import annotations
@@ -15,6 +22,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 import numpy as np
+
+TOKEN_TIMING_CAP_MS = 1000.0
+"""Cap of the token-timing features (ms): beyond it the endpoint is simply idle, and a
+bounded value keeps never-seen endpoints in the same region of the feature space."""
+
+
+def token_timing(last_token_at: float | None, interval_s: float, now: float) -> tuple[float, float]:
+    """``(ms_since_last_token, token_interval_ms)`` of an endpoint at ``now`` from its
+    last token time and iteration interval (clock seconds; see ``InFlight.token``),
+    capped at :data:`TOKEN_TIMING_CAP_MS`."""
+    cap = TOKEN_TIMING_CAP_MS
+    since = cap if last_token_at is None else min(max(now - last_token_at, 0.0) * 1000.0, cap)
+    return since, min(interval_s * 1000.0, cap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +54,13 @@ class FeatureRow:
     dispatched_since_scrape: int
     expected_output_tokens: int
     """``max_tokens``, or the gateway's estimate when the request sets none."""
+    ms_since_last_token: float = TOKEN_TIMING_CAP_MS
+    """Milliseconds since the gateway last saw the endpoint produce a token (any request's
+    first byte or streamed chunk), capped at :data:`TOKEN_TIMING_CAP_MS` (also: never)."""
+    token_interval_ms: float = 0.0
+    """Milliseconds between the last two distinct moments the endpoint produced tokens
+    (≈ its iteration time while it streams), capped at :data:`TOKEN_TIMING_CAP_MS`; 0 when
+    unknown."""
 
     @property
     def effective_input_tokens(self) -> float:

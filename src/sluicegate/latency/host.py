@@ -5,6 +5,12 @@
 trained on the picker's own traffic in a worker thread) or a :class:`RemotePredictor`
 (prediction and training servers). :class:`PredictorHost` starts and stops it with the
 picker and exports its metrics.
+
+At start the in-process predictor loads the models saved in its model directory
+(``--latency-model-dir``, else ``modelDir``), then — given a recorded trace
+(``--latency-trace``) — files the trace's samples in its window and trains on them at once,
+through the same training (and saving) as live retraining. Live samples then join the
+window and gradually take it over.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from sluicegate.latency.client import RemotePredictor, RemoteSettings
 from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings
 from sluicegate.latency.metrics import PredictorCollector
 from sluicegate.latency.model import TrainConfig
+from sluicegate.latency.trace import load_trace
 
 log = logging.getLogger("sluicegate.latency")
 
@@ -52,8 +59,15 @@ class PredictorHost:
         settings: LatencyPredictorSettings,
         clock: Clock,
         environ: Mapping[str, str] | None = None,
+        *,
+        model_dir: str | None = None,
+        trace: str | None = None,
     ) -> None:
+        """``model_dir`` overrides the settings' ``modelDir``; ``trace`` is a JSON Lines
+        sample file to train on at start. Both apply to in-process models only."""
         self.settings = settings
+        self.model_dir = model_dir or settings.model_dir
+        self.trace = trace
         predict_urls, train_url = remote_urls(settings, environ)
         self.local: InProcessPredictor | None = None
         self.remote: RemotePredictor | None = None
@@ -72,9 +86,15 @@ class PredictorHost:
                     retrain_interval_s=settings.retrain_interval_ms / 1000.0,
                     min_samples=settings.min_samples,
                     train=TrainConfig(objective=settings.objective, alpha=settings.quantile),
-                    model_dir=settings.model_dir,
+                    model_dir=self.model_dir,
                 ),
                 timer=time.perf_counter,
+            )
+        if self.remote is not None and (model_dir or trace):
+            log.warning(
+                "--latency-model-dir and --latency-trace are unused: the latency models are "
+                "remote (predictionUrls / %s)",
+                PREDICTION_URL_ENV,
             )
         self._trainer: asyncio.Task[None] | None = None
 
@@ -92,12 +112,32 @@ class PredictorHost:
     async def start(self) -> None:
         """Load saved models (in process) and start training, or connect (remote)."""
         if self.local is not None:
-            directory = self.settings.model_dir
+            directory = self.model_dir
             if directory and self.local.load(directory):
                 log.info("latency models loaded from %s", directory)
+            if self.trace is not None:
+                await self._train_from_trace(self.local, self.trace)
             self._trainer = asyncio.create_task(self.local.run_trainer(), name="latency-trainer")
         elif self.remote is not None:
             await self.remote.start()
+
+    async def _train_from_trace(self, local: InProcessPredictor, trace: str) -> None:
+        """File ``trace``'s samples and train on them; raises OSError or TraceError.
+
+        Both run in a worker thread: nothing else touches the store yet (the host starts
+        before its picker takes requests and before the trainer task)."""
+        read = await asyncio.to_thread(load_trace, trace, local.store)
+        if await local.retrain_async():
+            log.info("latency models trained on %d samples of %s", read, trace)
+        else:
+            log.warning(
+                "%s: %d TTFT training samples (of %d read), minSamples %d needed; the "
+                "models train once live traffic adds the rest",
+                trace,
+                local.ttft_samples,
+                read,
+                local.settings.min_samples,
+            )
 
     async def stop(self) -> None:
         if self._trainer is not None:

@@ -180,11 +180,16 @@ class InProcessPredictor:
         )
 
     def retrain_due(self, now: float | None = None) -> bool:
-        """Whether :meth:`maybe_retrain` would train at ``now`` (clock seconds)."""
+        """Whether :meth:`maybe_retrain` would train at ``now`` (clock seconds): enough new
+        samples, and no model yet or the retraining interval passed since the last."""
         now = self.clock.now() if now is None else now
+        # Without a model every decision falls back to the heuristics: train as soon as
+        # there are enough samples, then keep the interval.
         return (
             not self._training
-            and now - self._last_train_at >= self.settings.retrain_interval_s
+            and (
+                self.bundle is None or now - self._last_train_at >= self.settings.retrain_interval_s
+            )
             and self.has_new_samples()
         )
 

@@ -13,7 +13,8 @@ not observed)::
 (one line in the file). Readers accept what :func:`~sluicegate.latency.wire.sample_from_json`
 accepts (the reference's ``actual_ttft_ms``/``actual_tpot_ms`` too; unknown keys ignored;
 blank lines skipped). ``sluicegate predictor train --trace FILE --out DIR`` trains from
-such a file.
+such a file, and ``sluicegate serve|extproc --latency-trace FILE`` trains the in-process
+models from one at start; both fill a sample store with :func:`load_trace`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Protocol
 
 import orjson
 
@@ -77,6 +78,24 @@ class TraceWriter:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class SampleSink(Protocol):
+    def add(self, sample: Sample) -> bool:
+        """File ``sample``; False when refused."""
+        ...
+
+
+def load_trace(path: str | os.PathLike[str], store: SampleSink) -> int:
+    """Add every sample of the trace at ``path`` to ``store`` (e.g. a
+    :class:`~sluicegate.latency.store.SampleStore`, whose stratified window keeps the
+    latest samples per bucket); returns how many were read. Raises OSError or
+    :class:`TraceError`."""
+    read = 0
+    for sample in read_trace(path):
+        store.add(sample)
+        read += 1
+    return read
 
 
 def read_trace(path: str | os.PathLike[str]) -> Iterator[Sample]:

@@ -6,8 +6,10 @@ names and meaning, so its clients' bodies are accepted as they are: ``kv_cache_p
 ``input_token_length``, ``num_request_waiting``, ``num_request_running`` and
 ``prefix_cache_score`` are required; ``prefill_tokens_in_flight``,
 ``decode_tokens_in_flight``, ``dispatched_since_scrape`` and ``expected_output_tokens``
-default to 0; other keys (``num_tokens_generated``, ``pod_type``, ...) are ignored.
-Fractions must lie in [0, 1], counts must be non-negative integers (``3.0`` is 3).
+default to 0, ``token_interval_ms`` to 0 and ``ms_since_last_token`` to its cap (never
+seen); other keys (``num_tokens_generated``, ``pod_type``, ...) are ignored. Fractions must
+lie in [0, 1], counts must be non-negative integers (``3.0`` is 3), durations (``*_ms``)
+non-negative numbers of ms (capped at ``TOKEN_TIMING_CAP_MS``).
 
 A sample is a row plus ``ttft_ms`` and ``tpot_ms`` (ms; the reference's
 ``actual_ttft_ms``/``actual_tpot_ms`` are accepted too); a missing, null or zero time means
@@ -25,6 +27,7 @@ import numpy as np
 from sluicegate.latency.features import (
     FEATURE_NAMES,
     ROW_FIELDS,
+    TOKEN_TIMING_CAP_MS,
     FeatureRow,
     Sample,
 )
@@ -41,7 +44,14 @@ REQUIRED_FIELDS: frozenset[str] = frozenset(
 """Fields a row must carry; the others default to 0."""
 
 FRACTION_FIELDS: frozenset[str] = frozenset({"kv_cache_percentage", "prefix_cache_score"})
-"""Fields that are fractions in [0, 1]; every other field is a count."""
+"""Fields that are fractions in [0, 1]."""
+
+DURATION_FIELDS: dict[str, float] = {
+    "ms_since_last_token": TOKEN_TIMING_CAP_MS,
+    "token_interval_ms": 0.0,
+}
+"""Fields that are non-negative durations in ms, and their values when absent. Every
+field neither a fraction nor a duration is a count."""
 
 _PREFIX = ROW_FIELDS.index("prefix_cache_score")
 _INPUT = ROW_FIELDS.index("input_token_length")
@@ -66,10 +76,14 @@ def _field_value(obj: Mapping[str, Any], name: str) -> float:
     if value is None:
         if name in REQUIRED_FIELDS:
             raise FieldError(name, "is required")
-        return 0
+        return DURATION_FIELDS.get(name, 0)
     kind = type(value)
     if kind is not int and kind is not float:
         raise FieldError(name, f"must be a number, got {type(value).__name__}")
+    if name in DURATION_FIELDS:
+        if not (math.isfinite(value) and value >= 0):
+            raise FieldError(name, f"must be a non-negative number of ms, got {value!r}")
+        return min(float(value), TOKEN_TIMING_CAP_MS)
     if name in FRACTION_FIELDS:
         if not 0.0 <= value <= 1.0:  # also rejects NaN
             raise FieldError(name, f"must be a fraction in [0, 1], got {value!r}")

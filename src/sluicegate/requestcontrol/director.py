@@ -85,8 +85,12 @@ class Director:
         staleness_s: float = 1.0,
         admitters: Sequence[Admitter] = (),
         flow: FlowControlSetup | None = None,
+        prediction_default: bool = True,
     ) -> None:
         self.datastore = datastore
+        self.prediction_default = prediction_default
+        """Whether requests without an ``x-prediction-based-scheduling`` header are
+        scheduled on latency predictions."""
         self.built = scheduler
         self.models = models
         self.clock = clock
@@ -157,6 +161,11 @@ class Director:
             cache_salt=parsed.cache_salt,
             headers=headers or {},
             body_bytes=parsed.body_bytes,
+            prediction_based=(
+                self.prediction_default
+                if parsed.prediction_based is None
+                else parsed.prediction_based
+            ),
         )
         return Admitted(request, pool, parsed, by_config, allowed)
 

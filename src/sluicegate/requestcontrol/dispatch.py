@@ -72,11 +72,17 @@ class Dispatch:
         """The upstream answered: its prefill is done (prompt tokens leave the queue)."""
         if self.first_byte_at is None:
             self.first_byte_at = now
+            self.endpoint.inflight.token(now)
             if self._holding:  # after finish() everything is released already
                 self.endpoint.inflight.first_token(self._charged_prompt)
                 self._released_prompt = True
                 for observer in self.observers:
                     observer.on_first_token(self.request, self.state, self.endpoint, now)
+
+    def mark_token(self, now: float) -> None:
+        """A streamed chunk arrived from the endpoint at ``now``: it times the engine's
+        iterations for the latency models (``InFlight.token``)."""
+        self.endpoint.inflight.token(now)
 
     def has_fallback(self) -> bool:
         """Whether a retry has somewhere to go."""

@@ -29,6 +29,9 @@ SLO_TPOT_HEADERS = ("x-llm-d-slo-tpot-ms", "x-slo-tpot-ms")
 OBJECTIVE_HEADERS = ("x-gateway-inference-objective", "x-llm-d-inference-objective")
 FAIRNESS_HEADERS = ("x-gateway-inference-fairness-id", "x-llm-d-inference-fairness-id")
 MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
+PREDICTION_BASED_HEADER = "x-prediction-based-scheduling"
+"""``true``/``false``: schedule this request on latency predictions or not (GIE v1.2,
+anchors E); absent = the ``latencyPredictor.predictionBasedSchedulingDefault`` setting."""
 REQUEST_ID_HEADER = "x-request-id"
 DEFAULT_FLOW = "default-flow"
 MAX_HEADER_ID_LENGTH = 256
@@ -39,6 +42,7 @@ CONTROL_HEADERS = frozenset(
         *OBJECTIVE_HEADERS,
         *FAIRNESS_HEADERS,
         MODEL_REWRITE_HEADER,
+        PREDICTION_BASED_HEADER,
         "x-gateway-destination-endpoint",
         "x-gateway-destination-endpoint-subset",
         "x-gateway-destination-endpoint-served",
@@ -64,6 +68,8 @@ class ParsedRequest:
     fairness_id: str
     model_rewrite: str | None
     body_bytes: int
+    prediction_based: bool | None = None
+    """The ``x-prediction-based-scheduling`` header's choice; None when absent."""
 
 
 def parse_request(kind: RequestKind, raw: bytes, headers: Mapping[str, str]) -> ParsedRequest:
@@ -86,6 +92,7 @@ def parse_request(kind: RequestKind, raw: bytes, headers: Mapping[str, str]) -> 
         prompt = _chat_prompt(body) if kind == "chat" else _completion_prompt(body)
         slo_ttft = _positive_ms(headers, SLO_TTFT_HEADERS)
         slo_tpot = _positive_ms(headers, SLO_TPOT_HEADERS)
+        prediction_based = _true_or_false(headers, PREDICTION_BASED_HEADER)
     except LaxValueError as exc:
         raise bad_request(str(exc), exc.field) from None
     salt = body.get("cache_salt")
@@ -106,6 +113,7 @@ def parse_request(kind: RequestKind, raw: bytes, headers: Mapping[str, str]) -> 
         fairness_id=_identifier(headers, FAIRNESS_HEADERS) or DEFAULT_FLOW,
         model_rewrite=_identifier(headers, (MODEL_REWRITE_HEADER,)),
         body_bytes=len(raw),
+        prediction_based=prediction_based,
     )
 
 
@@ -161,6 +169,18 @@ def _positive_ms(headers: Mapping[str, str], names: tuple[str, ...]) -> float | 
     if number <= 0:
         raise LaxValueError(name, f"header '{name}' must be a positive number of ms")
     return number
+
+
+def _true_or_false(headers: Mapping[str, str], name: str) -> bool | None:
+    """``true`` or ``false`` (any case); None when absent or empty. Stricter than the body's
+    booleans on purpose: the header's only spellings in the reference are these two."""
+    value = headers.get(name)
+    if value is None or value.strip() == "":
+        return None
+    lowered = value.strip().lower()
+    if lowered not in ("true", "false"):
+        raise LaxValueError(name, f"header '{name}' must be true or false, got {value!r}")
+    return lowered == "true"
 
 
 def _identifier(headers: Mapping[str, str], names: tuple[str, ...]) -> str | None:

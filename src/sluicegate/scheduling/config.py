@@ -74,7 +74,9 @@ class BuiltScheduler:
         self.response_observers = [p for p in plugins.values() if isinstance(p, ResponseObserver)]
         """Plugins to tell how each scheduled request went."""
         self.admitters = [p for p in plugins.values() if isinstance(p, Admitter)]
-        self.fetchers = [p for p in plugins.values() if isinstance(p, AsyncDataProducer)]
+        self.fetchers = [
+            p for p in plugins.values() if isinstance(p, AsyncDataProducer) and p.fetches
+        ]
         """Producers whose data needs I/O; the host awaits their prefetch before submit."""
 
 

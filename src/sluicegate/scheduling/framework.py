@@ -91,6 +91,9 @@ class LLMRequest:
     headers: Mapping[str, str] = field(default_factory=dict)
     """Request headers, lower-cased names."""
     body_bytes: int = 0
+    prediction_based: bool = True
+    """Whether the predicted-latency plugins may schedule it on latency predictions (the
+    ``x-prediction-based-scheduling`` header, else the configured default)."""
 
     @property
     def sheddable(self) -> bool:
@@ -121,6 +124,12 @@ class AsyncDataProducer(Plugin):
     The host awaits :meth:`prefetch` once per request, before admission; the plugin's
     synchronous ``produce`` then uses what was fetched, or falls back without it.
     """
+
+    @property
+    def fetches(self) -> bool:
+        """Whether :meth:`prefetch` does anything here; when no fetcher does, the host
+        skips the prefetch pass (and its extra run of the synchronous producers)."""
+        return True
 
     @abc.abstractmethod
     async def prefetch(

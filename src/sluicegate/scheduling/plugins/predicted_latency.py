@@ -2,7 +2,8 @@
 
 Type: data producer (also pre-request hook and response observer). Inputs per candidate:
 the gateway's view of the endpoint (KV use, waiting and running requests, in-flight
-prefill and decode tokens, requests dispatched since the last scrape), the request's
+prefill and decode tokens, requests dispatched since the last scrape, how long ago it
+last produced a token and its last iteration interval), the request's
 prompt tokens and expected output, and its prefix-cache score; the latency predictor is
 the host's ``latency-predictor`` service (in-process XGBoost models, remote prediction
 servers, or the simulator's oracle). One batched prediction covers all candidates.
@@ -26,6 +27,12 @@ and learns TTFT/TPOT from streaming requests only), ``predictInProduce`` (true; 
 train only); ``contextTTL`` ("5m"), ``endpointRoleLabel`` (""), ``samplingMean``,
 ``maxDecodeTokenSamplesForPrediction``, ``prefixMatchInfoProducerName`` and
 ``inFlightLoadProducerName`` are accepted for compatibility and unused.
+
+Opting out: a request with ``x-prediction-based-scheduling: false`` (or, without the
+header, when ``latencyPredictor.predictionBasedSchedulingDefault`` is false) gets no
+prediction at all — the scorers use their heuristic composite, the filters and the
+admitter pass — and it still becomes a training sample. Each request's
+:data:`PREDICTION_OUTCOME` says what happened, for the metrics.
 """
 
 from __future__ import annotations
@@ -34,12 +41,13 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import Field
 
 from sluicegate.api.units import Seconds
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.latency.features import FeatureRow, Sample
+from sluicegate.latency.features import FeatureRow, Sample, token_timing
 from sluicegate.latency.predictor import (
     LatencyPredictor,
     Predictions,
@@ -82,18 +90,47 @@ class EndpointPrediction:
         return self.ttft_valid and self.tpot_valid
 
 
+PredictionStatus = Literal["predicted", "warming-up", "unavailable", "opted-out"]
+"""``predicted``; ``warming-up`` (no model yet); ``unavailable`` (the predictor answered
+nothing: a remote failure or timeout, or no usable prediction); ``opted-out`` (the request
+asked not to be scheduled on predictions)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PredictionOutcome:
+    """How the latest scheduling pass of a request went, as far as predictions go."""
+
+    status: PredictionStatus
+    duration_s: float = 0.0
+    """Time the one batched prediction call took (TTFT and TPOT together), in clock
+    seconds; 0 unless ``status`` is ``predicted``."""
+
+    @property
+    def fallback(self) -> bool:
+        """Scheduled on the heuristic composite although predictions were wanted."""
+        return self.status in ("warming-up", "unavailable")
+
+
+PREDICTION_OUTCOME: StateKey[PredictionOutcome] = StateKey("latency-prediction-outcome")
+"""Set by every ``produce`` of the producer (the last one is the one scheduled on)."""
 PREDICTIONS: StateKey[dict[str, EndpointPrediction]] = StateKey("latency-predictions")
 """Predictions by endpoint name; absent when no prediction could be made."""
 _ROWS: StateKey[dict[str, FeatureRow]] = StateKey("latency-feature-rows")
 _CHOSEN: StateKey[tuple[str, FeatureRow]] = StateKey("latency-chosen-row")
-_PREFETCHED: StateKey[tuple[dict[str, FeatureRow], Predictions | None]] = StateKey(
+_PREFETCHED: StateKey[tuple[dict[str, FeatureRow], Predictions | None, float]] = StateKey(
     "latency-prefetched"
 )
+"""Rows, the remote predictions (None: failed or timed out) and the call's duration (s)."""
 
 
-def feature_row(request: LLMRequest, endpoint: Endpoint, prefix_score: float) -> FeatureRow:
-    """The latency models' view of ``request`` on ``endpoint`` now."""
+def feature_row(
+    request: LLMRequest, endpoint: Endpoint, prefix_score: float, now: float
+) -> FeatureRow:
+    """The latency models' view of ``request`` on ``endpoint`` at ``now`` (clock s)."""
     inflight = endpoint.inflight
+    since_token_ms, token_interval_ms = token_timing(
+        inflight.last_token_at, inflight.token_interval_s, now
+    )
     return FeatureRow(
         kv_cache_percentage=endpoint.kv_usage(),
         input_token_length=request.prompt_tokens,
@@ -104,6 +141,8 @@ def feature_row(request: LLMRequest, endpoint: Endpoint, prefix_score: float) ->
         prefix_cache_score=prefix_score,
         dispatched_since_scrape=inflight.requests_since_scrape,
         expected_output_tokens=request.expected_output_tokens,
+        ms_since_last_token=since_token_ms,
+        token_interval_ms=token_interval_ms,
     )
 
 
@@ -155,19 +194,32 @@ class PredictedLatencyProducer(
         self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
     ) -> dict[str, FeatureRow]:
         match = state.get(PREFIX_MATCH)
+        now = self.context.clock.now()
         return {
-            e.name: feature_row(request, e, match.score(e.name) if match else 0.0)
+            e.name: feature_row(request, e, match.score(e.name) if match else 0.0, now)
             for e in endpoints
         }
+
+    @property
+    def fetches(self) -> bool:
+        # Only remote predictions need I/O; an in-process predictor is asked in produce(),
+        # once per request rather than once more in a prefetch pass.
+        return self.remote is not None and self.params.predict_in_produce
 
     async def prefetch(
         self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
     ) -> None:
-        if self.remote is None or not self.params.predict_in_produce:
+        if (
+            self.remote is None
+            or not self.params.predict_in_produce
+            or not request.prediction_based
+        ):
             return
         rows = self._rows(request, state, endpoints)
+        clock = self.context.clock
+        started = clock.now()
         predictions = await self.remote.predict_async(list(rows.values()))
-        state.put(_PREFETCHED, (rows, predictions))
+        state.put(_PREFETCHED, (rows, predictions, clock.now() - started))
 
     def produce(
         self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
@@ -176,35 +228,56 @@ class PredictedLatencyProducer(
         state.put(_ROWS, rows)
         if not self.params.predict_in_produce:
             return
+        if not request.prediction_based:
+            # Neither a prediction nor a fallback: the request asked for the heuristics.
+            state.put(PREDICTION_OUTCOME, PredictionOutcome("opted-out"))
+            return
+        clock = self.context.clock
+        started = clock.now()
+        fetched_in: float | None = None
         if self.oracle is not None:
             predictions = self.oracle.predict_request(request, endpoints, list(rows.values()))
         else:
-            predictions = self._predict(state, rows)
+            predictions, fetched_in = self._predict(state, rows)
+        duration = clock.now() - started if fetched_in is None else fetched_in
         if predictions is None:
             self.fallbacks += 1
+            warming = self.predictor is not None and not self.predictor.ready
+            status: PredictionStatus = "warming-up" if warming else "unavailable"
+            state.put(PREDICTION_OUTCOME, PredictionOutcome(status))
             return
-        state.put(PREDICTIONS, self._with_headroom(request, endpoints, predictions))
+        by_endpoint = self._with_headroom(request, endpoints, predictions)
+        if not by_endpoint:  # nothing finite came back
+            self.fallbacks += 1
+            state.put(PREDICTION_OUTCOME, PredictionOutcome("unavailable"))
+            return
+        state.put(PREDICTIONS, by_endpoint)
+        state.put(PREDICTION_OUTCOME, PredictionOutcome("predicted", duration))
 
-    def _predict(self, state: CycleState, rows: dict[str, FeatureRow]) -> Predictions | None:
+    def _predict(
+        self, state: CycleState, rows: dict[str, FeatureRow]
+    ) -> tuple[Predictions | None, float | None]:
+        """The predictions for ``rows`` and, for prefetched ones, how long the remote call
+        took (None: measure the local call)."""
         if self.predictor is not None:
             if not self.predictor.ready:
-                return None
-            return self.predictor.predict(list(rows.values()))
+                return None, None
+            return self.predictor.predict(list(rows.values())), None
         prefetched = state.get(_PREFETCHED)
         if prefetched is None:
-            return None
-        fetched_rows, fetched = prefetched
+            return None, None
+        fetched_rows, fetched, duration = prefetched
         if fetched is None:
-            return None
+            return None, duration
         if list(fetched_rows) != list(rows):
             # The candidates changed since (e.g. the request waited in flow control):
             # reuse the predictions of the endpoints that are still there.
             index = {name: i for i, name in enumerate(fetched_rows)}
             if any(name not in index for name in rows):
-                return None
+                return None, duration
             picks = [index[name] for name in rows]
-            return Predictions(fetched.ttft_ms[picks], fetched.tpot_ms[picks])
-        return fetched
+            return Predictions(fetched.ttft_ms[picks], fetched.tpot_ms[picks]), duration
+        return fetched, duration
 
     def _with_headroom(
         self, request: LLMRequest, endpoints: Sequence[Endpoint], predictions: Predictions

@@ -1,0 +1,159 @@
+"""The latency-accuracy benchmark: its scoring, the predictor that records predictions at
+dispatch, and a smoke run of the quick report."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from sluicegate.bench import latency_accuracy as la
+from sluicegate.bench.des import ClusterSimulation, ClusterSpec
+from sluicegate.bench.micro import REPORTS
+from sluicegate.bench.scenarios import policy_config
+from sluicegate.bench.workloads import OpenLoop, RequestSpec, random_text
+from sluicegate.cli import build_parser
+from sluicegate.clock import ManualClock
+from sluicegate.latency.features import ROW_FIELDS, TOKEN_TIMING_CAP_MS, FeatureRow, Sample
+from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings
+from sluicegate.latency.model import TrainConfig
+from sluicegate.sim.profiles import get_profile
+
+
+def test_score_of_known_predictions() -> None:
+    observed = np.array([10.0, 20.0, 40.0, math.nan, 0.0])
+    mean = np.array([11.0, 18.0, 40.0, 5.0, 5.0])
+    quantile = np.array([12.0, 19.0, 50.0, 5.0, 5.0])
+    s = la.score(observed, mean, quantile)
+    assert s.n == 3  # NaN and 0 observations are not scored
+    assert s.mean_mape == pytest.approx((0.1 + 0.1 + 0.0) / 3)
+    assert s.mean_median_ape == pytest.approx(0.1)
+    assert s.quantile_coverage == pytest.approx(2 / 3)  # 20 > 19
+    assert s.quantile_mape == pytest.approx((0.2 + 0.05 + 0.25) / 3)
+    assert s.observed_p50_ms == pytest.approx(20.0)
+
+
+def test_score_of_nothing_is_nan() -> None:
+    empty = np.array([], dtype=np.float64)
+    s = la.score(empty, empty, empty)
+    assert s.n == 0
+    assert math.isnan(s.mean_mape)
+    assert math.isnan(s.quantile_coverage)
+
+
+def _row(i: int, waiting: int = 0) -> FeatureRow:
+    return FeatureRow(0.3, 100 + i, waiting, 2, 0, 0, 0.0, 0, 50, 3.0 + i % 7, 12.0)
+
+
+def test_scoring_predictor_scores_only_predicted_requests_after_warmup() -> None:
+    clock = ManualClock()
+    settings = PredictorSettings(
+        retrain_interval_s=1.0, min_samples=20, train=TrainConfig(n_estimators=5)
+    )
+    p = la.ScoringPredictor(clock, settings, warmup_s=5.0, max_pending=3)
+    for i in range(40):
+        p.observe(Sample(_row(i), ttft_ms=10.0 + i, tpot_ms=5.0))
+    clock.set(2.0)
+    assert p.maybe_retrain()
+    assert p.ready
+    assert p.ready_at == 2.0
+    assert p.shadow.ready
+    assert p.shadow.settings.train.objective == "mean"
+    assert p.routing.settings.train.objective == "quantile"
+    rows = [_row(1000), _row(1001)]
+    assert p.predict(rows) is not None
+    p.observe(Sample(rows[0], ttft_ms=12.0, tpot_ms=5.0))
+    assert p.scored == []  # predicted during the warm-up: not scored
+    clock.set(6.0)
+    rows = [_row(2000 + i) for i in range(5)]
+    out = p.predict(rows)
+    assert out is not None
+    assert len(p._pending) == 3  # bounded: the oldest candidates are dropped
+    p.observe(Sample(rows[4], ttft_ms=12.0, tpot_ms=5.0))
+    p.observe(Sample(rows[0], ttft_ms=12.0, tpot_ms=5.0))  # dropped: unscored
+    assert p.unscored == 1
+    assert len(p.scored) == 1
+    ttft, tpot, q_ttft, q_tpot, m_ttft, m_tpot, a_ttft, a_tpot = p.scored[0]
+    assert (ttft, tpot) == (12.0, 5.0)
+    assert q_ttft == pytest.approx(float(out.ttft_ms[4]))
+    assert all(math.isfinite(v) for v in (q_tpot, m_ttft, m_tpot, a_ttft, a_tpot))
+    # The ablation models never see token timing.
+    x = p.ablation.store.ttft.training_arrays()[0]
+    assert set(x[:, ROW_FIELDS.index("ms_since_last_token")]) == {TOKEN_TIMING_CAP_MS}
+
+
+def test_latency_accuracy_is_a_micro_benchmark() -> None:
+    assert "latency-accuracy" in REPORTS
+    args = build_parser().parse_args(["bench", "micro", "latency-accuracy", "--quick"])
+    assert args.name == "latency-accuracy"
+    assert args.quick
+
+
+_PCT = r"(\d+\.\d)%"
+
+
+def test_quick_report_structure_and_finite_numbers() -> None:
+    text = la.report(True, Console(quiet=True), "test machine")
+    assert text.startswith("# Latency prediction accuracy\n")
+    assert "sluicegate bench micro latency-accuracy --quick" in text
+    assert "Machine: test machine." in text
+    plan = la.Plan.quick()
+    goals = text.split("## Goals", 1)[1].split("## Per load level", 1)[0]
+    for case in plan.cases:
+        line = next(x for x in goals.splitlines() if x.startswith(f"| {case.profile} |"))
+        assert len(re.findall(_PCT, line)) >= 4, line
+    table = [
+        line
+        for line in text.split("## Per load level", 1)[1].splitlines()
+        if line.startswith("| llama")
+    ]
+    assert len(table) == 2 * len(plan.cases) * len(plan.load_fractions)
+    for line in table:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[4] in ("TTFT", "TPOT")
+        assert int(cells[5].replace(",", "")) > 0  # scored requests
+        # p50, MAPE, median APE, coverage, quantile MAPE, MAPE without token timing
+        for cell in cells[6:12]:
+            value = float(cell.rstrip("%"))
+            assert math.isfinite(value), line
+            assert value >= 0.0, line
+        coverage = float(cells[9].rstrip("%"))
+        assert 0.0 <= coverage <= 100.0
+        assert cells[13] != "never"  # the models were trained during the run
+
+
+def test_des_uses_the_factory_and_times_tokens() -> None:
+    """The run's predictor comes from ``predictor_factory``, and rows carry the token
+    timing the simulated gateway observed while relaying streams."""
+    seen: list[Sample] = []
+
+    class Recording(InProcessPredictor):
+        def observe(self, sample: Sample) -> None:
+            seen.append(sample)
+            super().observe(sample)
+
+    picker, _ = policy_config("predicted-latency")
+    spec = ClusterSpec(
+        get_profile("tiny"),
+        2,
+        picker,
+        model="tiny-llama",
+        predictor="model",
+        predictor_factory=Recording,
+    )
+    sim = ClusterSimulation(spec)
+    workload = OpenLoop(
+        40.0,
+        3.0,
+        lambda i, rng: RequestSpec("completions", "tiny-llama", 20, prompt=random_text(rng, 50)),
+    )
+    sim.run(workload, horizon_s=10.0)
+    assert isinstance(sim.predictor, Recording)
+    assert len(seen) > 50
+    assert all(e.inflight.last_token_at is not None for e in sim.endpoints)
+    timed = [s.row for s in seen if s.row.ms_since_last_token < TOKEN_TIMING_CAP_MS]
+    assert len(timed) > len(seen) // 2  # most arrive while an endpoint streams
+    assert any(r.token_interval_ms > 0 for r in timed)

@@ -1,0 +1,80 @@
+"""PredictorHost at start: saved models from the model directory (the flag's over the
+settings'), and training on a recorded trace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from lat_support import samples
+
+from sluicegate.api.resources import LatencyPredictorSettings
+from sluicegate.clock import MonotonicClock
+from sluicegate.latency.host import PredictorHost
+from sluicegate.latency.trace import TraceError, TraceWriter
+
+
+def write_trace(path: Path, n: int) -> Path:
+    with TraceWriter(path) as writer:
+        writer.write_all(samples(n, seed=3, sigma=0.1))
+    return path
+
+
+async def test_a_trace_trains_at_start_and_models_go_to_the_flag_directory(
+    tmp_path: Path,
+) -> None:
+    trace = write_trace(tmp_path / "trace.jsonl", 300)
+    configured, flagged = tmp_path / "configured", tmp_path / "flagged"
+    settings = LatencyPredictorSettings(modelDir=str(configured), minSamples=50)
+    host = PredictorHost(settings, MonotonicClock(), {}, model_dir=str(flagged), trace=str(trace))
+    assert host.local is not None
+    assert not host.local.ready
+    await host.start()
+    try:
+        assert host.local.ready
+        assert host.local.trainings == 1
+        assert host.local.ttft_samples > 200  # the trace's samples stay in the window
+    finally:
+        await host.stop()
+    assert (flagged / "bundle.json").exists()
+    assert not configured.exists()
+    # A restart with the same directory starts warm, without the trace.
+    again = PredictorHost(settings, MonotonicClock(), {}, model_dir=str(flagged))
+    await again.start()
+    try:
+        assert again.local is not None
+        assert again.local.ready
+    finally:
+        await again.stop()
+
+
+async def test_without_the_flag_the_settings_directory_is_used(tmp_path: Path) -> None:
+    trace = write_trace(tmp_path / "trace.jsonl", 200)
+    configured = tmp_path / "configured"
+    settings = LatencyPredictorSettings(modelDir=str(configured), minSamples=50)
+    host = PredictorHost(settings, MonotonicClock(), {}, trace=str(trace))
+    await host.start()
+    await host.stop()
+    assert (configured / "bundle.json").exists()
+
+
+async def test_a_short_trace_waits_for_live_traffic(tmp_path: Path) -> None:
+    trace = write_trace(tmp_path / "trace.jsonl", 20)
+    settings = LatencyPredictorSettings(minSamples=100)
+    host = PredictorHost(settings, MonotonicClock(), {}, trace=str(trace))
+    await host.start()
+    try:
+        assert host.local is not None
+        assert not host.local.ready
+        assert host.local.ttft_samples > 0  # kept for the first live training
+    finally:
+        await host.stop()
+
+
+async def test_a_bad_trace_line_stops_the_start(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"ttft_ms": "soon"}\n')
+    host = PredictorHost(LatencyPredictorSettings(), MonotonicClock(), {}, trace=str(trace))
+    with pytest.raises(TraceError, match=r"trace\.jsonl:1"):
+        await host.start()
+    await host.stop()

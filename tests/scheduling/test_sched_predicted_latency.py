@@ -1,0 +1,160 @@
+"""predicted-latency-producer: what each scheduling pass records about its predictions
+(predicted, a fallback, or opted out by the request) and what the latency scorer then does."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from sluicegate.clock import ManualClock
+from sluicegate.latency.features import FeatureRow, Sample
+from sluicegate.latency.predictor import Predictions
+from sluicegate.plugin import PluginContext, create_plugin
+from sluicegate.scheduling.framework import CycleState
+from sluicegate.scheduling.plugins.predicted_latency import (
+    PREDICTION_OUTCOME,
+    PREDICTIONS,
+    PREDICTOR_SERVICE,
+    PredictedLatencyProducer,
+)
+
+PREDICT_S = 0.003
+"""How long the stub's prediction takes on the manual clock."""
+
+
+class StubPredictor:
+    """An in-process predictor: TTFT 100 ms × (endpoint index + 1), TPOT 10 ms."""
+
+    def __init__(self, clock: ManualClock, ready: bool = True) -> None:
+        self.clock = clock
+        self.ready = ready
+        self.calls = 0
+        self.samples: list[Sample] = []
+
+    def predict(self, rows: Sequence[FeatureRow]) -> Predictions | None:
+        self.calls += 1
+        self.clock.advance(PREDICT_S)
+        n = len(rows)
+        return Predictions(
+            np.arange(1, n + 1, dtype=np.float32) * 100.0, np.full(n, 10.0, np.float32)
+        )
+
+    def observe(self, sample: Sample) -> None:
+        self.samples.append(sample)
+
+
+class StubRemote:
+    """A remote predictor whose every call fails (None), as on a timeout."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def predict_async(self, rows: Sequence[FeatureRow]) -> Predictions | None:
+        self.calls += 1
+        return None
+
+    def observe(self, sample: Sample) -> None:
+        pass
+
+
+def producer(service: Any, clock: ManualClock) -> PredictedLatencyProducer:
+    context = PluginContext(clock, 0, services={PREDICTOR_SERVICE: service})
+    plugin = create_plugin("predicted-latency-producer", "p", {}, context)
+    assert isinstance(plugin, PredictedLatencyProducer)
+    return plugin
+
+
+@pytest.fixture
+def endpoints(make_endpoint: Any) -> list[Any]:
+    return [make_endpoint(i) for i in range(3)]
+
+
+def test_predictions_and_their_duration_are_recorded(
+    endpoints: list[Any], make_request: Any
+) -> None:
+    clock = ManualClock()
+    stub = StubPredictor(clock)
+    plugin = producer(stub, clock)
+    state = CycleState()
+    plugin.produce(make_request("hi", slo_ttft_ms=250.0), state, endpoints)
+    outcome = state.get(PREDICTION_OUTCOME)
+    assert outcome is not None
+    assert outcome.status == "predicted"
+    assert not outcome.fallback
+    assert outcome.duration_s == pytest.approx(PREDICT_S)
+    predictions = state.get(PREDICTIONS)
+    assert predictions is not None
+    assert [predictions[e.name].ttft_ms for e in endpoints] == [100.0, 200.0, 300.0]
+    assert [predictions[e.name].ttft_valid for e in endpoints] == [True, True, False]
+
+
+def test_a_cold_predictor_is_a_warming_up_fallback(endpoints: list[Any], make_request: Any) -> None:
+    clock = ManualClock()
+    plugin = producer(StubPredictor(clock, ready=False), clock)
+    state = CycleState()
+    plugin.produce(make_request("hi"), state, endpoints)
+    outcome = state.get(PREDICTION_OUTCOME)
+    assert outcome is not None
+    assert (outcome.status, outcome.fallback) == ("warming-up", True)
+    assert state.get(PREDICTIONS) is None
+    assert plugin.fallbacks == 1
+
+
+def test_opted_out_requests_get_no_prediction_and_are_no_fallback(
+    endpoints: list[Any], make_request: Any
+) -> None:
+    clock = ManualClock()
+    stub = StubPredictor(clock)
+    plugin = producer(stub, clock)
+    state = CycleState()
+    request = make_request("hi", prediction_based=False)
+    plugin.produce(request, state, endpoints)
+    outcome = state.get(PREDICTION_OUTCOME)
+    assert outcome is not None
+    assert (outcome.status, outcome.fallback) == ("opted-out", False)
+    assert state.get(PREDICTIONS) is None
+    assert stub.calls == 0
+    assert plugin.fallbacks == 0
+
+
+def test_opted_out_requests_are_scored_by_the_composite_fallback(
+    make_endpoint: Any, make_request: Any
+) -> None:
+    clock = ManualClock()
+    plugin = producer(StubPredictor(clock), clock)
+    scorer = create_plugin("latency-scorer", "s", {}, PluginContext(clock))
+    # ep-0 has the lowest predicted TTFT but the longest queue: predictions favour it,
+    # the composite (KV, queue, prefix) does not.
+    loaded = [
+        make_endpoint(0, waiting=9, kv_usage=0.9),
+        make_endpoint(1, waiting=0, kv_usage=0.1),
+    ]
+    scores = {}
+    for prediction_based in (True, False):
+        state = CycleState()
+        request = make_request("hi", prediction_based=prediction_based)
+        plugin.produce(request, state, loaded)
+        scores[prediction_based] = scorer.score(request, state, loaded)  # type: ignore[attr-defined]
+    assert scores[True][0] > scores[True][1]
+    assert scores[False][0] < scores[False][1]
+
+
+async def test_remote_failure_is_unavailable_and_opting_out_skips_the_call(
+    endpoints: list[Any], make_request: Any
+) -> None:
+    clock = ManualClock()
+    remote = StubRemote()
+    plugin = producer(remote, clock)
+    state = CycleState()
+    request = make_request("hi")
+    await plugin.prefetch(request, state, endpoints)
+    plugin.produce(request, state, endpoints)
+    outcome = state.get(PREDICTION_OUTCOME)
+    assert outcome is not None
+    assert (outcome.status, outcome.fallback) == ("unavailable", True)
+    opted_out = make_request("hi", prediction_based=False)
+    await plugin.prefetch(opted_out, CycleState(), endpoints)
+    assert remote.calls == 1
