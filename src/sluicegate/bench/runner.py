@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sluicegate.bench import sharegpt
 from sluicegate.bench.des import ClusterSimulation, ClusterSpec, RequestRecord, RunResult
 from sluicegate.bench.metrics import (
     by_class,
@@ -161,7 +162,7 @@ def results_document(plan: RunPlan, runs: list[dict[str, Any]], mode: str) -> di
     """The results of ``plan``: its ``runs`` entries and what they ran on (``mode``:
     ``des`` or ``http``)."""
     s = plan.scenario
-    return {
+    document: dict[str, Any] = {
         "scenario": s.name,
         "mode": mode,
         "seed": plan.seed,
@@ -169,5 +170,14 @@ def results_document(plan: RunPlan, runs: list[dict[str, Any]], mode: str) -> di
         "pool": {"profile": s.profile.name, "replicas": s.replicas, "model": s.model},
         "duration_s": plan.duration_s,
         "load_unit": s.load_unit,
-        "runs": runs,
     }
+    if s.dataset == "sharegpt":
+        loaded = sharegpt.load()
+        document["dataset"] = {
+            "name": "sharegpt",
+            "records_recovered": loaded.records_recovered,
+            "conversations": len(loaded.conversations),
+            "bytes_read": loaded.bytes_read,
+        }
+    document["runs"] = runs
+    return document
