@@ -253,16 +253,17 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
         p for p in (args.policies.split(",") if args.policies else scenario.policies) if p
     )
     if args.mode == "http":
-        from sluicegate.bench import http_runner
+        from sluicegate.bench.http.plan import check_time_scale, plan_policies, sim_profile_args
+        from sluicegate.bench.http.run import HttpOptions, run_plan_http
 
         try:
-            http_runner.sim_profile_args(scenario.profile)
+            sim_profile_args(scenario.profile)
             if args.time_scale is not None:
-                http_runner.check_time_scale(args.time_scale)
-            http_options = http_runner.HttpOptions(args.time_scale)
+                check_time_scale(args.time_scale)
+            http_options = HttpOptions(args.time_scale)
         except ValueError as exc:  # UnsupportedScenarioError, a bad --time-scale
             return _fail(str(exc))
-        runnable, notes = http_runner.plan_policies(policies, scenario)
+        runnable, notes = plan_policies(policies, scenario)
         for note in notes:
             console.print(note)
         policies = tuple(runnable)
@@ -299,7 +300,7 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
 
         if args.mode == "http":
             try:
-                results = http_runner.run_plan_http(plan, http_options, step)
+                results = run_plan_http(plan, http_options, step)
             except RuntimeError as exc:  # a process that would not start or died
                 return _fail(str(exc), status=1)
         else:

@@ -30,19 +30,22 @@ from typing import Any
 
 import pytest
 
-from sluicegate.bench import http_runner
 from sluicegate.bench.des import RequestRecord
-from sluicegate.bench.http_runner import (
-    HttpRequestRecord,
-    HttpRunResult,
+from sluicegate.bench.gateway.routers import vllm_router_binary
+from sluicegate.bench.http import plan as http_plan
+from sluicegate.bench.http.client import HttpRequestRecord, wire_headers
+from sluicegate.bench.http.plan import (
+    MIN_AUTO_TIME_SCALE,
+    MIN_SCRAPE_INTERVAL_MS,
+    UnsupportedScenarioError,
     gateway_documents,
-    http_entry,
     pick_time_scale,
     plan_policies,
-    run_level_http,
     sim_profile_args,
-    wire_headers,
 )
+from sluicegate.bench.http.pool import ProcessGroups
+from sluicegate.bench.http.results import HttpRunResult, http_entry
+from sluicegate.bench.http.run import run_level_http
 from sluicegate.bench.metrics import summarize
 from sluicegate.bench.runner import RunPlan, run_entry, run_level
 from sluicegate.bench.scenarios import Scenario, get_scenario
@@ -155,7 +158,7 @@ def test_sim_profile_args_built_in_and_modified() -> None:
         "--max-loras",
         "3",
     ]
-    with pytest.raises(http_runner.UnsupportedScenarioError, match="no HTTP mode"):
+    with pytest.raises(UnsupportedScenarioError, match="no HTTP mode"):
         sim_profile_args(replace(TINY, name="t3", step_overhead_ms=9.0))
 
 
@@ -172,7 +175,7 @@ def test_time_scale_pick(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="positive"):
         pick_time_scale(plan, 0.0)
     light = pick_time_scale(plan)  # ~600 output tokens/s: real time
-    assert light.time_scale == http_runner.MIN_AUTO_TIME_SCALE
+    assert light.time_scale == MIN_AUTO_TIME_SCALE
     assert light.simulated_tokens_per_s is not None
     assert 300 < light.simulated_tokens_per_s < 1000
     sweep = get_scenario("sharegpt-sweep").quick_variant()
@@ -184,12 +187,12 @@ def test_time_scale_pick(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_plan_policies_notes(monkeypatch: pytest.MonkeyPatch) -> None:
     scenario = get_scenario("multi-turn-chat")
-    monkeypatch.setattr(http_runner, "vllm_router_binary", lambda: None)
+    monkeypatch.setattr(http_plan, "vllm_router_binary", lambda: None)
     runnable, notes = plan_policies(["default", "vllm-router-round-robin", "nope"], scenario)
     assert runnable == ["default"]
     assert any("vllm-router is not installed" in n for n in notes)
     assert any("nope" in n for n in notes)
-    monkeypatch.setattr(http_runner, "vllm_router_binary", lambda: "/bin/true")
+    monkeypatch.setattr(http_plan, "vllm_router_binary", lambda: "/bin/true")
     runnable, _ = plan_policies(["vllm-router-cache-aware"], scenario)
     assert runnable == ["vllm-router-cache-aware"]
     # InferenceModels renaming models need sluicegate: vllm-router cannot serve them.
@@ -208,7 +211,7 @@ def test_gateway_documents_scale_scrapes_to_simulated_time() -> None:
     assert extra == list(scenario.extra_docs)
     assert gateway["spec"] == {"scrapeIntervalMs": 25.0, "metricsStalenessMs": 500.0}
     floor = gateway_documents([], scenario, 0.01)[-1]["spec"]
-    assert floor["scrapeIntervalMs"] == http_runner.MIN_SCRAPE_INTERVAL_MS
+    assert floor["scrapeIntervalMs"] == MIN_SCRAPE_INTERVAL_MS
 
 
 def test_wire_headers_scale_slos_to_wall_time() -> None:
@@ -283,14 +286,14 @@ def test_http_run_completes_a_tiny_scenario(tmp_path: Path) -> None:
 
 def test_processes_are_gone_after_a_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     started: list[int] = []
-    original = http_runner.ProcessGroups.start
+    original = ProcessGroups.start
 
     def record_start(self: Any, name: str, cmd: Any, cpu: int | None = None) -> int:
         pid = original(self, name, cmd, cpu)
         started.append(pid)
         return pid
 
-    monkeypatch.setattr(http_runner.ProcessGroups, "start", record_start)
+    monkeypatch.setattr(ProcessGroups, "start", record_start)
 
     def workload(level: float, duration: float, seed: int) -> Workload:
         return OpenLoop(level, duration, _tiny_request, seed)
@@ -303,9 +306,7 @@ def test_processes_are_gone_after_a_run(tmp_path: Path, monkeypatch: pytest.Monk
     assert not any(_alive(pid) for pid in started)
 
 
-@pytest.mark.skipif(
-    http_runner.vllm_router_binary() is None, reason="vllm-router not installed (bench-setup)"
-)
+@pytest.mark.skipif(vllm_router_binary() is None, reason="vllm-router not installed (bench-setup)")
 def test_vllm_router_peer(tmp_path: Path) -> None:
     def workload(level: float, duration: float, seed: int) -> Workload:
         return OpenLoop(level, duration, _tiny_request, seed)

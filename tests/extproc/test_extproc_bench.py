@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from sluicegate.bench.extproc import DecisionRun
+from sluicegate.bench.extproc.decisions import DecisionRun
 from sluicegate.bench.processes import cpu_seconds
 
 

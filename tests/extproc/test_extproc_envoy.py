@@ -400,7 +400,7 @@ async def test_benchmark_config_is_valid(tmp_path_factory: pytest.TempPathFactor
     too; it must load."""
     import yaml
 
-    from sluicegate.bench.extproc import envoy_config
+    from sluicegate.bench.extproc.envoy_latency import envoy_config
 
     assert BINARY is not None
     path = tmp_path_factory.mktemp("bench") / "envoy.yaml"

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 from lat_support import FAST
 
-from sluicegate.clock import ManualClock
-from sluicegate.latency.bench import (
-    _wrk_latency_ms,
-    measure_in_process,
+from sluicegate.bench.latency_speed.in_process import measure_in_process
+from sluicegate.bench.latency_speed.synthetic import (
     oracle_p90_mape,
     request_rows,
     synthetic_samples,
 )
+from sluicegate.bench.loadgen import parse_wrk
+from sluicegate.clock import ManualClock
 from sluicegate.latency.inprocess import InProcessPredictor
 from sluicegate.latency.model import TrainingData, train_bundle
 from sluicegate.latency.store import SampleStore
@@ -47,6 +47,10 @@ def test_measure_in_process_on_a_small_model() -> None:
 
 def test_oracle_mape_and_wrk_parsing() -> None:
     assert oracle_p90_mape(0.25) == pytest.approx(0.44, abs=0.01)
-    out = "  Latency Distribution\n     50%  512.00us\n     99%    2.10ms\n"
-    assert _wrk_latency_ms(out, "50") == pytest.approx(0.512)
-    assert _wrk_latency_ms(out, "99") == pytest.approx(2.1)
+    out = (
+        "  Latency Distribution\n     50%  512.00us\n     99%    2.10ms\n"
+        "  1000 requests in 1.00s, 100.00KB read\n"
+    )
+    wrk = parse_wrk(out)  # the server run's latencies: seconds, shown as ms
+    assert wrk.p50 * 1000 == pytest.approx(0.512)
+    assert wrk.p99 * 1000 == pytest.approx(2.1)

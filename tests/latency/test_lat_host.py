@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lat_support import samples
+from lat_support import random_rows, samples
+from prometheus_client import CollectorRegistry, generate_latest
 
 from sluicegate.api.resources import LatencyPredictorSettings
 from sluicegate.clock import MonotonicClock
@@ -78,3 +79,35 @@ async def test_a_bad_trace_line_stops_the_start(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match=r"trace\.jsonl:1"):
         await host.start()
     await host.stop()
+
+
+async def test_remote_client_failures_are_exported(unused_tcp_port: int) -> None:
+    """With prediction servers configured, the client's counters reach /metrics: a call to a
+    server that is not there shows up as a call answered without predictions."""
+    settings = LatencyPredictorSettings(
+        predictionUrls=[f"http://127.0.0.1:{unused_tcp_port}"], timeoutMs=500
+    )
+    host = PredictorHost(settings, MonotonicClock(), {})
+    assert host.remote is not None
+    assert host.local is None
+    registry = CollectorRegistry()
+    host.register_metrics(registry)
+    await host.start()
+    try:
+        assert await host.remote.predict_async(random_rows(3)) is None
+    finally:
+        await host.stop()
+    text = generate_latest(registry).decode()
+    assert "sluicegate_predictor_remote_calls_total 1.0" in text
+    unanswered = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(
+            (
+                "sluicegate_predictor_remote_failures_total",
+                "sluicegate_predictor_remote_timeouts_total",
+                "sluicegate_predictor_remote_no_server_total",
+            )
+        )
+    )
+    assert unanswered == 1.0

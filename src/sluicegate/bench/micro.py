@@ -136,8 +136,8 @@ def gateway_report(quick: bool, console: Console) -> str:
 
 def latency_report(quick: bool, console: Console) -> str:
     """Latency predictor speed: in-process, one prediction server, RemotePredictor (see
-    :mod:`sluicegate.latency.bench`)."""
-    from sluicegate.latency.bench import report
+    :mod:`sluicegate.bench.latency_speed`)."""
+    from sluicegate.bench.latency_speed.report import report
 
     return report(quick, console, machine())
 
@@ -145,7 +145,7 @@ def latency_report(quick: bool, console: Console) -> str:
 def extproc_report(quick: bool, console: Console) -> str:
     """Envoy endpoint picker: decisions/s on one core, added latency through Envoy
     (starts processes; see :mod:`sluicegate.bench.extproc`)."""
-    from sluicegate.bench.extproc import report
+    from sluicegate.bench.extproc.report import report
 
     return report(quick, console, machine())
 

@@ -1,8 +1,9 @@
 """Child processes of the benchmarks that start servers: ports, cores, niceness, readiness.
 
 Shared by the gateway-overhead benchmark (:mod:`sluicegate.bench.gateway`), HTTP mode of
-``sluicegate bench`` (:mod:`sluicegate.bench.http_runner`) and the latency predictor
-benchmark (:mod:`sluicegate.latency.bench`). Every process is started by a
+``sluicegate bench`` (:mod:`sluicegate.bench.http`), the latency predictor speed
+benchmark (:mod:`sluicegate.bench.latency_speed`) and the Envoy picker benchmark
+(:mod:`sluicegate.bench.extproc`). Every process is started by a
 :class:`Processes` (in its own session, pinned to a core with ``taskset`` when one is
 given, output to a log file in a work folder) and stopped by it in the caller's
 ``finally``; only 127.0.0.1 is used.
@@ -12,7 +13,8 @@ cores: :func:`bench_nice` reads ``$SLUICEGATE_BENCH_NICE`` (``-10`` as root runs
 benchmark ahead of other work) and :func:`niceness` applies it to this process, its
 scheduler autogroup and every process started meanwhile. :func:`cpu_seconds` and
 :func:`listen_overflows` tell afterwards how much of a core a process got and whether
-connections were dropped by full listen queues.
+connections were dropped by full listen queues; :func:`load_average` is what the reports
+print about the machine's load before and after.
 """
 
 from __future__ import annotations
@@ -98,11 +100,38 @@ def niceness(value: int) -> Iterator[None]:
                 set_autogroup_nice("self", group_before)
 
 
+def can_pin(cpu: int | None) -> bool:
+    """Whether :func:`pinned` puts a command on core ``cpu`` (a core is given, the machine
+    has it, and there is a taskset)."""
+    return cpu is not None and (os.cpu_count() or 1) > cpu and shutil.which("taskset") is not None
+
+
 def pinned(cmd: Sequence[str], cpu: int | None) -> list[str]:
     """``cmd`` run on core ``cpu`` (via taskset, if there is one and a core is given)."""
-    if cpu is None or shutil.which("taskset") is None or (os.cpu_count() or 1) <= cpu:
+    if not can_pin(cpu):
         return list(cmd)
     return ["taskset", "-c", str(cpu), *cmd]
+
+
+@contextlib.contextmanager
+def pin_this_thread(cpu: int) -> Iterator[bool]:
+    """Run the calling thread (and threads it starts meanwhile) on core ``cpu``; restore
+    its affinity afterwards. Yields whether it is pinned (False where the machine has no
+    such core or no ``sched_setaffinity``)."""
+    if (os.cpu_count() or 1) <= cpu or not hasattr(os, "sched_setaffinity"):
+        yield False
+        return
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {cpu})
+    except OSError:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, before)
 
 
 def cpu_seconds(pid: int, tid: int | None = None) -> float:
@@ -171,6 +200,16 @@ class Processes:
             self.stop(name)
 
 
+def load_average() -> str:
+    """The machine's 1- and 5-minute load averages, for a report ("unknown" where there
+    are none)."""
+    try:
+        one, five, _ = os.getloadavg()
+    except OSError:
+        return "unknown"
+    return f"{one:.1f} (1 min), {five:.1f} (5 min)"
+
+
 def listen_overflows() -> int:
     """The machine's count of connections dropped because a listen queue was full (Linux
     ``TcpExt: ListenOverflows``; every process's, not only ours; 0 where unknown)."""
@@ -206,3 +245,18 @@ def wait_ready(procs: Processes, name: str, url: str, timeout_s: float = 30.0) -
             return
         time.sleep(0.05)
     raise RuntimeError(f"{name} not ready at {url} after {timeout_s:.0f} s:\n{procs.log(name)}")
+
+
+def wait_listening(procs: Processes, name: str, port: int, timeout_s: float = 30.0) -> None:
+    """Poll until something accepts TCP connections on 127.0.0.1:``port`` (for servers
+    without an HTTP readiness route: gRPC, Envoy listeners); raise if ``name`` dies or
+    ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        procs.check(name)
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(
+        f"{name} not listening on {port} after {timeout_s:.0f} s:\n{procs.log(name)}"
+    )

@@ -28,7 +28,7 @@ from sluicegate.api.resources import LatencyPredictorSettings
 from sluicegate.clock import Clock
 from sluicegate.latency.client import RemotePredictor, RemoteSettings
 from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings
-from sluicegate.latency.metrics import PredictorCollector
+from sluicegate.latency.metrics import PredictorCollector, RemotePredictorCollector
 from sluicegate.latency.model import TrainConfig
 from sluicegate.latency.trace import load_trace
 
@@ -108,6 +108,8 @@ class PredictorHost:
     def register_metrics(self, registry: CollectorRegistry) -> None:
         if self.local is not None:
             registry.register(PredictorCollector(self.local))
+        if self.remote is not None:
+            registry.register(RemotePredictorCollector(self.remote))
 
     async def start(self) -> None:
         """Load saved models (in process) and start training, or connect (remote)."""

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from sluicegate.latency.client import RemotePredictor
 from sluicegate.latency.inprocess import InProcessPredictor
 from sluicegate.latency.store import KV_BUCKETS, PREFIX_BUCKETS, QUEUE_BUCKETS
 
@@ -96,3 +97,38 @@ class PredictorCollector(Collector):
                                 [target, str(q), str(kv), str(p)], int(counts[q, kv, p])
                             )
         return family
+
+
+class RemotePredictorCollector(Collector):
+    """The prediction-service client's counters (``sluicegate_predictor_remote_*``): calls,
+    the HTTP requests they were coalesced into, and every way a call or a sample can fail —
+    what to alert on when predictions come from prediction servers."""
+
+    def __init__(self, remote: RemotePredictor) -> None:
+        self._remote = remote
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        r = self._remote
+        counters = (
+            ("calls", "Prediction calls made by the scheduler.", r.calls),
+            ("http_requests", "HTTP requests the calls were coalesced into.", r.http_requests),
+            ("failures", "Calls answered without predictions: HTTP or server error.", r.failures),
+            ("timeouts", "Calls answered without predictions: timed out.", r.timeouts),
+            (
+                "no_server",
+                "Calls answered without predictions: every prediction server backing off.",
+                r.no_server,
+            ),
+            ("samples_sent", "Training samples delivered to the training server.", r.samples_sent),
+            (
+                "samples_dropped",
+                "Training samples dropped because the send buffer was full.",
+                r.samples_dropped,
+            ),
+            ("flush_failures", "Failed deliveries of sample batches.", r.flush_failures),
+        )
+        for name, doc, value in counters:
+            yield CounterMetricFamily(_P + "remote_" + name, doc, value)
