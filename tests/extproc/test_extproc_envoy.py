@@ -25,10 +25,11 @@ import aiohttp
 import orjson
 import pytest
 import pytest_asyncio
-from envoy_harness import EXAMPLE, Envoy, ListenerSpec, config, envoy_binary, static_cluster
+from envoy_harness import EXAMPLE, Envoy, ListenerSpec, config, static_cluster
 from ep_support import BASE, ONE_AT_A_TIME, free_port, gateway_doc, model_doc, picker_doc, pool_doc
 
 from sluicegate.api.loader import build_config
+from sluicegate.bench.extproc.envoy_latency import envoy_binary
 from sluicegate.extproc.server import ExtProcOptions, ExtProcServer
 from sluicegate.runtime import Runtime, RuntimeOptions
 from sluicegate.sim.faults import Faults
