@@ -373,12 +373,12 @@ class Runtime:
         series = metrics.prediction_series(request.model, request.target_model)
         # One batched call predicts both targets: its duration is each one's (as GIE does).
         series.ttft_duration.observe(outcome.duration_s)
-        series.tpot_duration.observe(outcome.duration_s)
         chosen = (dispatch.state.get(PREDICTIONS) or {}).get(dispatch.endpoint.name)
         if chosen is None:  # e.g. an endpoint whose prediction was not finite
             return
         series.predicted_ttft.observe(chosen.ttft_ms / 1000.0)
         if chosen.tpot_ms > 0:  # 0 until a TPOT model exists: nothing was predicted
+            series.tpot_duration.observe(outcome.duration_s)
             series.predicted_tpot.observe(chosen.tpot_ms / 1000.0)
 
     def _observe(self, dispatch: Dispatch, usage: Usage) -> None:

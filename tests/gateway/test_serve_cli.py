@@ -18,6 +18,8 @@ import pytest
 import yaml
 from gw_support import model_doc, pool_doc
 
+from sluicegate.gateway.app import Gateway
+from sluicegate.gateway.run import embedded_config
 from sluicegate.scheduling.config import load_preset
 
 BASE = "tiny-llama"
@@ -240,3 +242,18 @@ async def test_reload_with_a_bad_plugin_keeps_the_running_config(
         await asyncio.sleep(0.1)
     assert "later" in await _models(port)
     assert proc.poll() is None
+
+
+async def test_a_failed_start_leaves_nothing_open() -> None:
+    """The port is taken: start raises, and the HTTP client session and the metrics
+    scraper it started are closed again."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        gateway = Gateway(embedded_config(["127.0.0.1:9"], None))
+        with pytest.raises(OSError, match="address already in use"):
+            await gateway.start("127.0.0.1", port)
+    assert gateway.session is not None
+    assert gateway.session.closed
+    assert gateway.runtime.collector is None

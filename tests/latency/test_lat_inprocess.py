@@ -242,3 +242,24 @@ def test_settings_are_validated() -> None:
         PredictorSettings(retrain_interval_s=0)
     with pytest.raises(ValueError, match="min_samples"):
         PredictorSettings(min_samples=0)
+
+
+async def test_live_trainer_trains_the_first_model_without_waiting_the_interval() -> None:
+    """With no model, every decision falls back: the first training comes as soon as
+    there are enough samples (checked every second), not one retrain interval later."""
+    p = InProcessPredictor(MonotonicClock(), settings(min_samples=50, retrain_interval_s=60.0))
+    for s in samples(500, seed=4, sigma=0.1):
+        p.observe(s)
+    trainer = asyncio.create_task(p.run_trainer())
+    try:
+        for _ in range(400):
+            await asyncio.sleep(0.02)
+            if p.ready:
+                break
+        assert p.ready, "no first model after 8 s with a 60 s retrain interval"
+        trainings = p.trainings
+        await asyncio.sleep(1.5)
+        assert p.trainings == trainings  # once a model exists, the interval holds
+    finally:
+        trainer.cancel()
+        await asyncio.gather(trainer, return_exceptions=True)

@@ -83,9 +83,11 @@ def _sharegpt_sweep(results: dict[str, Any]) -> list[Verdict]:
         ]
         verdicts.append(
             Verdict(
-                "predicted-latency at least as good as default (p90 E2E)",
+                "predicted-latency at least as good as default (p90 E2E, 2 % tolerance)",
                 not worse,
-                f"worse at {', '.join(worse)}" if worse else "p90 E2E ≤ default's at every level",
+                f"more than 2 % worse at {', '.join(worse)}"
+                if worse
+                else "p90 E2E within 2 % of default's or better at every level",
             )
         )
     return verdicts

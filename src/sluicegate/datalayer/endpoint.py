@@ -85,15 +85,16 @@ class InFlight:
 
     def token(self, now: float) -> None:
         """A token of any request left the endpoint at ``now`` (clock s): a first byte or
-        a streamed chunk. An engine emits the tokens of one iteration together, so chunks
-        within :data:`SAME_ITERATION_S` of the last one count as the same moment."""
+        a streamed chunk. An engine emits the tokens of one iteration together, so a chunk
+        within :data:`SAME_ITERATION_S` of the previous one belongs to the same burst: the
+        burst's end moves on with it (many streams' chunks of one iteration reach the
+        gateway spread over more than that), and the interval is measured from it."""
         last = self.last_token_at
+        self.last_token_at = now
         if last is not None:
             gap = now - last
-            if gap < SAME_ITERATION_S:
-                return
-            self.token_interval_s = gap
-        self.last_token_at = now
+            if gap >= SAME_ITERATION_S:
+                self.token_interval_s = gap
 
     def dispatch(self, prompt_tokens: int, decode_tokens: int) -> None:
         self.requests += 1

@@ -109,9 +109,18 @@ class Gateway:
         return [k.encode() for k in (*self.config.gateway.api_keys, *self.options.api_keys)]
 
     async def start(self, host: str = "127.0.0.1", port: int = 8080) -> None:
-        settings = self.config.gateway
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
         self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        try:
+            await self._start(host, port)
+        except BaseException:
+            # A start that fails (a port in use, a bad latency trace) leaves nothing open.
+            await self.stop()
+            raise
+
+    async def _start(self, host: str, port: int) -> None:
+        assert self.session is not None
+        settings = self.config.gateway
         await self.runtime.start(self.session)
         assert self.runtime.collector is not None
         self.proxy = Proxy(

@@ -71,7 +71,12 @@ async def serve(options: ServeOptions, console: Console) -> None:
     else:
         config = read_config(options.config_path, options.picker)
     gateway = Gateway(config, options.gateway)
-    await gateway.start(options.host, options.port)
+    try:
+        await gateway.start(options.host, options.port)
+    except BaseException:
+        if cluster is not None:
+            await cluster.stop()
+        raise
     _announce(console, gateway, cluster, options)
     stop = asyncio.Event()
     reload_now = asyncio.Event()

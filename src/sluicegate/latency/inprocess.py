@@ -40,6 +40,9 @@ from sluicegate.latency.store import SampleStore, StoreConfig
 
 log = logging.getLogger("sluicegate.latency")
 
+_FIRST_MODEL_POLL_S = 1.0
+"""Seconds between checks for enough samples while no model exists yet."""
+
 
 @dataclass(frozen=True, slots=True)
 class PredictorSettings:
@@ -232,7 +235,10 @@ class InProcessPredictor:
         cancelled. Run it as a task of the live gateway."""
         interval = self.settings.retrain_interval_s if interval_s is None else interval_s
         while True:
-            await asyncio.sleep(interval)
+            # Without a model every decision falls back to the heuristics: look again soon
+            # (as retrain_due does for the simulation), then keep the interval.
+            first = self.bundle is None
+            await asyncio.sleep(min(interval, _FIRST_MODEL_POLL_S) if first else interval)
             await self.retrain_async()
 
     def _begin(self, now: float) -> TrainingData:
