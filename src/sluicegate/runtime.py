@@ -19,8 +19,6 @@ import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-import aiohttp
-
 from sluicegate.api.loader import Config
 from sluicegate.clock import Clock, MonotonicClock
 from sluicegate.datalayer.collector import Collector, CollectorSettings
@@ -46,6 +44,7 @@ from sluicegate.scheduling.plugins.predicted_latency import (
     PredictionOutcome,
 )
 from sluicegate.scheduling.plugins.prefix_cache import PREFIX_MATCH, ApproxPrefixCacheProducer
+from sluicegate.upstream import UpstreamPool
 
 log = logging.getLogger("sluicegate.runtime")
 
@@ -119,15 +118,15 @@ class Runtime:
     def _build_flow(self, config: Config, built: BuiltScheduler) -> FlowControlSetup:
         return build_flow_control(config.picker, built.plugins, self._context())
 
-    async def start(self, session: aiohttp.ClientSession) -> None:
-        """Start scraping every endpoint's metrics with ``session``, and the latency
+    async def start(self, upstream: UpstreamPool) -> None:
+        """Start scraping every endpoint's metrics over ``upstream``, and the latency
         predictor (loading saved models, training, or connecting to its servers)."""
         if self.predictor is not None:
             await self.predictor.start()
         settings = self.config.gateway
         self.collector = Collector(
             self.datastore,
-            session,
+            upstream,
             self.clock,
             CollectorSettings(
                 scrape_interval_s=settings.scrape_interval_ms / 1000.0,

@@ -5,7 +5,7 @@
   server on 127.0.0.1 whose ``/metrics`` and ``/v1/models`` answers a test sets and changes
   at will (``server.set_metrics(body, status=200, delay=0.0)``, ``server.set_models(...)``,
   ``server.hits``), and stops it at teardown.
-- ``client_session``: an ``aiohttp.ClientSession`` closed at teardown.
+- ``upstream``: an :class:`~sluicegate.upstream.UpstreamPool` closed at teardown.
 - ``gauges(waiting, running, kv)``: a minimal vLLM scrape with the three load gauges.
 - ``models_payload(base, *adapters)``: a vLLM ``/v1/models`` body (adapters have ``parent``).
 """
@@ -17,10 +17,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
 import orjson
 import pytest
 from aiohttp import web
+
+from sluicegate.upstream import UpstreamPool
 
 VLLM_FIXTURE = Path(__file__).parent.parent / "sim" / "data" / "vllm-0.32-metrics.txt"
 
@@ -134,7 +135,7 @@ async def fake_server() -> AsyncIterator[FakeServerFactory]:
 
 
 @pytest.fixture
-async def client_session() -> AsyncIterator[aiohttp.ClientSession]:
-    session = aiohttp.ClientSession()
-    yield session
-    await session.close()
+async def upstream() -> AsyncIterator[UpstreamPool]:
+    pool = UpstreamPool()
+    yield pool
+    await pool.close()

@@ -12,7 +12,6 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 
@@ -20,6 +19,7 @@ from sluicegate.clock import ManualClock
 from sluicegate.datalayer.collector import Collector, CollectorSettings, parse_models
 from sluicegate.datalayer.datastore import Datastore, EndpointSpec
 from sluicegate.datalayer.endpoint import Endpoint, ServedModels
+from sluicegate.upstream import UpstreamPool
 
 POOL = "pool"
 FAST = CollectorSettings(
@@ -57,12 +57,12 @@ def datastore() -> Datastore:
 
 @pytest.fixture
 async def make_collector(
-    datastore: Datastore, client_session: aiohttp.ClientSession, clock: ManualClock
+    datastore: Datastore, upstream: UpstreamPool, clock: ManualClock
 ) -> AsyncIterator[Callable[..., Collector]]:
     made: list[Collector] = []
 
     def make(settings: CollectorSettings = FAST) -> Collector:
-        collector = Collector(datastore, client_session, clock, settings)
+        collector = Collector(datastore, upstream, clock, settings)
         made.append(collector)
         return collector
 

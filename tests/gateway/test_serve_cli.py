@@ -245,7 +245,7 @@ async def test_reload_with_a_bad_plugin_keeps_the_running_config(
 
 
 async def test_a_failed_start_leaves_nothing_open() -> None:
-    """The port is taken: start raises, and the HTTP client session and the metrics
+    """The port is taken: start raises, and the upstream connection pool and the metrics
     scraper it started are closed again."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -254,6 +254,6 @@ async def test_a_failed_start_leaves_nothing_open() -> None:
         gateway = Gateway(embedded_config(["127.0.0.1:9"], None))
         with pytest.raises(OSError, match="address already in use"):
             await gateway.start("127.0.0.1", port)
-    assert gateway.session is not None
-    assert gateway.session.closed
+    assert gateway.upstream is not None
+    assert gateway.upstream.closed
     assert gateway.runtime.collector is None

@@ -15,19 +15,19 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import aiohttp
 import orjson
 
 from sluicegate.clock import Clock
 from sluicegate.datalayer.datastore import Datastore
 from sluicegate.datalayer.endpoint import Endpoint, ServedModels
 from sluicegate.datalayer.parsers import MetricsParseError, MetricsParser
+from sluicegate.upstream import UpstreamError, UpstreamPool
 
 log = logging.getLogger("sluicegate.datalayer")
 
 # The gateway's HTTP client does not decompress (proxied bodies pass through as they are),
 # so scrapes ask for plain text.
-_IDENTITY = {"Accept-Encoding": "identity"}
+_IDENTITY = (("Accept-Encoding", "identity"),)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,12 +46,12 @@ class Collector:
     def __init__(
         self,
         datastore: Datastore,
-        session: aiohttp.ClientSession,
+        upstream: UpstreamPool,
         clock: Clock,
         settings: CollectorSettings | None = None,
     ) -> None:
         self.datastore = datastore
-        self.session = session
+        self.upstream = upstream
         self.clock = clock
         self.settings = settings or CollectorSettings()
         self._tasks: dict[int, list[asyncio.Task[None]]] = {}
@@ -145,16 +145,12 @@ class Collector:
             await asyncio.sleep(max(0.0, interval - (loop.time() - started)))
 
     async def _scrape_once(self, endpoint: Endpoint, parser: MetricsParser) -> None:
-        timeout = aiohttp.ClientTimeout(total=self.settings.scrape_timeout_s)
         try:
-            async with self.session.get(
-                f"{endpoint.url}/metrics", timeout=timeout, headers=_IDENTITY
-            ) as resp:
-                if resp.status != 200:
-                    raise MetricsParseError(f"/metrics answered {resp.status}")
-                text = await resp.text()
-            endpoint.metrics = parser.parse(text, self.clock.now())
-        except (aiohttp.ClientError, TimeoutError, MetricsParseError, ValueError) as exc:
+            status, body = await self._get(endpoint, "/metrics")
+            if status != 200:
+                raise MetricsParseError(f"/metrics answered {status}")
+            endpoint.metrics = parser.parse(body.decode("utf-8", "replace"), self.clock.now())
+        except (UpstreamError, TimeoutError, MetricsParseError, ValueError) as exc:
             self.record_failure(endpoint, f"scrape: {type(exc).__name__}: {exc}")
             return
         endpoint.inflight.scraped()
@@ -173,21 +169,29 @@ class Collector:
             await asyncio.sleep(self.settings.models_interval_s if ok else retry)
 
     async def _list_models(self, endpoint: Endpoint) -> bool:
-        timeout = aiohttp.ClientTimeout(total=self.settings.scrape_timeout_s)
         try:
-            async with self.session.get(
-                f"{endpoint.url}/v1/models", timeout=timeout, headers=_IDENTITY
-            ) as resp:
-                if resp.status != 200:
-                    return False
-                payload = orjson.loads(await resp.read())
-        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+            status, body = await self._get(endpoint, "/v1/models")
+            if status != 200:
+                return False
+            payload = orjson.loads(body)
+        except (UpstreamError, TimeoutError, orjson.JSONDecodeError):
             return False
         models = parse_models(payload, self.clock.now())
         if models is None:
             return False
         endpoint.models = models
         return True
+
+    async def _get(self, endpoint: Endpoint, path: str) -> tuple[int, bytes]:
+        """Status and body of a GET, within ``scrape_timeout_s`` in all."""
+        async with asyncio.timeout(self.settings.scrape_timeout_s):
+            response = await self.upstream.request(
+                endpoint.scheme, endpoint.host, endpoint.port, "GET", path, _IDENTITY
+            )
+            try:
+                return response.status, await response.read()
+            finally:
+                response.release()
 
 
 def parse_models(payload: object, now: float) -> ServedModels | None:

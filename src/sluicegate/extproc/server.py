@@ -20,7 +20,6 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import aiohttp
 import grpc
 from aiohttp import web
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
@@ -31,6 +30,7 @@ from sluicegate.extproc.metrics import ExtProcMetrics
 from sluicegate.extproc.servicer import PickerServicer
 from sluicegate.extproc.stream import StreamSettings
 from sluicegate.runtime import Runtime
+from sluicegate.upstream import UpstreamPool
 
 log = logging.getLogger("sluicegate.extproc")
 
@@ -76,7 +76,7 @@ class ExtProcServer:
         self.grpc_port = 0
         self.health_port = 0
         self.metrics_port = 0
-        self._session: aiohttp.ClientSession | None = None
+        self._upstream: UpstreamPool | None = None
         self._servers: list[grpc.aio.Server] = []
         self._http: web.AppRunner | None = None
         self._readiness: asyncio.Task[None] | None = None
@@ -92,9 +92,8 @@ class ExtProcServer:
 
     async def start(self) -> None:
         options = self.options
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
-        await self.runtime.start(self._session)
+        self._upstream = UpstreamPool()  # metric scrapes; Envoy carries the requests
+        await self.runtime.start(self._upstream)
         await self.health.start()
         max_message = max(_MIN_MESSAGE_BYTES, self.runtime.config.gateway.max_body_bytes + 65536)
         main = grpc.aio.server(
@@ -134,9 +133,9 @@ class ExtProcServer:
             await self._http.cleanup()
             self._http = None
         await self.runtime.stop()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._upstream is not None:
+            await self._upstream.close()
+            self._upstream = None
 
     async def refresh_readiness(self) -> None:
         await self.health.set_ready(self.ready())

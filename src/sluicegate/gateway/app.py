@@ -16,7 +16,6 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-import aiohttp
 import orjson
 from aiohttp import web
 
@@ -28,6 +27,7 @@ from sluicegate.gateway.proxy import Proxy, ProxySettings, upstream_headers
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.parse import CONTROL_HEADERS, RequestKind, parse_request
 from sluicegate.runtime import Runtime, RuntimeOptions
+from sluicegate.upstream import UpstreamPool
 
 log = logging.getLogger("sluicegate.gateway")
 
@@ -85,7 +85,7 @@ class Gateway:
         self.datastore = self.runtime.datastore
         self.director = self.runtime.director
         self.metrics = self.runtime.metrics
-        self.session: aiohttp.ClientSession | None = None
+        self.upstream: UpstreamPool | None = None
         self.proxy: Proxy | None = None
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -109,8 +109,11 @@ class Gateway:
         return [k.encode() for k in (*self.config.gateway.api_keys, *self.options.api_keys)]
 
     async def start(self, host: str = "127.0.0.1", port: int = 8080) -> None:
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-        self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        settings = self.config.gateway
+        self.upstream = UpstreamPool(
+            connect_timeout_s=settings.connect_timeout_ms / 1000.0,
+            read_timeout_s=settings.request_timeout_ms / 1000.0,
+        )
         try:
             await self._start(host, port)
         except BaseException:
@@ -119,19 +122,15 @@ class Gateway:
             raise
 
     async def _start(self, host: str, port: int) -> None:
-        assert self.session is not None
+        assert self.upstream is not None
         settings = self.config.gateway
-        await self.runtime.start(self.session)
+        await self.runtime.start(self.upstream)
         assert self.runtime.collector is not None
         self.proxy = Proxy(
-            self.session,
+            self.upstream,
             self.runtime.collector,
             self.metrics,
-            ProxySettings(
-                max_retries=settings.max_retries,
-                connect_timeout_s=settings.connect_timeout_ms / 1000.0,
-                read_timeout_s=settings.request_timeout_ms / 1000.0,
-            ),
+            ProxySettings(max_retries=settings.max_retries),
             self.clock,
         )
         app = self.build_app()
@@ -146,8 +145,8 @@ class Gateway:
             await self._runner.cleanup()
             self._runner = None
         await self.runtime.stop()
-        if self.session is not None:
-            await self.session.close()
+        if self.upstream is not None:
+            await self.upstream.close()
 
     def apply_config(self, config: Config) -> None:
         """Switch to ``config`` without dropping requests in flight (see

@@ -11,14 +11,15 @@
   may still be running there).
 - A client disconnect cancels the handler, which closes the upstream connection so the
   model server aborts the request too.
+
+Requests go out over :class:`~sluicegate.upstream.UpstreamPool`'s keep-alive connections.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-import aiohttp
 from aiohttp import web
 
 from sluicegate.clock import Clock
@@ -33,6 +34,7 @@ from sluicegate.requestcontrol.responses import (
     json_or_none,
     restore_model_name,
 )
+from sluicegate.upstream import UpstreamError, UpstreamPool, UpstreamResponse, UpstreamTimeoutError
 
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 SERVED_HEADER = "x-gateway-destination-endpoint-served"
@@ -57,11 +59,10 @@ _HOP_BY_HOP = frozenset(
 
 @dataclass(slots=True)
 class ProxySettings:
-    """Timeouts in seconds."""
+    """How hard the proxy tries (timeouts are the upstream pool's)."""
 
     max_retries: int = 2
-    connect_timeout_s: float = 2.0
-    read_timeout_s: float = 600.0
+    """Other endpoints a failed request may be retried on."""
 
 
 @dataclass(slots=True)
@@ -93,8 +94,8 @@ def upstream_headers(
     return out
 
 
-def _client_headers(upstream: Mapping[str, str], dispatch: Dispatch) -> dict[str, str]:
-    out = {k: v for k, v in upstream.items() if k.lower() not in _HOP_BY_HOP}
+def _client_headers(upstream: Iterable[tuple[str, str]], dispatch: Dispatch) -> dict[str, str]:
+    out = {k: v for k, v in upstream if k.lower() not in _HOP_BY_HOP}
     out[SERVED_HEADER] = dispatch.endpoint.address
     out["x-request-id"] = dispatch.request.request_id
     out.update(dispatch.response_headers)
@@ -106,13 +107,13 @@ class Proxy:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        upstream: UpstreamPool,
         collector: Collector | None,
         metrics: GatewayMetrics,
         settings: ProxySettings,
         clock: Clock,
     ) -> None:
-        self.session = session
+        self.upstream = upstream
         self.clock = clock
         self.collector = collector
         self.metrics = metrics
@@ -125,22 +126,18 @@ class Proxy:
         body = dispatch.body if dispatch.body is not None else raw
         path = request.path_qs
         outcome = Outcome()
-        timeout = aiohttp.ClientTimeout(
-            total=None,
-            sock_connect=self.settings.connect_timeout_s,
-            sock_read=self.settings.read_timeout_s,
-        )
+        header_items = headers.items()
         retries_left = self.settings.max_retries
         while True:
             endpoint = dispatch.endpoint
             can_retry = retries_left > 0 and dispatch.has_fallback()
             try:
-                upstream = await self.session.post(
-                    f"{endpoint.url}{path}", data=body, headers=headers, timeout=timeout
+                upstream = await self.upstream.request(
+                    endpoint.scheme, endpoint.host, endpoint.port, "POST", path, header_items, body
                 )
-            except aiohttp.SocketTimeoutError:
+            except UpstreamTimeoutError:
                 raise _upstream_timeout() from None
-            except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+            except UpstreamError as exc:
                 failure = f"connect: {type(exc).__name__}"
             else:
                 if upstream.status in RETRYABLE_STATUS and can_retry:
@@ -158,7 +155,7 @@ class Proxy:
                     except _RetryableError as exc:
                         failure = str(exc)
                     finally:
-                        _done_with(upstream)
+                        upstream.release()  # closes a half-read answer: the server aborts it
             self.metrics.upstream_failures.labels(endpoint.name, failure.split(":")[0]).inc()
             if self.collector is not None and not failure.startswith("status"):
                 self.collector.record_failure(endpoint, failure)
@@ -173,13 +170,13 @@ class Proxy:
             self.metrics.retries.inc()
 
     async def _relay_whole(
-        self, dispatch: Dispatch, upstream: aiohttp.ClientResponse, outcome: Outcome
+        self, dispatch: Dispatch, upstream: UpstreamResponse, outcome: Outcome
     ) -> web.Response:
         try:
             data = await upstream.read()
-        except TimeoutError:  # before ClientConnectionError: read timeouts are both
+        except UpstreamTimeoutError:
             raise _upstream_timeout() from None
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+        except UpstreamError as exc:
             raise _RetryableError(f"read: {type(exc).__name__}") from None
         dispatch.mark_first_byte(self.clock.now())
         outcome.status = upstream.status
@@ -196,7 +193,7 @@ class Proxy:
         self,
         request: web.Request,
         dispatch: Dispatch,
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamResponse,
         outcome: Outcome,
     ) -> web.StreamResponse:
         outcome.status = upstream.status
@@ -205,12 +202,11 @@ class Proxy:
             if dispatch.rewrites_model
             else None
         )
-        content = upstream.content
         try:
-            first = await content.readany()
-        except TimeoutError:  # before ClientConnectionError: read timeouts are both
+            first = await upstream.read_chunk()
+        except UpstreamTimeoutError:
             raise _upstream_timeout() from None
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+        except UpstreamError as exc:
             raise _RetryableError(f"read: {type(exc).__name__}") from None
         response = web.StreamResponse(
             status=upstream.status, headers=_client_headers(upstream.headers, dispatch)
@@ -223,10 +219,10 @@ class Proxy:
             while chunk:
                 outcome.observe_stream_chunk(chunk)
                 await response.write(rewrite.feed(chunk) if rewrite is not None else chunk)
-                chunk = await content.readany()
+                chunk = await upstream.read_chunk()
                 if chunk:  # the engine just ended an iteration: a latency-model feature
                     dispatch.mark_token(self.clock.now())
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as exc:
+        except UpstreamError as exc:
             outcome.error = f"stream: {type(exc).__name__}"
             if rewrite is not None:
                 rewrite.discard()  # an incomplete event cannot precede the error event
@@ -251,15 +247,6 @@ def _upstream_timeout() -> GatewayError:
         code="upstream_timeout",
         reason="upstream-timeout",
     )
-
-
-def _done_with(upstream: aiohttp.ClientResponse) -> None:
-    """Reuse the connection of a fully read answer; close a half-read one, which aborts
-    the request on the model server."""
-    if upstream.content.at_eof():
-        upstream.release()
-    else:
-        upstream.close()
 
 
 class _RetryableError(Exception):

@@ -52,10 +52,7 @@ _CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("proxy relay (ours)", ("sluicegate/gateway/proxy",)),
     ("request handler (ours)", ("sluicegate/gateway/app",)),
-    (
-        "aiohttp client",
-        ("aiohttp/client", "aiohttp/connector", "aiohttp/tracing", "aiohttp/cookiejar"),
-    ),
+    ("upstream client (ours: requests and scrapes)", ("sluicegate/upstream/",)),
     ("aiohttp server", ("aiohttp/web_",)),
 )
 OTHER = "event loop, transports, asyncio"

@@ -1,0 +1,199 @@
+"""Requests to model servers over pooled keep-alive HTTP/1.1 connections.
+
+The proxy's client: per request it costs one write and the C parser's callbacks, where a
+general-purpose client (cookies, redirects, tracing hooks, URL objects, multidicts) costs
+several times that on the gateway's hot path. It speaks only what model servers need:
+HTTP/1.1 (``http`` or ``https``), requests with a body of known length, answers with a
+length, chunked, or ended by the server closing.
+
+Connections are kept per endpoint ``(scheme, host, port)``, newest reused first, at most
+``max_idle_per_endpoint`` idle ones each (more are closed as they come back). A connection
+the server closed while idle is forgotten when the close is noticed; when a reused
+connection turns out closed before any byte of the answer (the server's keep-alive timer
+won the race), the request is sent once more on a fresh connection — the server never saw
+it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Iterable
+
+from sluicegate.upstream.connection import MAX_BUFFER_BYTES, Connection, UpstreamResponse
+from sluicegate.upstream.errors import UpstreamConnectError, UpstreamDroppedError
+
+_SMALL_BODY_BYTES = 64 * 1024
+"""Bodies up to this size go out in the same write as the request head (bytes)."""
+
+
+class UpstreamPool:
+    """Keep-alive connections to model servers, and the requests sent over them.
+
+    Timeouts in seconds: ``connect_timeout_s`` for a new connection (TLS handshake
+    included), ``read_timeout_s`` for each wait for bytes of an answer (not its total
+    duration: a long generation keeps streaming).
+    """
+
+    def __init__(
+        self,
+        connect_timeout_s: float = 2.0,
+        read_timeout_s: float = 600.0,
+        max_idle_per_endpoint: int = 256,
+        max_buffer_bytes: int = MAX_BUFFER_BYTES,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        if max_idle_per_endpoint < 0:
+            raise ValueError("max_idle_per_endpoint must be >= 0")
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.max_idle_per_endpoint = max_idle_per_endpoint
+        self.max_buffer_bytes = max_buffer_bytes
+        self._ssl_context = ssl_context
+        self._idle: dict[tuple[str, str, int], list[Connection]] = {}
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def idle_connections(self) -> int:
+        """Idle connections kept, over all endpoints."""
+        return sum(len(conns) for conns in self._idle.values())
+
+    async def request(
+        self,
+        scheme: str,
+        host: str,
+        port: int,
+        method: str,
+        target: str,
+        headers: Iterable[tuple[str, str]],
+        body: bytes = b"",
+    ) -> UpstreamResponse:
+        """Send a request and return the answer once its status and headers arrived.
+
+        ``target`` is the path and query; ``headers`` must not include ``Host``,
+        ``Content-Length``, ``Transfer-Encoding`` or ``Connection`` (set here). Raises
+        :class:`~sluicegate.upstream.errors.UpstreamError` subclasses; ``ValueError`` for a
+        header containing a line break.
+        """
+        if self._closed:
+            raise UpstreamConnectError("the upstream pool is closed")
+        key = (scheme, host, port)
+        authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        head = _request_head(method, target, authority, headers, body, method != "GET")
+        loop = asyncio.get_running_loop()
+        connection = self._take_idle(key)
+        if connection is not None:
+            response = self._send(connection, loop, head, body)
+            try:
+                await response.start()
+            except UpstreamDroppedError:
+                response.close()
+                if response.received_any:
+                    raise
+            except BaseException:
+                response.close()
+                raise
+            else:
+                return response
+        connection = await self._connect(key, authority, loop)
+        response = self._send(connection, loop, head, body)
+        try:
+            await response.start()
+        except BaseException:
+            response.close()
+            raise
+        return response
+
+    async def close(self) -> None:
+        """Close every idle connection; connections still answering close when their
+        answers are released."""
+        self._closed = True
+        for conns in self._idle.values():
+            for conn in conns:
+                conn.on_lost = None
+                conn.close()
+        self._idle.clear()
+
+    # ------------------------------------------------------------------ internals
+
+    def _send(
+        self, connection: Connection, loop: asyncio.AbstractEventLoop, head: bytes, body: bytes
+    ) -> UpstreamResponse:
+        response = UpstreamResponse(
+            connection, loop, self.read_timeout_s, self._release, self.max_buffer_bytes
+        )
+        transport = connection.transport
+        assert transport is not None
+        if len(body) <= _SMALL_BODY_BYTES:
+            transport.write(head + body)
+        else:
+            transport.write(head)
+            transport.write(body)
+        return response
+
+    def _take_idle(self, key: tuple[str, str, int]) -> Connection | None:
+        conns = self._idle.get(key)
+        while conns:
+            conn = conns.pop()
+            if not conn.closed:
+                conn.on_lost = None
+                return conn
+        return None
+
+    def _release(self, connection: Connection) -> None:
+        conns = self._idle.setdefault(connection.key, [])
+        if self._closed or len(conns) >= self.max_idle_per_endpoint:
+            connection.close()
+            return
+        connection.on_lost = self._forget
+        conns.append(connection)
+
+    def _forget(self, connection: Connection) -> None:
+        conns = self._idle.get(connection.key)
+        if conns is not None and connection in conns:
+            conns.remove(connection)
+
+    async def _connect(
+        self, key: tuple[str, str, int], authority: str, loop: asyncio.AbstractEventLoop
+    ) -> Connection:
+        scheme, host, port = key
+        tls: ssl.SSLContext | None = None
+        if scheme == "https":
+            tls = self._ssl_context or ssl.create_default_context()
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, connection = await loop.create_connection(
+                    lambda: Connection(key), host, port, ssl=tls
+                )
+        except TimeoutError:  # before OSError, its base class
+            raise UpstreamConnectError(
+                f"connecting to {authority} timed out after {self.connect_timeout_s:g} s"
+            ) from None
+        except OSError as exc:
+            raise UpstreamConnectError(f"cannot connect to {authority}: {exc}") from None
+        return connection
+
+
+def _request_head(
+    method: str,
+    target: str,
+    authority: str,
+    headers: Iterable[tuple[str, str]],
+    body: bytes,
+    send_length: bool,
+) -> bytes:
+    lines = [f"{method} {target} HTTP/1.1\r\nHost: {authority}\r\n"]
+    for name, value in headers:
+        if "\n" in value or "\r" in value or "\n" in name or "\r" in name:
+            raise ValueError(f"header {name!r} contains a line break")
+        lines.append(f"{name}: {value}\r\n")
+    if send_length or body:
+        lines.append(f"Content-Length: {len(body)}\r\n")
+    lines.append("\r\n")
+    return "".join(lines).encode("utf-8", "surrogateescape")
+
+
+__all__ = ["UpstreamPool"]
