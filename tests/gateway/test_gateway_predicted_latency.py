@@ -146,6 +146,7 @@ class StubPredictor:
     """A ready in-process predictor with fixed answers (TTFT 50 ms, TPOT 5 ms)."""
 
     ready = True
+    calibration = None
 
     def __init__(self) -> None:
         self.calls = 0

@@ -111,3 +111,28 @@ async def test_remote_client_failures_are_exported(unused_tcp_port: int) -> None
         )
     )
     assert unanswered == 1.0
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_online_calibration_follows_the_settings_and_is_exported(
+    remote: bool, unused_tcp_port: int
+) -> None:
+    """Quantile models (the default) get an online calibration, in process or remote, and
+    its scales reach /metrics; a mean objective or ``onlineCalibration: false`` gets none."""
+    urls = {"predictionUrls": [f"http://127.0.0.1:{unused_tcp_port}"]} if remote else {}
+
+    def service(**fields: object) -> PredictorHost:
+        return PredictorHost(LatencyPredictorSettings(**urls, **fields), MonotonicClock(), {})
+
+    host = service(quantile=0.8)
+    calibration = host.service.calibration
+    assert calibration is not None
+    assert calibration.ttft.alpha == 0.8
+    calibration.tpot.update(1.0, 2.0)
+    registry = CollectorRegistry()
+    host.register_metrics(registry)
+    text = generate_latest(registry).decode()
+    assert 'sluicegate_predictor_calibration_scale{target="ttft"} 1.0' in text
+    assert 'sluicegate_predictor_calibration_misses_total{target="tpot"} 1.0' in text
+    assert service(objective="mean").service.calibration is None
+    assert service(onlineCalibration=False).service.calibration is None

@@ -10,10 +10,16 @@ import numpy as np
 import pytest
 
 from sluicegate.clock import ManualClock
+from sluicegate.latency.calibration import LatencyCalibration, QuantileTracker
 from sluicegate.latency.features import FeatureRow, Sample
 from sluicegate.latency.predictor import Predictions
 from sluicegate.plugin import PluginContext, create_plugin
-from sluicegate.scheduling.framework import CycleState
+from sluicegate.scheduling.framework import (
+    CycleState,
+    ProfileResult,
+    ResponseOutcome,
+    SchedulingResult,
+)
 from sluicegate.scheduling.plugins.predicted_latency import (
     PREDICTION_OUTCOME,
     PREDICTIONS,
@@ -27,6 +33,8 @@ PREDICT_S = 0.003
 
 class StubPredictor:
     """An in-process predictor: TTFT 100 ms × (endpoint index + 1), TPOT 10 ms."""
+
+    calibration: LatencyCalibration | None = None
 
     def __init__(self, clock: ManualClock, ready: bool = True) -> None:
         self.clock = clock
@@ -48,6 +56,8 @@ class StubPredictor:
 
 class StubRemote:
     """A remote predictor whose every call fails (None), as on a timeout."""
+
+    calibration = None
 
     def __init__(self) -> None:
         self.calls = 0
@@ -89,6 +99,44 @@ def test_predictions_and_their_duration_are_recorded(
     assert predictions is not None
     assert [predictions[e.name].ttft_ms for e in endpoints] == [100.0, 200.0, 300.0]
     assert [predictions[e.name].ttft_valid for e in endpoints] == [True, True, False]
+
+
+def test_predictions_are_scaled_by_the_online_calibration(
+    endpoints: list[Any], make_request: Any
+) -> None:
+    """A quantile predictor's calibration multiplies what the plugins see, headroom and
+    validity included, and each completed request feeds it the prediction it was routed
+    on (unscaled) and what happened."""
+    clock = ManualClock()
+    stub = StubPredictor(clock)
+    stub.calibration = LatencyCalibration(alpha=0.9)
+    stub.calibration.ttft = QuantileTracker(alpha=0.9, scale=2.0)
+    plugin = producer(stub, clock)
+    request = make_request("hi", slo_ttft_ms=250.0)
+    request.stream = True
+    state = CycleState()
+    plugin.produce(request, state, endpoints)
+    predictions = state.get(PREDICTIONS)
+    assert predictions is not None
+    assert [predictions[e.name].ttft_ms for e in endpoints] == [200.0, 400.0, 600.0]
+    assert [predictions[e.name].ttft_valid for e in endpoints] == [True, False, False]
+    assert predictions[endpoints[0].name].ttft_headroom == pytest.approx(50.0)
+    assert predictions[endpoints[0].name].tpot_ms == pytest.approx(10.0)  # TPOT scale 1
+
+    chosen = endpoints[0]
+    plugin.pre_request(
+        request, state, SchedulingResult({"default": ProfileResult([chosen])}, "default")
+    )
+    # Observed: TTFT 150 ms (the model said 100: a miss at scale 1, a hit at scale 2),
+    # TPOT 12 ms (the model said 10: a miss).
+    outcome = ResponseOutcome(chosen, 1.0, 1.15, 1.15 + 0.012 * 9, 10, ok=True)
+    plugin.on_complete(request, state, outcome)
+    ttft, tpot = stub.calibration.ttft, stub.calibration.tpot
+    assert (ttft.observations, ttft.misses) == (1, 0)
+    assert ttft.scale < 2.0
+    assert (tpot.observations, tpot.misses) == (1, 1)
+    assert tpot.scale > 1.0
+    assert len(stub.samples) == 1  # and it is still a training sample
 
 
 def test_a_cold_predictor_is_a_warming_up_fallback(endpoints: list[Any], make_request: Any) -> None:

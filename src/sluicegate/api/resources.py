@@ -324,6 +324,10 @@ class LatencyPredictorSettings(Model):
     objective: Literal["quantile", "mean"] = "quantile"
     quantile: Annotated[float, Field(gt=0, lt=1)] = 0.9
     """The latency quantile predicted with the quantile objective (0.9: p90)."""
+    online_calibration: bool = True
+    """With the quantile objective: rescale predictions online so that, on the requests
+    actually routed, the share ``quantile`` of outcomes stays at or below them (routing to
+    the lowest prediction otherwise makes them optimistic near saturation)."""
     prediction_based_scheduling_default: bool = True
     """Whether a request without an ``x-prediction-based-scheduling`` header is scheduled
     on predictions (true) or on the predicted-latency plugins' heuristic fallback (false).

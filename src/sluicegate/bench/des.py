@@ -40,6 +40,7 @@ from sluicegate.datalayer.endpoint import EngineMetrics, ServedModels
 from sluicegate.errors import GatewayError
 from sluicegate.flowcontrol.config import POOL_ANNOTATION, build_flow_control
 from sluicegate.flowcontrol.types import QueueItem
+from sluicegate.latency.calibration import LatencyCalibration
 from sluicegate.latency.features import FeatureRow, Sample
 from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings
 from sluicegate.latency.predictor import Predictions
@@ -63,6 +64,9 @@ POOL = "sim-pool"
 class TrainedPredictor(Protocol):
     """A latency predictor the simulation trains on its virtual clock (the
     :class:`~sluicegate.latency.inprocess.InProcessPredictor` API the run loop uses)."""
+
+    @property
+    def calibration(self) -> LatencyCalibration | None: ...
 
     @property
     def ready(self) -> bool: ...

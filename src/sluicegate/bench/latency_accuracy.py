@@ -44,6 +44,7 @@ from sluicegate.bench.des import ClusterSimulation, ClusterSpec
 from sluicegate.bench.scenarios import policy_config
 from sluicegate.bench.workloads import OpenLoop, sharegpt_first_turn
 from sluicegate.clock import Clock
+from sluicegate.latency.calibration import LatencyCalibration
 from sluicegate.latency.features import TOKEN_TIMING_CAP_MS, FeatureRow, Sample
 from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings
 from sluicegate.latency.predictor import Predictions
@@ -153,6 +154,12 @@ class ScoringPredictor:
     def ready(self) -> bool:
         return self.routing.ready
 
+    @property
+    def calibration(self) -> LatencyCalibration | None:
+        """The routing predictor's: the producer applies it to what :meth:`predict`
+        returns, and so does the record of what the request was routed on."""
+        return self.routing.calibration
+
     def predict(self, rows: Sequence[FeatureRow]) -> Predictions | None:
         out = self.routing.predict(rows)
         if out is None or self.clock.now() < self.warmup_s:
@@ -160,9 +167,13 @@ class ScoringPredictor:
         mean = self.shadow.predict(rows)
         blind = self.ablation.predict([without_token_timing(row) for row in rows])
         pending = self._pending
+        cal = self.routing.calibration
+        ttft_scale, tpot_scale = (cal.ttft.scale, cal.tpot.scale) if cal else (1.0, 1.0)
         for i, row in enumerate(rows):
+            ttft, tpot = _pair(out, i)
             pending[row] = (
-                *_pair(out, i),
+                ttft * ttft_scale,
+                tpot * tpot_scale,
                 *_pair(mean, i),
                 *_pair(blind, i),
             )

@@ -39,6 +39,7 @@ import numpy as np
 import orjson
 
 from sluicegate.clock import Clock, MonotonicClock
+from sluicegate.latency.calibration import LatencyCalibration
 from sluicegate.latency.features import FeatureRow, Sample
 from sluicegate.latency.predictor import Predictions
 from sluicegate.latency.wire import sample_to_json
@@ -67,6 +68,9 @@ class RemoteSettings:
     max_buffered_samples: int = 10_000
     flush_timeout_s: float = 5.0
     ready_window_s: float = 5.0
+    quantile: float | None = None
+    """The quantile the servers' models predict (None: a mean objective, or unknown);
+    with it, predictions are rescaled online (:mod:`sluicegate.latency.calibration`)."""
 
     def __post_init__(self) -> None:
         if not self.prediction_urls:
@@ -117,6 +121,9 @@ class RemotePredictor:
         self._buffer: deque[Sample] = deque(maxlen=settings.max_buffered_samples)
         self._flusher: asyncio.Task[None] | None = None
         self._last_success: float | None = None
+        self.calibration = (
+            LatencyCalibration(settings.quantile) if settings.quantile is not None else None
+        )
         self.calls = 0
         self.http_requests = 0
         self.failures = 0

@@ -77,6 +77,11 @@ class PredictorHost:
                     prediction_urls=predict_urls,
                     training_url=train_url,
                     timeout_s=settings.timeout_ms / 1000.0,
+                    quantile=(
+                        settings.quantile
+                        if settings.online_calibration and settings.objective == "quantile"
+                        else None
+                    ),
                 )
             )
         else:
@@ -87,6 +92,7 @@ class PredictorHost:
                     min_samples=settings.min_samples,
                     train=TrainConfig(objective=settings.objective, alpha=settings.quantile),
                     model_dir=self.model_dir,
+                    online_calibration=settings.online_calibration,
                 ),
                 timer=time.perf_counter,
             )

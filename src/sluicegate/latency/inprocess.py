@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from sluicegate.clock import Clock
+from sluicegate.latency.calibration import LatencyCalibration
 from sluicegate.latency.features import FeatureRow, Sample, feature_matrix
 from sluicegate.latency.model import ModelBundle, TrainConfig, TrainingData, train_bundle
 from sluicegate.latency.predictor import Predictions
@@ -56,6 +57,9 @@ class PredictorSettings:
     store: StoreConfig = field(default_factory=StoreConfig)
     model_dir: str | None = None
     """Where :meth:`InProcessPredictor.run_trainer` saves each new bundle (None: nowhere)."""
+    online_calibration: bool = True
+    """Rescale quantile predictions online against routed requests
+    (:mod:`sluicegate.latency.calibration`); no effect on a mean objective."""
 
     def __post_init__(self) -> None:
         if self.retrain_interval_s <= 0:
@@ -104,6 +108,13 @@ class InProcessPredictor:
         self.predicted_rows = 0
         self.last_prediction_duration_s = 0.0
         self.prediction_seconds_total = 0.0
+        train = self.settings.train
+        self.calibration: LatencyCalibration | None = (
+            LatencyCalibration(train.alpha)
+            if self.settings.online_calibration and train.objective == "quantile"
+            else None
+        )
+        """Applied to predictions by the plugins (the models' own output is unscaled)."""
         self.ttft_mape: float | None = None
         self.ttft_coverage: float | None = None
         self.tpot_mape: float | None = None

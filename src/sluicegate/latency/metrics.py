@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from sluicegate.latency.calibration import LatencyCalibration
 from sluicegate.latency.client import RemotePredictor
 from sluicegate.latency.inprocess import InProcessPredictor
 from sluicegate.latency.store import KV_BUCKETS, PREFIX_BUCKETS, QUEUE_BUCKETS
@@ -35,6 +36,7 @@ class PredictorCollector(Collector):
         predictor = self._predictor
         store, bundle = predictor.store, predictor.bundle
         yield GaugeMetricFamily(_P + "ready", "1 when a model exists.", int(bundle is not None))
+        yield from calibration_metrics(predictor.calibration)
         yield GaugeMetricFamily(
             _P + "model_version",
             "Trainings behind the models in use (0: none).",
@@ -132,3 +134,33 @@ class RemotePredictorCollector(Collector):
         )
         for name, doc, value in counters:
             yield CounterMetricFamily(_P + "remote_" + name, doc, value)
+        yield from calibration_metrics(r.calibration)
+
+
+def calibration_metrics(calibration: LatencyCalibration | None) -> Iterator[Metric]:
+    """The online calibration's scale and record per target (nothing without one)."""
+    if calibration is None:
+        return
+    scale = GaugeMetricFamily(
+        _P + "calibration_scale",
+        "Factor applied to the quantile models' predictions so that routed requests meet "
+        "them at the configured quantile.",
+        labels=["target"],
+    )
+    observed = CounterMetricFamily(
+        _P + "calibration_observations",
+        "Routed requests compared with the prediction they were routed on.",
+        labels=["target"],
+    )
+    misses = CounterMetricFamily(
+        _P + "calibration_misses",
+        "Routed requests slower than their scaled prediction.",
+        labels=["target"],
+    )
+    for target, tracker in (("ttft", calibration.ttft), ("tpot", calibration.tpot)):
+        scale.add_metric([target], tracker.scale)
+        observed.add_metric([target], tracker.observations)
+        misses.add_metric([target], tracker.misses)
+    yield scale
+    yield observed
+    yield misses

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from sluicegate.latency.calibration import LatencyCalibration
 from sluicegate.latency.features import FeatureRow, Sample
 
 
@@ -26,6 +27,12 @@ class Predictions:
 
 
 class LatencyPredictor(Protocol):
+    @property
+    def calibration(self) -> LatencyCalibration | None:
+        """Online rescaling of quantile predictions, applied and fed by the plugins (None:
+        the predictions are used as they come)."""
+        ...
+
     @property
     def ready(self) -> bool:
         """Whether predictions can be made (a model has been trained or loaded)."""
@@ -42,6 +49,9 @@ class LatencyPredictor(Protocol):
 
 class RemoteLatencyPredictor(Protocol):
     """A predictor behind the network: asked before scheduling, with a deadline."""
+
+    @property
+    def calibration(self) -> LatencyCalibration | None: ...
 
     async def predict_async(self, rows: Sequence[FeatureRow]) -> Predictions | None:
         """TTFT/TPOT for every row; None on failure or timeout (callers fall back)."""

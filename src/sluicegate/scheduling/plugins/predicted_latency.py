@@ -16,6 +16,12 @@ predTPOT``, ``tpotValid = predTPOT < bufTPOT``; in non-streaming mode TPOT is ne
 (valid, headroom 0). Without SLO headers the SLO is 0: headroom is −prediction, never
 valid, and scorers pick the lowest predicted latency.
 
+Calibration: with a quantile predictor, every prediction is the model's times the
+predictor's online scale for its target (:mod:`sluicegate.latency.calibration`), and each
+completed request updates that scale with the chosen endpoint's prediction and what
+happened — so that on routed requests, not only on held-out samples, a share α of
+outcomes stays at or below the prediction.
+
 Training: when a request completes on the endpoint it was scheduled to, its features at
 dispatch and what happened are a sample — in streaming mode TTFT (first byte − dispatch)
 and TPOT ((end − first byte) / (output tokens − 1)); in non-streaming mode the end-to-end
@@ -47,6 +53,7 @@ from pydantic import Field
 
 from sluicegate.api.units import Seconds
 from sluicegate.datalayer.endpoint import Endpoint
+from sluicegate.latency.calibration import LatencyCalibration
 from sluicegate.latency.features import FeatureRow, Sample, token_timing
 from sluicegate.latency.predictor import (
     LatencyPredictor,
@@ -117,6 +124,8 @@ PREDICTIONS: StateKey[dict[str, EndpointPrediction]] = StateKey("latency-predict
 """Predictions by endpoint name; absent when no prediction could be made."""
 _ROWS: StateKey[dict[str, FeatureRow]] = StateKey("latency-feature-rows")
 _CHOSEN: StateKey[tuple[str, FeatureRow]] = StateKey("latency-chosen-row")
+_SCALES: StateKey[tuple[float, float]] = StateKey("latency-calibration-scales")
+"""The TTFT and TPOT scales the request's predictions were multiplied by."""
 _PREFETCHED: StateKey[tuple[dict[str, FeatureRow], Predictions | None, float]] = StateKey(
     "latency-prefetched"
 )
@@ -183,6 +192,13 @@ class PredictedLatencyProducer(
             self.remote = service  # type: ignore[assignment]
         elif service is not None:
             self.predictor = service  # type: ignore[assignment]
+        self.calibration: LatencyCalibration | None = (
+            self.predictor.calibration
+            if self.predictor is not None
+            else self.remote.calibration
+            if self.remote is not None
+            else None
+        )
         self._tpot_slos: dict[str, Counter[float]] = {}
         """TPOT SLOs (ms) of the requests running on each endpoint."""
         self.fallbacks = 0
@@ -246,12 +262,15 @@ class PredictedLatencyProducer(
             status: PredictionStatus = "warming-up" if warming else "unavailable"
             state.put(PREDICTION_OUTCOME, PredictionOutcome(status))
             return
-        by_endpoint = self._with_headroom(request, endpoints, predictions)
+        calibration = self.calibration
+        scales = (calibration.ttft.scale, calibration.tpot.scale) if calibration else (1.0, 1.0)
+        by_endpoint = self._with_headroom(request, endpoints, predictions, scales)
         if not by_endpoint:  # nothing finite came back
             self.fallbacks += 1
             state.put(PREDICTION_OUTCOME, PredictionOutcome("unavailable"))
             return
         state.put(PREDICTIONS, by_endpoint)
+        state.put(_SCALES, scales)
         state.put(PREDICTION_OUTCOME, PredictionOutcome("predicted", duration))
 
     def _predict(
@@ -280,15 +299,20 @@ class PredictedLatencyProducer(
         return fetched, duration
 
     def _with_headroom(
-        self, request: LLMRequest, endpoints: Sequence[Endpoint], predictions: Predictions
+        self,
+        request: LLMRequest,
+        endpoints: Sequence[Endpoint],
+        predictions: Predictions,
+        scales: tuple[float, float],
     ) -> dict[str, EndpointPrediction]:
+        ttft_scale, tpot_scale = scales
         factor = self.params.slo_buffer_factor
         ttft_slo = request.slo_ttft_ms or 0.0
         streaming = self.params.streaming_mode and request.stream
         out: dict[str, EndpointPrediction] = {}
         for i, e in enumerate(endpoints):
-            ttft = float(predictions.ttft_ms[i])
-            tpot = float(predictions.tpot_ms[i])
+            ttft = float(predictions.ttft_ms[i]) * ttft_scale
+            tpot = float(predictions.tpot_ms[i]) * tpot_scale
             if not math.isfinite(ttft) or not math.isfinite(tpot):
                 continue
             if streaming:
@@ -334,9 +358,25 @@ class PredictedLatencyProducer(
         sample = self._sample(request, chosen[1], outcome)
         if sample is None:
             return
+        if self.calibration is not None:
+            self._calibrate(self.calibration, state, chosen[0], sample)
         for sink in (self.predictor, self.remote, self.oracle):
             if sink is not None:
                 sink.observe(sample)
+
+    @staticmethod
+    def _calibrate(
+        calibration: LatencyCalibration, state: CycleState, endpoint: str, sample: Sample
+    ) -> None:
+        """Feed the prediction the request was routed on, unscaled, and what happened."""
+        predicted = (state.get(PREDICTIONS) or {}).get(endpoint)
+        scales = state.get(_SCALES)
+        if predicted is None or scales is None:
+            return  # scheduled without predictions
+        if sample.ttft_ms is not None:
+            calibration.ttft.update(predicted.ttft_ms / scales[0], sample.ttft_ms)
+        if sample.tpot_ms is not None and predicted.tpot_ms > 0:  # 0: no TPOT model yet
+            calibration.tpot.update(predicted.tpot_ms / scales[1], sample.tpot_ms)
 
     def _sample(
         self, request: LLMRequest, row: FeatureRow, outcome: ResponseOutcome

@@ -1,0 +1,106 @@
+"""Online calibration of quantile predictions: the tracker's promise (a share α of routed
+outcomes at or below the scaled prediction) and its bounds."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from sluicegate.latency.calibration import LatencyCalibration, QuantileTracker
+
+
+def coverage(tracker: QuantileTracker, rng: random.Random, draw, n: int) -> float:
+    """Share of ``n`` fresh outcomes at or below the scaled prediction (1.0)."""
+    return sum(draw(rng) <= tracker.scale for _ in range(n)) / n
+
+
+def test_an_optimistic_model_is_scaled_up_to_alpha() -> None:
+    """The model predicts the median (half of the outcomes above it): after a few thousand
+    routed requests the scaled prediction covers α of them."""
+    rng = random.Random(1)
+
+    def draw(r: random.Random) -> float:
+        return r.lognormvariate(0.0, 0.5)  # median 1.0
+
+    tracker = QuantileTracker(alpha=0.9)
+    for _ in range(5000):
+        tracker.update(1.0, draw(rng))
+    assert tracker.scale == pytest.approx(math.exp(0.5 * 1.2816), rel=0.15)  # the true p90
+    assert coverage(tracker, rng, draw, 20_000) == pytest.approx(0.9, abs=0.03)
+
+
+def test_a_pessimistic_model_is_scaled_down() -> None:
+    rng = random.Random(2)
+
+    def draw(r: random.Random) -> float:
+        return r.uniform(0.0, 0.8)  # the prediction 1.0 covers everything; p90 0.72
+
+    tracker = QuantileTracker(alpha=0.9)
+    for _ in range(5000):
+        tracker.update(1.0, draw(rng))
+    assert tracker.scale == pytest.approx(0.72, rel=0.1)
+    assert coverage(tracker, rng, draw, 20_000) == pytest.approx(0.9, abs=0.03)
+
+
+def test_a_calibrated_model_keeps_its_scale() -> None:
+    rng = random.Random(3)
+    p90 = math.exp(0.5 * 1.2816)
+    tracker = QuantileTracker(alpha=0.9)
+    for _ in range(5000):
+        tracker.update(p90, rng.lognormvariate(0.0, 0.5))
+    assert tracker.scale == pytest.approx(1.0, abs=0.15)
+    assert tracker.observations == 5000
+    assert tracker.misses / tracker.observations == pytest.approx(0.1, abs=0.02)
+
+
+def test_the_scale_follows_a_shift_in_load() -> None:
+    """Latency doubles (the pool saturates): within a few hundred requests the scale has
+    moved most of the way."""
+    rng = random.Random(4)
+    tracker = QuantileTracker(alpha=0.9)
+    for _ in range(3000):
+        tracker.update(1.0, rng.uniform(0.8, 1.0))
+    before = tracker.scale
+    for _ in range(500):
+        tracker.update(1.0, rng.uniform(1.6, 2.0))
+    assert tracker.scale > 1.8 * before * 0.9
+
+
+def test_the_scale_is_bounded() -> None:
+    tracker = QuantileTracker(alpha=0.9, min_scale=0.5, max_scale=4.0)
+    for _ in range(10_000):
+        tracker.update(1.0, 1000.0)
+    assert tracker.scale == pytest.approx(4.0)
+    for _ in range(100_000):
+        tracker.update(1.0, 0.0)
+    assert tracker.scale == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    ("predicted", "observed"),
+    [(0.0, 1.0), (-1.0, 1.0), (1.0, -1.0), (math.nan, 1.0), (1.0, math.inf)],
+)
+def test_unusable_observations_are_ignored(predicted: float, observed: float) -> None:
+    tracker = QuantileTracker(alpha=0.9)
+    tracker.update(predicted, observed)
+    assert tracker.observations == 0
+    assert tracker.scale == 1.0
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="alpha"):
+        QuantileTracker(alpha=1.0)
+    with pytest.raises(ValueError, match="rate"):
+        QuantileTracker(alpha=0.9, rate=0.0)
+    with pytest.raises(ValueError, match="min_scale"):
+        QuantileTracker(alpha=0.9, min_scale=2.0)
+
+
+def test_each_target_has_its_own_tracker() -> None:
+    calibration = LatencyCalibration(alpha=0.8)
+    calibration.ttft.update(1.0, 5.0)
+    assert calibration.ttft.scale > 1.0
+    assert calibration.tpot.scale == 1.0
+    assert calibration.tpot.alpha == 0.8
