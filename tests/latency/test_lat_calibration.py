@@ -1,5 +1,5 @@
 """Online calibration of quantile predictions: the tracker's promise (a share α of routed
-outcomes at or below the scaled prediction) and its bounds."""
+outcomes at or below the scaled prediction), its window and its bounds."""
 
 from __future__ import annotations
 
@@ -68,6 +68,23 @@ def test_the_scale_follows_a_shift_in_load() -> None:
     assert tracker.scale > 1.8 * before * 0.9
 
 
+def test_the_window_of_ratios_is_bounded() -> None:
+    tracker = QuantileTracker(alpha=0.9, window=100)
+    for i in range(5000):
+        tracker.update(1.0, float(i % 7))
+    assert tracker.kept == 100
+    assert tracker.observations == 5000
+
+
+def test_the_scale_waits_for_enough_observations() -> None:
+    tracker = QuantileTracker(alpha=0.9, min_observations=50, refresh_every=1)
+    for _ in range(49):
+        tracker.update(1.0, 3.0)
+    assert tracker.scale == 1.0
+    tracker.update(1.0, 3.0)
+    assert tracker.scale == pytest.approx(3.0)
+
+
 def test_the_scale_is_bounded() -> None:
     tracker = QuantileTracker(alpha=0.9, min_scale=0.5, max_scale=4.0)
     for _ in range(10_000):
@@ -92,15 +109,16 @@ def test_unusable_observations_are_ignored(predicted: float, observed: float) ->
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="alpha"):
         QuantileTracker(alpha=1.0)
-    with pytest.raises(ValueError, match="rate"):
-        QuantileTracker(alpha=0.9, rate=0.0)
+    with pytest.raises(ValueError, match="window"):
+        QuantileTracker(alpha=0.9, window=0)
     with pytest.raises(ValueError, match="min_scale"):
         QuantileTracker(alpha=0.9, min_scale=2.0)
 
 
 def test_each_target_has_its_own_tracker() -> None:
     calibration = LatencyCalibration(alpha=0.8)
-    calibration.ttft.update(1.0, 5.0)
+    for _ in range(100):
+        calibration.ttft.update(1.0, 5.0)
     assert calibration.ttft.scale > 1.0
     assert calibration.tpot.scale == 1.0
     assert calibration.tpot.alpha == 0.8

@@ -110,7 +110,10 @@ def test_predictions_are_scaled_by_the_online_calibration(
     clock = ManualClock()
     stub = StubPredictor(clock)
     stub.calibration = LatencyCalibration(alpha=0.9)
-    stub.calibration.ttft = QuantileTracker(alpha=0.9, scale=2.0)
+    stub.calibration.ttft = QuantileTracker(
+        alpha=0.9, scale=2.0, min_observations=1, refresh_every=1
+    )
+    stub.calibration.tpot = QuantileTracker(alpha=0.9, min_observations=1, refresh_every=1)
     plugin = producer(stub, clock)
     request = make_request("hi", slo_ttft_ms=250.0)
     request.stream = True
@@ -133,9 +136,9 @@ def test_predictions_are_scaled_by_the_online_calibration(
     plugin.on_complete(request, state, outcome)
     ttft, tpot = stub.calibration.ttft, stub.calibration.tpot
     assert (ttft.observations, ttft.misses) == (1, 0)
-    assert ttft.scale < 2.0
+    assert ttft.scale == pytest.approx(1.5)  # 150 / 100: the window's only ratio
     assert (tpot.observations, tpot.misses) == (1, 1)
-    assert tpot.scale > 1.0
+    assert tpot.scale == pytest.approx(1.2)
     assert len(stub.samples) == 1  # and it is still a training sample
 
 
