@@ -370,11 +370,15 @@ def render(results: Sequence[LevelResult], plan: Plan, command: str, machine: st
         "observed ≤ predicted) is its measure. Its MAPE is listed for reference only.",
         "",
         "Coverage here is measured where it matters and is hardest: on the endpoint the "
-        "routing model chose. Choosing the lowest prediction favours endpoints whose latency "
-        "the model underestimates, and near saturation the load keeps moving after the "
-        "samples were taken, so coverage falls below what the models reach on held-out "
-        "samples of their own store (the quantile models are rescaled on those to α, "
-        "`calibration_scale` in `sluicegate.latency.model`).",
+        "routing model chose, with the prediction the request was routed on. Choosing the "
+        "lowest prediction favours endpoints whose latency the model underestimates, and "
+        "near saturation the load keeps moving after dispatch, so raw quantile predictions "
+        "cover less than they do on held-out samples of the models' own store. The online "
+        "calibration (`sluicegate.latency.calibration`, on by default) rescales them by the "
+        "α-quantile of observed ÷ predicted over the last 1,000 routed requests. It holds "
+        "TTFT, known at the first token; a TPOT is known only when its request ends, seconds "
+        "and thousands of dispatches later, so its correction lags the load it corrects "
+        "for — most near saturation, where the load keeps climbing after dispatch.",
         "",
         "```",
         command,
