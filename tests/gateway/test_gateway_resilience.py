@@ -191,6 +191,12 @@ async def test_stream_cut_mid_way_ends_with_an_error_event(
     assert orjson.loads(events[-1])["error"]["code"] == "upstream_error"
     assert "[DONE]" not in text
     assert_no_inflight(gw)
+    # Counted as a failed request (502), not as a success the latency metrics learn from.
+    failed = gw.metrics.registry.get_sample_value(
+        "inference_objective_request_error_total",
+        {"model_name": BASE, "target_model_name": BASE, "error_code": "502"},
+    )
+    assert failed == 1
 
 
 async def test_non_streaming_request_cut_mid_way_is_retried(

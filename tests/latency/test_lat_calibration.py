@@ -97,7 +97,7 @@ def test_the_scale_is_bounded() -> None:
 
 @pytest.mark.parametrize(
     ("predicted", "observed"),
-    [(0.0, 1.0), (-1.0, 1.0), (1.0, -1.0), (math.nan, 1.0), (1.0, math.inf)],
+    [(0.0, 1.0), (-1.0, 1.0), (1.0, -1.0), (math.nan, 1.0), (1.0, math.inf), (1e-300, 1e300)],
 )
 def test_unusable_observations_are_ignored(predicted: float, observed: float) -> None:
     tracker = QuantileTracker(alpha=0.9)

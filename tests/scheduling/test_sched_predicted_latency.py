@@ -142,6 +142,49 @@ def test_predictions_are_scaled_by_the_online_calibration(
     assert len(stub.samples) == 1  # and it is still a training sample
 
 
+def test_a_failed_request_still_calibrates_its_ttft(
+    endpoints: list[Any], make_request: Any
+) -> None:
+    """Clients abandon slow requests: a failed one whose first token came still counts for
+    the TTFT calibration (not for TPOT, and it is no training sample)."""
+    clock = ManualClock()
+    stub = StubPredictor(clock)
+    stub.calibration = LatencyCalibration(alpha=0.9)
+    plugin = producer(stub, clock)
+    request = make_request("hi")
+    request.stream = True
+    state = CycleState()
+    plugin.produce(request, state, endpoints)
+    chosen = endpoints[0]
+    plugin.pre_request(
+        request, state, SchedulingResult({"default": ProfileResult([chosen])}, "default")
+    )
+    plugin.on_complete(request, state, ResponseOutcome(chosen, 1.0, 1.3, 2.0, None, ok=False))
+    assert (stub.calibration.ttft.observations, stub.calibration.ttft.misses) == (1, 1)
+    assert stub.calibration.tpot.observations == 0
+    assert stub.samples == []
+
+
+def test_a_second_pass_without_predictions_forgets_the_first(
+    endpoints: list[Any], make_request: Any
+) -> None:
+    """A request produced again after waiting in flow control: when the second pass has
+    no predictions, the first pass's (for other candidates, at another time) are gone."""
+    clock = ManualClock()
+    stub = StubPredictor(clock)
+    plugin = producer(stub, clock)
+    request = make_request("hi")
+    state = CycleState()
+    plugin.produce(request, state, endpoints)
+    assert state.get(PREDICTIONS) is not None
+    stub.ready = False
+    plugin.produce(request, state, endpoints[:2])
+    assert state.get(PREDICTIONS) is None
+    outcome = state.get(PREDICTION_OUTCOME)
+    assert outcome is not None
+    assert outcome.status == "warming-up"
+
+
 def test_a_cold_predictor_is_a_warming_up_fallback(endpoints: list[Any], make_request: Any) -> None:
     clock = ManualClock()
     plugin = producer(StubPredictor(clock, ready=False), clock)

@@ -200,6 +200,60 @@ async def test_a_request_that_failed_after_bytes_arrived_is_not_resent(serve) ->
     assert len(server.requests) == 2
 
 
+async def test_a_drop_long_after_the_request_is_not_resent(serve) -> None:
+    """A reused connection that closes without an answer after the server held the
+    request for a while: the server failed while working on it, so it is not sent again
+    (the proxy decides what to do)."""
+
+    async def script(reader, writer, request) -> bool:
+        if len(server.requests) == 2:
+            await asyncio.sleep(0.4)  # generating, then the engine dies
+            return False
+        writer.write(answer(b"ok"))
+        return True
+
+    server = await serve(script)
+    pool = UpstreamPool()
+    assert await post(pool, server.port) == b"ok"
+    with pytest.raises(UpstreamDroppedError):
+        await post(pool, server.port)
+    assert len(server.requests) == 2
+
+
+async def test_idle_connections_expire(serve) -> None:
+    async def script(reader, writer, request) -> bool:
+        writer.write(answer(b"ok"))
+        return True
+
+    server = await serve(script)
+    pool = UpstreamPool(idle_timeout_s=0.1)
+    assert await post(pool, server.port) == b"ok"
+    assert await post(pool, server.port) == b"ok"
+    assert server.connections == 1  # reused while fresh
+    await asyncio.sleep(0.15)
+    assert await post(pool, server.port) == b"ok"
+    assert server.connections == 2
+    assert pool.idle_connections() == 1
+    await asyncio.wait_for(server.closed_by_client.wait(), 2)  # the expired one was closed
+
+
+async def test_expired_connections_of_other_endpoints_are_swept(serve) -> None:
+    """An endpoint that left the pool is never asked for again: its idle connections are
+    closed anyway."""
+
+    async def script(reader, writer, request) -> bool:
+        writer.write(answer(b"ok"))
+        return True
+
+    gone, staying = await serve(script), await serve(script)
+    pool = UpstreamPool(idle_timeout_s=0.1)
+    assert await post(pool, gone.port) == b"ok"
+    await asyncio.sleep(0.15)
+    assert await post(pool, staying.port) == b"ok"
+    assert pool.idle_connections() == 1
+    await asyncio.wait_for(gone.closed_by_client.wait(), 2)
+
+
 async def test_a_server_dying_mid_body_is_an_error_after_the_bytes_it_sent(serve) -> None:
     async def script(reader, writer, request) -> bool:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")

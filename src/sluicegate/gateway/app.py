@@ -236,7 +236,10 @@ class Gateway:
         usage = None
         try:
             response, outcome = await self.proxy.forward(request, dispatch, raw, forward_headers)
-            status, usage = outcome.status, outcome.usage()
+            # A stream that broke after its first byte reached the client as 200 and an
+            # error event: for the runtime it failed (no latency sample, an error metric).
+            status = 502 if outcome.error else outcome.status
+            usage = outcome.usage()
         except GatewayError as exc:
             status = exc.status
             raise

@@ -34,7 +34,13 @@ from sluicegate.requestcontrol.responses import (
     json_or_none,
     restore_model_name,
 )
-from sluicegate.upstream import UpstreamError, UpstreamPool, UpstreamResponse, UpstreamTimeoutError
+from sluicegate.upstream import (
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamPool,
+    UpstreamResponse,
+    UpstreamTimeoutError,
+)
 
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 SERVED_HEADER = "x-gateway-destination-endpoint-served"
@@ -138,7 +144,8 @@ class Proxy:
             except UpstreamTimeoutError:
                 raise _upstream_timeout() from None
             except UpstreamError as exc:
-                failure = f"connect: {type(exc).__name__}"
+                stage = "connect" if isinstance(exc, UpstreamConnectError) else "read"
+                failure = f"{stage}: {type(exc).__name__}"
             else:
                 if upstream.status in RETRYABLE_STATUS and can_retry:
                     failure = f"status {upstream.status}"

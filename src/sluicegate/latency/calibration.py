@@ -62,9 +62,11 @@ class QuantileTracker:
         """One routed request: the model's prediction at dispatch (before scaling) and
         the observed value, in the same unit. Non-positive or non-finite values are
         ignored."""
-        if not (predicted > 0.0 and observed >= 0.0) or not math.isfinite(predicted * observed):
+        if not (predicted > 0.0 and observed >= 0.0):
             return
         ratio = observed / predicted
+        if not math.isfinite(ratio):
+            return
         self.observations += 1
         self.misses += ratio > self.scale
         self._ratios.append(ratio)

@@ -58,6 +58,10 @@ class CycleState:
     def put(self, key: StateKey[T], value: T) -> None:
         self._data[key] = value
 
+    def discard(self, key: StateKey[Any]) -> None:
+        """Forget ``key`` (nothing happens when it is not set)."""
+        self._data.pop(key, None)
+
 
 RESPONSE_HEADERS: StateKey[dict[str, str]] = StateKey("response-headers")
 """Headers plugins want added to the client's response (e.g. a session token)."""

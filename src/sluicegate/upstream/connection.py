@@ -29,7 +29,7 @@ MAX_BUFFER_BYTES = 256 * 1024
 class Connection(asyncio.Protocol):
     """A connection to one endpoint; idle between exchanges, reused while keep-alive."""
 
-    __slots__ = ("closed", "exchange", "key", "on_lost", "transport")
+    __slots__ = ("closed", "exchange", "idle_since", "key", "on_lost", "transport")
 
     def __init__(self, key: tuple[str, str, int]) -> None:
         self.key = key
@@ -40,6 +40,8 @@ class Connection(asyncio.Protocol):
         self.closed = False
         self.on_lost: Callable[[Connection], None] | None = None
         """Called when the connection closes while idle (to forget it)."""
+        self.idle_since = 0.0
+        """Event-loop time it last went idle (s)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # a TCP (or TLS) transport
@@ -218,7 +220,7 @@ class UpstreamResponse:
             self._fail(UpstreamProtocolError(f"malformed answer: {exc}"))
 
     def lost(self, exc: Exception | None) -> None:
-        if self._complete:
+        if self._complete or self._error is not None:
             return
         if self._headers_done and self._until_close and exc is None:
             # A body without length or chunking ends when the server closes.

@@ -7,16 +7,23 @@ HTTP/1.1 (``http`` or ``https``), requests with a body of known length, answers 
 length, chunked, or ended by the server closing.
 
 Connections are kept per endpoint ``(scheme, host, port)``, newest reused first, at most
-``max_idle_per_endpoint`` idle ones each (more are closed as they come back). A connection
-the server closed while idle is forgotten when the close is noticed; when a reused
-connection turns out closed before any byte of the answer (the server's keep-alive timer
-won the race), the request is sent once more on a fresh connection — the server never saw
-it.
+``max_idle_per_endpoint`` idle ones each (more are closed as they come back), and for at
+most ``idle_timeout_s``: 4 s, under the 5 s after which uvicorn-based servers such as vLLM
+close an idle connection, so the gateway, not the server, usually ends it. Expired ones are
+closed when their endpoint is next asked for, and all of them at least every
+``idle_timeout_s`` (endpoints that left the pool included). Sockets have TCP keep-alive on,
+so a peer that vanished without a word is found out. A connection the server closed while
+idle is forgotten when the close is noticed; when a reused connection turns out closed
+before any byte of the answer within ``_RESEND_WITHIN_S`` of the write (the server's
+keep-alive timer won the race: it never saw the request), the request is sent once more on
+a fresh connection. A later drop is the server failing while it worked on the request, and
+is the caller's to handle (the proxy tries another endpoint).
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from collections.abc import Iterable
 
@@ -25,6 +32,9 @@ from sluicegate.upstream.errors import UpstreamConnectError, UpstreamDroppedErro
 
 _SMALL_BODY_BYTES = 64 * 1024
 """Bodies up to this size go out in the same write as the request head (bytes)."""
+_RESEND_WITHIN_S = 0.25
+"""A reused connection closed this soon after the request was written, before any byte of
+an answer, lost the keep-alive race: the request is sent again (seconds)."""
 
 
 class UpstreamPool:
@@ -42,15 +52,20 @@ class UpstreamPool:
         max_idle_per_endpoint: int = 256,
         max_buffer_bytes: int = MAX_BUFFER_BYTES,
         ssl_context: ssl.SSLContext | None = None,
+        idle_timeout_s: float = 4.0,
     ) -> None:
         if max_idle_per_endpoint < 0:
             raise ValueError("max_idle_per_endpoint must be >= 0")
+        if idle_timeout_s <= 0:
+            raise ValueError("idle_timeout_s must be > 0")
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.max_idle_per_endpoint = max_idle_per_endpoint
         self.max_buffer_bytes = max_buffer_bytes
+        self.idle_timeout_s = idle_timeout_s
         self._ssl_context = ssl_context
         self._idle: dict[tuple[str, str, int], list[Connection]] = {}
+        self._next_sweep = 0.0
         self._closed = False
 
     @property
@@ -84,14 +99,17 @@ class UpstreamPool:
         authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         head = _request_head(method, target, authority, headers, body, method != "GET")
         loop = asyncio.get_running_loop()
-        connection = self._take_idle(key)
+        now = loop.time()
+        if now >= self._next_sweep:
+            self._sweep(now)
+        connection = self._take_idle(key, now)
         if connection is not None:
             response = self._send(connection, loop, head, body)
             try:
                 await response.start()
             except UpstreamDroppedError:
                 response.close()
-                if response.received_any:
+                if response.received_any or loop.time() - now > _RESEND_WITHIN_S:
                     raise
             except BaseException:
                 response.close()
@@ -134,20 +152,36 @@ class UpstreamPool:
             transport.write(body)
         return response
 
-    def _take_idle(self, key: tuple[str, str, int]) -> Connection | None:
+    def _take_idle(self, key: tuple[str, str, int], now: float) -> Connection | None:
         conns = self._idle.get(key)
         while conns:
-            conn = conns.pop()
-            if not conn.closed:
-                conn.on_lost = None
-                return conn
+            conn = conns.pop()  # the newest: the least likely to be expiring
+            conn.on_lost = None
+            transport = conn.transport
+            if conn.closed or transport is None or transport.is_closing():
+                continue
+            if now - conn.idle_since >= self.idle_timeout_s:
+                conn.close()  # so are all older ones
+                for older in conns:
+                    older.on_lost = None
+                    older.close()
+                conns.clear()
+                break
+            if not conns:
+                del self._idle[key]
+            return conn
+        self._idle.pop(key, None)
         return None
 
     def _release(self, connection: Connection) -> None:
-        conns = self._idle.setdefault(connection.key, [])
-        if self._closed or len(conns) >= self.max_idle_per_endpoint:
+        if self._closed:
             connection.close()
             return
+        conns = self._idle.setdefault(connection.key, [])
+        if len(conns) >= self.max_idle_per_endpoint:
+            connection.close()
+            return
+        connection.idle_since = asyncio.get_running_loop().time()
         connection.on_lost = self._forget
         conns.append(connection)
 
@@ -155,6 +189,23 @@ class UpstreamPool:
         conns = self._idle.get(connection.key)
         if conns is not None and connection in conns:
             conns.remove(connection)
+            if not conns:
+                del self._idle[connection.key]
+
+    def _sweep(self, now: float) -> None:
+        """Close every idle connection past ``idle_timeout_s``, whichever endpoint."""
+        self._next_sweep = now + self.idle_timeout_s
+        for key in list(self._idle):
+            conns = self._idle[key]
+            fresh = [c for c in conns if now - c.idle_since < self.idle_timeout_s]
+            for conn in conns:
+                if now - conn.idle_since >= self.idle_timeout_s:
+                    conn.on_lost = None
+                    conn.close()
+            if fresh:
+                self._idle[key] = fresh
+            else:
+                del self._idle[key]
 
     async def _connect(
         self, key: tuple[str, str, int], authority: str, loop: asyncio.AbstractEventLoop
@@ -162,10 +213,12 @@ class UpstreamPool:
         scheme, host, port = key
         tls: ssl.SSLContext | None = None
         if scheme == "https":
-            tls = self._ssl_context or ssl.create_default_context()
+            if self._ssl_context is None:  # loading the CA bundle is slow: once per pool
+                self._ssl_context = ssl.create_default_context()
+            tls = self._ssl_context
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                _, connection = await loop.create_connection(
+                transport, connection = await loop.create_connection(
                     lambda: Connection(key), host, port, ssl=tls
                 )
         except TimeoutError:  # before OSError, its base class
@@ -174,6 +227,9 @@ class UpstreamPool:
             ) from None
         except OSError as exc:
             raise UpstreamConnectError(f"cannot connect to {authority}: {exc}") from None
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         return connection
 
 

@@ -242,6 +242,10 @@ class PredictedLatencyProducer(
     ) -> None:
         rows = self._rows(request, state, endpoints)
         state.put(_ROWS, rows)
+        # A request that waited in flow control is produced again: what an earlier pass
+        # predicted, for other candidates, must not outlive it.
+        state.discard(PREDICTIONS)
+        state.discard(_SCALES)
         if not self.params.predict_in_produce:
             return
         if not request.prediction_based:
@@ -353,30 +357,41 @@ class PredictedLatencyProducer(
                 running[request.slo_tpot_ms] -= 1
                 if running[request.slo_tpot_ms] <= 0:
                     del running[request.slo_tpot_ms]
-        if chosen is None or not outcome.ok or chosen[0] != outcome.endpoint.name:
-            return  # no row, a failure, or served by a fallback: not a clean sample
+        if chosen is None or chosen[0] != outcome.endpoint.name:
+            return  # no row, or served by a fallback: not a clean sample
+        if not outcome.ok:
+            # Not a sample; but a failed or abandoned request is often a slow one, and its
+            # first token, when it came, still tells the calibration how TTFT went.
+            if self.calibration is not None and outcome.first_token_at is not None:
+                ttft = (outcome.first_token_at - outcome.dispatched_at) * 1000.0
+                self._calibrate(self.calibration, state, chosen[0], ttft, None)
+            return
         sample = self._sample(request, chosen[1], outcome)
         if sample is None:
             return
         if self.calibration is not None:
-            self._calibrate(self.calibration, state, chosen[0], sample)
+            self._calibrate(self.calibration, state, chosen[0], sample.ttft_ms, sample.tpot_ms)
         for sink in (self.predictor, self.remote, self.oracle):
             if sink is not None:
                 sink.observe(sample)
 
     @staticmethod
     def _calibrate(
-        calibration: LatencyCalibration, state: CycleState, endpoint: str, sample: Sample
+        calibration: LatencyCalibration,
+        state: CycleState,
+        endpoint: str,
+        ttft_ms: float | None,
+        tpot_ms: float | None,
     ) -> None:
         """Feed the prediction the request was routed on, unscaled, and what happened."""
         predicted = (state.get(PREDICTIONS) or {}).get(endpoint)
         scales = state.get(_SCALES)
         if predicted is None or scales is None:
             return  # scheduled without predictions
-        if sample.ttft_ms is not None:
-            calibration.ttft.update(predicted.ttft_ms / scales[0], sample.ttft_ms)
-        if sample.tpot_ms is not None and predicted.tpot_ms > 0:  # 0: no TPOT model yet
-            calibration.tpot.update(predicted.tpot_ms / scales[1], sample.tpot_ms)
+        if ttft_ms is not None:
+            calibration.ttft.update(predicted.ttft_ms / scales[0], ttft_ms)
+        if tpot_ms is not None and predicted.tpot_ms > 0:  # 0: no TPOT model yet
+            calibration.tpot.update(predicted.tpot_ms / scales[1], tpot_ms)
 
     def _sample(
         self, request: LLMRequest, row: FeatureRow, outcome: ResponseOutcome
