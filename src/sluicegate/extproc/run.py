@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -91,6 +92,9 @@ async def run_extproc(options: RunOptions, console: Console) -> None:
     tasks: list[asyncio.Task[None]] = []
     try:
         await server.start()
+        # As `sluicegate serve` does: start-up's long-lived objects out of the garbage
+        # collector's scans, whose full passes otherwise stall decisions for tens of ms.
+        gc.freeze()
         _announce(console, server, options, runtime)
         stop, reload_now = asyncio.Event(), asyncio.Event()
         install_signal_handlers(stop, reload_now)

@@ -9,6 +9,7 @@ answered 500 without taking the server down.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import os
@@ -17,12 +18,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import orjson
-from aiohttp import web
 
 from sluicegate.api.loader import Config
 from sluicegate.clock import Clock
 from sluicegate.datalayer.collector import Collector
 from sluicegate.errors import GatewayError
+from sluicegate.gateway.http import HttpServer, Request, Responder
 from sluicegate.gateway.proxy import Proxy, ProxySettings, upstream_headers
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.parse import CONTROL_HEADERS, RequestKind, parse_request
@@ -30,37 +31,18 @@ from sluicegate.runtime import Runtime, RuntimeOptions
 from sluicegate.upstream import UpstreamPool
 
 log = logging.getLogger("sluicegate.gateway")
+access_log = logging.getLogger("sluicegate.access")
+
+Route = Callable[[Request, Responder, str], Awaitable[None]]
+_JSON = ("content-type", "application/json")
 
 
-REQUEST_ID = web.RequestKey("request_id", str)
-
-
-def error_response(error: GatewayError, request_id: str | None = None) -> web.Response:
+def send_error(responder: Responder, error: GatewayError, request_id: str | None = None) -> None:
     """The client's answer for a decision the gateway made itself."""
     headers = error.headers()
     if request_id:
         headers["x-request-id"] = request_id
-    return web.Response(
-        status=error.status,
-        body=error.body(),
-        headers=headers,
-        content_type="application/json",
-    )
-
-
-def bound_port(site: web.TCPSite) -> int:
-    """The port a started site listens on (the chosen one when asked for port 0)."""
-    server = site._server
-    sockets = getattr(server, "sockets", None)
-    if not sockets:
-        raise RuntimeError("site is not listening")
-    port: int = sockets[0].getsockname()[1]
-    return port
-
-
-access_log = logging.getLogger("sluicegate.access")
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+    responder.send(error.status, [_JSON, *headers.items()], error.body())
 
 
 @dataclass(slots=True)
@@ -71,6 +53,8 @@ class GatewayOptions:
     access_log: bool = False
     api_keys: list[str] = field(default_factory=list)
     """Accepted bearer tokens, in addition to the configuration's ``apiKeys``."""
+    shutdown_grace_s: float = 5.0
+    """How long requests in progress may take to finish when the gateway stops (s)."""
 
 
 class Gateway:
@@ -87,9 +71,17 @@ class Gateway:
         self.metrics = self.runtime.metrics
         self.upstream: UpstreamPool | None = None
         self.proxy: Proxy | None = None
-        self._runner: web.AppRunner | None = None
+        self._server: HttpServer | None = None
         self.port = 0
         self._max_body_bytes = config.gateway.max_body_bytes
+        self._routes: dict[str, tuple[str, Route]] = {
+            "/v1/completions": ("POST", self._completions),
+            "/v1/chat/completions": ("POST", self._chat_completions),
+            "/v1/models": ("GET", self._models),
+            "/metrics": ("GET", self._metrics),
+            "/health": ("GET", self._health),
+            "/ready": ("GET", self._ready),
+        }
 
     @property
     def config(self) -> Config:
@@ -133,17 +125,15 @@ class Gateway:
             ProxySettings(max_retries=settings.max_retries),
             self.clock,
         )
-        app = self.build_app()
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        self.port = bound_port(site)
+        # The body limit is fixed for the server's life (a reload cannot change it).
+        self._max_body_bytes = settings.max_body_bytes
+        self._server = HttpServer(self._handle, self._too_large, self._max_body_bytes)
+        self.port = await self._server.start(host, port)
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._server is not None:
+            await self._server.stop(self.options.shutdown_grace_s)
+            self._server = None
         await self.runtime.stop()
         if self.upstream is not None:
             await self.upstream.close()
@@ -157,49 +147,45 @@ class Gateway:
 
     # ------------------------------------------------------------------ HTTP
 
-    def build_app(self) -> web.Application:
-        # The body limit is fixed for the application's life (a reload cannot change it).
-        self._max_body_bytes = self.config.gateway.max_body_bytes
-        app = web.Application(client_max_size=self._max_body_bytes, middlewares=[self._errors])
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_post("/v1/chat/completions", self._chat_completions)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/ready", self._ready)
-        return app
-
-    @web.middleware
-    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def _handle(self, request: Request, responder: Responder) -> None:
         request_id = request.headers.get("x-request-id") or os.urandom(12).hex()
-        request[REQUEST_ID] = request_id
         try:
-            return await handler(request)
+            route = self._routes.get(request.path)
+            if route is None:
+                raise GatewayError(
+                    404, f"{request.method} {request.path} is not a route", code="not_found"
+                )
+            method, handler = route
+            if request.method != method:
+                raise GatewayError(
+                    405,
+                    f"{request.path} takes {method}, not {request.method}",
+                    code="method_not_allowed",
+                )
+            await handler(request, responder, request_id)
         except GatewayError as exc:
-            return error_response(exc, request_id)
-        except web.HTTPRequestEntityTooLarge:
-            return error_response(
-                GatewayError(
-                    413,
-                    f"request body is larger than {self._max_body_bytes} bytes",
-                    code="body_too_large",
-                    reason="body-too-large",
-                ),
-                request_id,
-            )
-        except web.HTTPException as exc:
-            return error_response(
-                GatewayError(exc.status, exc.reason, code=exc.reason.lower().replace(" ", "_")),
-                request_id,
-            )
+            if responder.started:
+                raise
+            send_error(responder, exc, request_id)
+        except (asyncio.CancelledError, ConnectionError):
+            raise
         except Exception:
             log.exception("unexpected error handling %s %s", request.method, request.path)
-            return error_response(
-                GatewayError(500, "internal error in the gateway", code="internal_error"),
-                request_id,
-            )
+            if responder.started:
+                raise
+            error = GatewayError(500, "internal error in the gateway", code="internal_error")
+            send_error(responder, error, request_id)
 
-    def _check_auth(self, request: web.Request) -> None:
+    def _too_large(self, request: Request, responder: Responder) -> None:
+        error = GatewayError(
+            413,
+            f"request body is larger than {self._max_body_bytes} bytes",
+            code="body_too_large",
+            reason="body-too-large",
+        )
+        send_error(responder, error, request.headers.get("x-request-id"))
+
+    def _check_auth(self, request: Request) -> None:
         keys = self._api_keys()
         if not keys:
             return
@@ -213,19 +199,22 @@ class Gateway:
                 reason="unauthorized",
             )
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, "completions")
+    async def _completions(self, request: Request, responder: Responder, request_id: str) -> None:
+        await self._generate(request, responder, request_id, "completions")
 
-    async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, "chat")
+    async def _chat_completions(
+        self, request: Request, responder: Responder, request_id: str
+    ) -> None:
+        await self._generate(request, responder, request_id, "chat")
 
-    async def _generate(self, request: web.Request, kind: RequestKind) -> web.StreamResponse:
+    async def _generate(
+        self, request: Request, responder: Responder, request_id: str, kind: RequestKind
+    ) -> None:
         started = time.perf_counter()
         self._check_auth(request)
-        raw = await request.read()
+        raw = request.body
         headers = request.headers
         parsed = parse_request(kind, raw, headers)
-        request_id = request[REQUEST_ID]
         dispatch = await self.runtime.acquire(parsed, request_id, headers, started)
         assert self.proxy is not None
         forward_headers = upstream_headers(
@@ -235,7 +224,9 @@ class Gateway:
         status = 0
         usage = None
         try:
-            response, outcome = await self.proxy.forward(request, dispatch, raw, forward_headers)
+            outcome = await self.proxy.forward(
+                request.target, responder, dispatch, raw, forward_headers
+            )
             # A stream that broke after its first byte reached the client as 200 and an
             # error event: for the runtime it failed (no latency sample, an error metric).
             status = 502 if outcome.error else outcome.status
@@ -247,7 +238,6 @@ class Gateway:
             self.runtime.release(dispatch, status, usage)
             if self.options.access_log:
                 self._log_access(dispatch, status, started)
-        return response
 
     def _log_access(self, dispatch: Dispatch, status: int, started: float) -> None:
         access_log.info(
@@ -268,25 +258,23 @@ class Gateway:
             ).decode(),
         )
 
-    async def _models(self, request: web.Request) -> web.Response:
+    async def _models(self, request: Request, responder: Responder, request_id: str) -> None:
         self._check_auth(request)
         created = int(time.time())
         data = [
             {"id": n, "object": "model", "created": created, "owned_by": "sluicegate"}
             for n in self.runtime.model_names()
         ]
-        return web.Response(
-            body=orjson.dumps({"object": "list", "data": data}), content_type="application/json"
-        )
+        responder.send(200, [_JSON], orjson.dumps({"object": "list", "data": data}))
 
-    async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(
-            body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"}
-        )
+    async def _metrics(self, request: Request, responder: Responder, request_id: str) -> None:
+        headers = [("content-type", "text/plain; version=0.0.4; charset=utf-8")]
+        responder.send(200, headers, self.metrics.render())
 
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+    async def _health(self, request: Request, responder: Responder, request_id: str) -> None:
+        responder.send(200, [_JSON], b'{"status":"ok"}')
 
-    async def _ready(self, request: web.Request) -> web.Response:
+    async def _ready(self, request: Request, responder: Responder, request_id: str) -> None:
         ready = self.runtime.ready_endpoints()
-        return web.json_response({"ready_endpoints": ready}, status=200 if ready else 503)
+        body = orjson.dumps({"ready_endpoints": ready})
+        responder.send(200 if ready else 503, [_JSON], body)

@@ -20,11 +20,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from aiohttp import web
-
 from sluicegate.clock import Clock
 from sluicegate.datalayer.collector import Collector
 from sluicegate.errors import GatewayError
+from sluicegate.gateway.http import Responder
 from sluicegate.metrics import GatewayMetrics
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.responses import (
@@ -100,12 +99,15 @@ def upstream_headers(
     return out
 
 
-def _client_headers(upstream: Iterable[tuple[str, str]], dispatch: Dispatch) -> dict[str, str]:
-    out = {k: v for k, v in upstream if k.lower() not in _HOP_BY_HOP}
-    out[SERVED_HEADER] = dispatch.endpoint.address
-    out["x-request-id"] = dispatch.request.request_id
-    out.update(dispatch.response_headers)
-    return out
+def _client_headers(
+    upstream: Iterable[tuple[str, str]], dispatch: Dispatch
+) -> list[tuple[str, str]]:
+    """The answer's headers for the client: the endpoint's, minus hop-by-hop and those the
+    gateway sets (which it sets last)."""
+    own = {SERVED_HEADER: dispatch.endpoint.address, "x-request-id": dispatch.request.request_id}
+    own.update(dispatch.response_headers)
+    skip = _HOP_BY_HOP | {name.lower() for name in own}
+    return [(k, v) for k, v in upstream if k.lower() not in skip] + list(own.items())
 
 
 class Proxy:
@@ -126,11 +128,17 @@ class Proxy:
         self.settings = settings
 
     async def forward(
-        self, request: web.Request, dispatch: Dispatch, raw: bytes, headers: dict[str, str]
-    ) -> tuple[web.StreamResponse, Outcome]:
-        """Relay ``dispatch`` and return the client response plus what happened."""
+        self,
+        target: str,
+        responder: Responder,
+        dispatch: Dispatch,
+        raw: bytes,
+        headers: dict[str, str],
+    ) -> Outcome:
+        """Relay ``dispatch`` to ``target`` (path and query) on its endpoint, answer the
+        client through ``responder``, and say what happened."""
         body = dispatch.body if dispatch.body is not None else raw
-        path = request.path_qs
+        path = target
         outcome = Outcome()
         header_items = headers.items()
         retries_left = self.settings.max_retries
@@ -153,12 +161,10 @@ class Proxy:
                 else:
                     try:
                         if dispatch.request.stream:
-                            response = await self._relay_stream(
-                                request, dispatch, upstream, outcome
-                            )
+                            await self._relay_stream(responder, dispatch, upstream, outcome)
                         else:
-                            response = await self._relay_whole(dispatch, upstream, outcome)
-                        return response, outcome
+                            await self._relay_whole(responder, dispatch, upstream, outcome)
+                        return outcome
                     except _RetryableError as exc:
                         failure = str(exc)
                     finally:
@@ -177,8 +183,12 @@ class Proxy:
             self.metrics.retries.inc()
 
     async def _relay_whole(
-        self, dispatch: Dispatch, upstream: UpstreamResponse, outcome: Outcome
-    ) -> web.Response:
+        self,
+        responder: Responder,
+        dispatch: Dispatch,
+        upstream: UpstreamResponse,
+        outcome: Outcome,
+    ) -> None:
         try:
             data = await upstream.read()
         except UpstreamTimeoutError:
@@ -192,17 +202,15 @@ class Proxy:
         if dispatch.rewrites_model:
             request = dispatch.request
             data = restore_model_name(payload, request.target_model, request.model) or data
-        return web.Response(
-            status=upstream.status, body=data, headers=_client_headers(upstream.headers, dispatch)
-        )
+        responder.send(upstream.status, _client_headers(upstream.headers, dispatch), data)
 
     async def _relay_stream(
         self,
-        request: web.Request,
+        responder: Responder,
         dispatch: Dispatch,
         upstream: UpstreamResponse,
         outcome: Outcome,
-    ) -> web.StreamResponse:
+    ) -> None:
         outcome.status = upstream.status
         rewrite = (
             EventRewriter(ModelNameRewriter(dispatch.request.target_model, dispatch.request.model))
@@ -215,17 +223,14 @@ class Proxy:
             raise _upstream_timeout() from None
         except UpstreamError as exc:
             raise _RetryableError(f"read: {type(exc).__name__}") from None
-        response = web.StreamResponse(
-            status=upstream.status, headers=_client_headers(upstream.headers, dispatch)
-        )
-        await response.prepare(request)
+        await responder.stream(upstream.status, _client_headers(upstream.headers, dispatch))
         if first:
             dispatch.mark_first_byte(self.clock.now())
         chunk = first
         try:
             while chunk:
                 outcome.observe_stream_chunk(chunk)
-                await response.write(rewrite.feed(chunk) if rewrite is not None else chunk)
+                await responder.write(rewrite.feed(chunk) if rewrite is not None else chunk)
                 chunk = await upstream.read_chunk()
                 if chunk:  # the engine just ended an iteration: a latency-model feature
                     dispatch.mark_token(self.clock.now())
@@ -239,12 +244,11 @@ class Proxy:
                 code="upstream_error",
                 reason="upstream-failure",
             )
-            await response.write(b"data: " + error.body() + b"\n\n")
+            await responder.write(b"data: " + error.body() + b"\n\n")
         outcome.end_stream()
         if rewrite is not None and (rest := rewrite.flush()):
-            await response.write(rest)
-        await response.write_eof()
-        return response
+            await responder.write(rest)
+        await responder.end()
 
 
 def _upstream_timeout() -> GatewayError:

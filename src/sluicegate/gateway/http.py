@@ -1,0 +1,401 @@
+"""The gateway's HTTP/1.1 server: asyncio protocols and ``httptools``' C parser.
+
+Only what an OpenAI-compatible gateway needs, at a fraction of a general web framework's
+cost per request (routing tables, middleware chains, request and response objects with
+cookies, multipart and compression): requests with a body of known length or chunked,
+keep-alive and pipelining (answered in order, one at a time per connection), answers whole
+(``Content-Length``) or streamed (chunked, written as they come, with back-pressure).
+
+- The handler gets a :class:`Request` (headers with lower-case names; repeated ones joined
+  with ``", "``) and a :class:`Responder`, and answers with exactly one of
+  :meth:`Responder.send` or :meth:`Responder.stream`.
+- A body over ``max_body_bytes`` is answered by ``on_too_large`` and the connection closed
+  (the rest of the body is not read). ``Expect: 100-continue`` is honoured.
+- Malformed requests get a plain 400 and the connection is closed.
+- A client that disconnects cancels its handler task, so whatever it awaits (an upstream
+  request) is abandoned too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from http import HTTPStatus
+
+import httptools
+
+log = logging.getLogger("sluicegate.gateway")
+
+_REASONS = {s.value: s.phrase for s in HTTPStatus}
+_CHUNKED_END = b"0\r\n\r\n"
+MAX_HEADER_BYTES = 64 * 1024
+"""Largest request line plus headers accepted (bytes); more is a 431."""
+
+
+@dataclass(slots=True)
+class Request:
+    method: str
+    target: str
+    """Path and query, as sent."""
+    path: str
+    headers: dict[str, str]
+    """Lower-case names."""
+    body: bytes
+    keep_alive: bool
+    http_version: str
+
+
+Handler = Callable[[Request, "Responder"], Awaitable[None]]
+TooLarge = Callable[[Request, "Responder"], None]
+
+
+class Responder:
+    """Writes the answer to one request on its connection."""
+
+    __slots__ = ("_closing", "_conn", "_keep_alive", "_started", "_streaming", "status")
+
+    def __init__(self, conn: _HttpConnection, keep_alive: bool) -> None:
+        self._conn = conn
+        self._keep_alive = keep_alive
+        self._started = False
+        self._streaming = False
+        self._closing = False
+        self.status = 0
+
+    @property
+    def started(self) -> bool:
+        """Whether the status line has been written (nothing else can be sent then)."""
+        return self._started
+
+    def send(self, status: int, headers: Iterable[tuple[str, str]], body: bytes = b"") -> None:
+        """The whole answer at once."""
+        head = self._head(status, headers)
+        head.append(f"content-length: {len(body)}\r\n\r\n")
+        self._conn.write("".join(head).encode("latin-1") + body)
+
+    async def stream(self, status: int, headers: Iterable[tuple[str, str]]) -> None:
+        """Start a streamed answer; then :meth:`write` its pieces and :meth:`end` it."""
+        head = self._head(status, headers)
+        if self._conn.http_10:
+            self._keep_alive = False  # no chunking in HTTP/1.0: the close ends the body
+            head.append("\r\n")
+        else:
+            head.append("transfer-encoding: chunked\r\n\r\n")
+            self._streaming = True
+        self._conn.write("".join(head).encode("latin-1"))
+        await self._conn.drain()
+
+    async def write(self, data: bytes) -> None:
+        if not data:
+            return
+        if self._streaming:
+            self._conn.write(b"%x\r\n%b\r\n" % (len(data), data))
+        else:
+            self._conn.write(data)
+        await self._conn.drain()
+
+    async def end(self) -> None:
+        if self._streaming:
+            self._conn.write(_CHUNKED_END)
+        await self._conn.drain()
+
+    def _head(self, status: int, headers: Iterable[tuple[str, str]]) -> list[str]:
+        if self._started:
+            raise RuntimeError("the answer has already been started")
+        self._started = True
+        self.status = status
+        lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n"]
+        for name, value in headers:
+            if "\n" in value or "\r" in value:
+                raise ValueError(f"header {name!r} contains a line break")
+            lines.append(f"{name}: {value}\r\n")
+        conn = self._conn
+        if conn.server.stopping or conn.last_answer:
+            self._keep_alive = False
+        if not self._keep_alive:
+            lines.append("connection: close\r\n")
+        return lines
+
+
+class _HttpConnection(asyncio.Protocol):
+    """One client connection: parses requests and runs the handler for each, in order."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.closed = False
+        self.last_answer = False
+        """Close after the answer being written (the rest of the input is unusable)."""
+        self.http_10 = False
+        self._url = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._header_bytes = 0
+        self._body: list[bytes] = []
+        self._body_bytes = 0
+        self._too_large = False
+        self._pending: deque[tuple[Request, bool, bool]] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._paused = False
+        self._drain: asyncio.Future[None] | None = None
+
+    # -------------------------------------------------------------- transport events
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # a TCP transport
+        self.server.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # The request itself was complete and is answered as a plain one; what follows
+            # is another protocol, which the gateway does not speak.
+            self._reject(400, "protocol upgrades are not supported")
+        except httptools.HttpParserError as exc:
+            if not self.closed:
+                self._reject(400, f"malformed HTTP request: {exc}")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.server.connections.discard(self)
+        self._pending.clear()
+        if self._task is not None and not self._task.done():
+            self._task.cancel()  # the client left: abandon its request
+        self._wake_writer()
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._wake_writer()
+
+    # -------------------------------------------------------------- parser callbacks
+
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._headers = []
+        self._header_bytes = 0
+        self._body = []
+        self._body_bytes = 0
+        self._too_large = False
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._header_bytes += len(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name, value))
+        self._header_bytes += len(name) + len(value)
+        if self._header_bytes > MAX_HEADER_BYTES:
+            self._reject(431, "request headers are too large")
+            raise httptools.HttpParserError("headers too large")
+
+    def on_headers_complete(self) -> None:
+        length = 0
+        expect = False
+        for name, value in self._headers:
+            lower = name.lower()
+            if lower == b"content-length" and value.strip().isdigit():
+                length = int(value)
+            elif lower == b"expect" and value.lower() == b"100-continue":
+                expect = True
+        if length > self.server.max_body_bytes:
+            self._too_large = True  # answered without the body, then closed
+            self._dispatch(self._request(b""), keep_alive=False, too_large=True)
+            return
+        if expect:
+            self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        if self._too_large:
+            return
+        self._body_bytes += len(body)
+        if self._body_bytes > self.server.max_body_bytes:  # chunked, without a length
+            self._too_large = True
+            self._body = []
+            self._dispatch(self._request(b""), keep_alive=False, too_large=True)
+            return
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._too_large:
+            return
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        self._dispatch(self._request(body), self.parser.should_keep_alive())
+
+    # -------------------------------------------------------------- requests
+
+    def _request(self, body: bytes) -> Request:
+        headers: dict[str, str] = {}
+        for raw_name, raw_value in self._headers:
+            name = raw_name.decode("latin-1").lower()
+            value = raw_value.decode("utf-8", "surrogateescape")
+            headers[name] = f"{headers[name]}, {value}" if name in headers else value
+        target = self._url.decode("latin-1")
+        version = self.parser.get_http_version()
+        self.http_10 = version == "1.0"
+        return Request(
+            method=self.parser.get_method().decode("latin-1"),
+            target=target,
+            path=target.split("?", 1)[0],
+            headers=headers,
+            body=body,
+            keep_alive=self.parser.should_keep_alive(),
+            http_version=version,
+        )
+
+    def _dispatch(self, request: Request, keep_alive: bool, too_large: bool = False) -> None:
+        if too_large:
+            request.keep_alive = keep_alive = False
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(request, keep_alive, too_large)
+            )
+        else:  # pipelined: after the one being answered
+            self._pending.append((request, keep_alive, too_large))
+            if len(self._pending) > self.server.max_pipelined:
+                self._reject(429, "too many pipelined requests")
+
+    async def _run(self, request: Request, keep_alive: bool, too_large: bool) -> None:
+        while True:
+            responder = Responder(self, keep_alive and not self.server.stopping)
+            try:
+                if too_large:
+                    self.server.on_too_large(request, responder)
+                else:
+                    await self.server.handler(request, responder)
+                if not responder.started:
+                    responder.send(500, (), b"no answer")
+            except asyncio.CancelledError:
+                self.close()
+                raise
+            except Exception:
+                log.exception("unexpected error answering %s %s", request.method, request.path)
+                if responder.started:
+                    self.close()  # the answer is broken off: the client sees it end early
+                    return
+                responder.send(500, (("content-type", "text/plain"),), b"internal error")
+            if not responder._keep_alive or self.closed or self.last_answer:
+                self.close_after_write()
+                return
+            if not self._pending:
+                self._task = None
+                return
+            request, keep_alive, too_large = self._pending.popleft()
+
+    def _reject(self, status: int, message: str) -> None:
+        """The input cannot be read further: answer ``status`` and close — after the
+        answer in progress, if there is one (requests pipelined after it are dropped)."""
+        if self.closed:
+            return
+        self._pending.clear()
+        if self._task is not None:
+            self.last_answer = True
+            return
+        body = message.encode()
+        self.write(
+            f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\ncontent-type: "
+            f"text/plain\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
+            + body
+        )
+        self.close_after_write()
+
+    # -------------------------------------------------------------- writing
+
+    def write(self, data: bytes) -> None:
+        if not self.closed and self.transport is not None:
+            self.transport.write(data)
+
+    async def drain(self) -> None:
+        if self.closed:
+            raise ConnectionResetError("the client closed the connection")
+        if self._paused:
+            waiter = asyncio.get_running_loop().create_future()
+            self._drain = waiter
+            try:
+                await waiter
+            finally:
+                self._drain = None
+            if self.closed:
+                raise ConnectionResetError("the client closed the connection")
+
+    def _wake_writer(self) -> None:
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    def close_after_write(self) -> None:
+        """Close once what was written has gone out."""
+        if not self.closed and self.transport is not None:
+            self.closed = True
+            self.transport.close()
+
+    def close(self) -> None:
+        if not self.closed and self.transport is not None:
+            self.closed = True
+            self.transport.abort()
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The handler task answering this connection's requests, if any."""
+        return self._task
+
+
+class HttpServer:
+    """Listens and runs ``handler`` for every request (see the module docstring)."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        on_too_large: TooLarge,
+        max_body_bytes: int,
+        max_pipelined: int = 64,
+    ) -> None:
+        self.handler = handler
+        self.on_too_large = on_too_large
+        self.max_body_bytes = max_body_bytes
+        self.max_pipelined = max_pipelined
+        self.connections: set[_HttpConnection] = set()
+        self.stopping = False
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host``:``port`` (0: any free port); returns the port."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _HttpConnection(self), host, port, reuse_address=True, backlog=1024
+        )
+        sockets = self._server.sockets
+        bound: int = sockets[0].getsockname()[1]
+        return bound
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Stop listening, close idle connections, give requests in progress ``grace_s``
+        seconds to finish, then cut them off."""
+        self.stopping = True
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        tasks = []
+        for conn in list(self.connections):
+            task = conn.task
+            if task is None or task.done():
+                conn.close_after_write()
+            else:
+                tasks.append(task)
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace_s)
+        for conn in list(self.connections):
+            conn.close()  # cancels what is still running
+        unfinished = [t for t in tasks if not t.done()]
+        if unfinished:
+            await asyncio.wait(unfinished, timeout=1.0)
+        if server is not None:
+            await server.wait_closed()
+
+
+__all__ = ["MAX_HEADER_BYTES", "HttpServer", "Request", "Responder"]
