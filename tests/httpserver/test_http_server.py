@@ -253,3 +253,20 @@ async def test_stop_lets_requests_in_progress_finish(start) -> None:
     idle_writer.close()
     with pytest.raises(ConnectionRefusedError):
         await asyncio.open_connection("127.0.0.1", port)
+
+
+async def test_idle_and_trickling_connections_are_closed() -> None:
+    server = HttpServer(echo, too_large, 1024, idle_timeout_s=0.2)
+    port = await server.start("127.0.0.1", 0)
+    try:
+        idle_reader, idle_writer = await asyncio.open_connection("127.0.0.1", port)
+        idle_writer.write(post(b"a"))  # answered, then idle
+        slow_reader, slow_writer = await asyncio.open_connection("127.0.0.1", port)
+        slow_writer.write(b"POST /x HTTP/1.1\r\nHost: t\r\n")  # a head that never ends
+        answer = await asyncio.wait_for(idle_reader.read(), 2)
+        assert answer.endswith(b"POST /x -|a")  # then closed
+        assert await asyncio.wait_for(slow_reader.read(), 2) == b""
+        idle_writer.close()
+        slow_writer.close()
+    finally:
+        await server.stop(0.1)

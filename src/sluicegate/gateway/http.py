@@ -14,6 +14,9 @@ keep-alive and pipelining (answered in order, one at a time per connection), ans
 - Malformed requests get a plain 400 and the connection is closed.
 - A client that disconnects cancels its handler task, so whatever it awaits (an upstream
   request) is abandoned too.
+- A connection with no request in progress for ``idle_timeout_s`` is closed, whether it is
+  idle between requests or still trickling in a request's head (75 s by default, aiohttp's
+  keep-alive timeout); connections are checked every ``idle_timeout_s / 4``.
 """
 
 from __future__ import annotations
@@ -128,6 +131,8 @@ class _HttpConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.closed = False
+        self.idle_since = 0.0
+        """Event-loop time the connection last had no request in progress (s)."""
         self.last_answer = False
         """Close after the answer being written (the rest of the input is unusable)."""
         self.http_10 = False
@@ -146,6 +151,7 @@ class _HttpConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # a TCP transport
+        self.idle_since = asyncio.get_running_loop().time()
         self.server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -285,6 +291,7 @@ class _HttpConnection(asyncio.Protocol):
                 return
             if not self._pending:
                 self._task = None
+                self.idle_since = asyncio.get_running_loop().time()
                 return
             request, keep_alive, too_large = self._pending.popleft()
 
@@ -354,14 +361,17 @@ class HttpServer:
         on_too_large: TooLarge,
         max_body_bytes: int,
         max_pipelined: int = 64,
+        idle_timeout_s: float = 75.0,
     ) -> None:
         self.handler = handler
         self.on_too_large = on_too_large
         self.max_body_bytes = max_body_bytes
         self.max_pipelined = max_pipelined
+        self.idle_timeout_s = idle_timeout_s
         self.connections: set[_HttpConnection] = set()
         self.stopping = False
         self._server: asyncio.AbstractServer | None = None
+        self._reaper: asyncio.Task[None] | None = None
 
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host``:``port`` (0: any free port); returns the port."""
@@ -369,14 +379,27 @@ class HttpServer:
         self._server = await loop.create_server(
             lambda: _HttpConnection(self), host, port, reuse_address=True, backlog=1024
         )
+        self._reaper = loop.create_task(self._close_idle())
         sockets = self._server.sockets
         bound: int = sockets[0].getsockname()[1]
         return bound
+
+    async def _close_idle(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.idle_timeout_s / 4)
+            now = loop.time()
+            for conn in list(self.connections):
+                if conn.task is None and now - conn.idle_since >= self.idle_timeout_s:
+                    conn.close_after_write()
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Stop listening, close idle connections, give requests in progress ``grace_s``
         seconds to finish, then cut them off."""
         self.stopping = True
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
         server, self._server = self._server, None
         if server is not None:
             server.close()

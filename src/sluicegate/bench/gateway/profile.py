@@ -50,6 +50,7 @@ _CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "sluicegate/latency/",
         ),
     ),
+    ("HTTP server (ours)", ("sluicegate/gateway/http",)),
     ("proxy relay (ours)", ("sluicegate/gateway/proxy",)),
     ("request handler (ours)", ("sluicegate/gateway/app",)),
     ("upstream client (ours: requests and scrapes)", ("sluicegate/upstream/",)),
