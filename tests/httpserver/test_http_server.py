@@ -270,3 +270,69 @@ async def test_idle_and_trickling_connections_are_closed() -> None:
         slow_writer.close()
     finally:
         await server.stop(0.1)
+
+
+async def test_head_answers_have_no_body(start) -> None:
+    _, port = await start()
+    answer = await exchange(
+        port,
+        b"HEAD /x HTTP/1.1\r\nHost: t\r\n\r\n"
+        b"GET /y HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+    )
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert b"content-length: 10" in head  # the length the body would have
+    assert rest.startswith(b"HTTP/1.1 200 OK")  # straight to the next answer
+    assert rest.endswith(b"GET /y -|")
+
+
+async def test_trailers_do_not_become_headers(start) -> None:
+    seen: list[dict[str, str]] = []
+
+    async def handler(request: Request, responder: Responder) -> None:
+        seen.append(request.headers)
+        responder.send(204, [])
+
+    _, port = await start(handler)
+    await exchange(
+        port,
+        b"POST /x HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        b"1\r\na\r\n0\r\nX-Gateway-Destination-Endpoint: 10.0.0.1:80\r\n\r\n",
+    )
+    assert "x-gateway-destination-endpoint" not in seen[0]
+
+
+async def test_a_client_that_does_not_read_stops_being_read() -> None:
+    """Pipelining requests without reading the answers: the server stops reading once its
+    buffers are full, instead of answering (and holding) without bound."""
+    answered = 0
+
+    async def handler(request: Request, responder: Responder) -> None:
+        nonlocal answered
+        answered += 1
+        responder.send(200, [], b"x" * 65536)
+
+    server = HttpServer(handler, too_large, 1024, max_pipelined=4)
+    port = await server.start("127.0.0.1", 0)
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        request = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n"
+        for _ in range(2000):
+            writer.write(request)
+        await asyncio.sleep(0.5)
+        assert answered <= 8 * 4 + 1  # the queue's hard limit, not 2,000 answers
+        writer.close()
+    finally:
+        await server.stop(0.1)
+
+
+async def test_request_ids_that_are_not_latin_1_are_echoed_intact(start) -> None:
+    async def handler(request: Request, responder: Responder) -> None:
+        responder.send(200, [("x-request-id", request.headers["x-request-id"])], b"")
+
+    _, port = await start(handler)
+    for raw in ("中".encode(), b"\xff"):
+        answer = await exchange(
+            port,
+            b"GET / HTTP/1.1\r\nHost: t\r\nX-Request-Id: " + raw + b"\r\nConnection: close\r\n\r\n",
+        )
+        assert b"x-request-id: " + raw + b"\r\n" in answer

@@ -7,16 +7,21 @@ keep-alive and pipelining (answered in order, one at a time per connection), ans
 (``Content-Length``) or streamed (chunked, written as they come, with back-pressure).
 
 - The handler gets a :class:`Request` (headers with lower-case names; repeated ones joined
-  with ``", "``) and a :class:`Responder`, and answers with exactly one of
-  :meth:`Responder.send` or :meth:`Responder.stream`.
+  with ``", "``; trailers ignored) and a :class:`Responder`, and answers with exactly one
+  of :meth:`Responder.send` or :meth:`Responder.stream`. Answers to ``HEAD`` carry no body.
 - A body over ``max_body_bytes`` is answered by ``on_too_large`` and the connection closed
-  (the rest of the body is not read). ``Expect: 100-continue`` is honoured.
-- Malformed requests get a plain 400 and the connection is closed.
+  (the rest of the body is not read); a request head over ``MAX_HEADER_BYTES`` is a 431;
+  malformed input a 400. ``Expect: 100-continue`` is honoured.
+- Memory per connection is bounded: reading stops while ``max_pipelined`` requests wait or
+  while the client is not reading its answers (the transport's write buffer is full).
 - A client that disconnects cancels its handler task, so whatever it awaits (an upstream
-  request) is abandoned too.
+  request) is abandoned too. (A half-close counts as leaving: at the TCP level it looks
+  the same as a client that closed, and generating for one that left is the costlier
+  mistake.)
 - A connection with no request in progress for ``idle_timeout_s`` is closed, whether it is
   idle between requests or still trickling in a request's head (75 s by default, aiohttp's
-  keep-alive timeout); connections are checked every ``idle_timeout_s / 4``.
+  keep-alive timeout), and so is one whose client has not taken an answer's bytes for as
+  long; connections are checked every ``idle_timeout_s / 4``.
 """
 
 from __future__ import annotations
@@ -36,6 +41,14 @@ _REASONS = {s.value: s.phrase for s in HTTPStatus}
 _CHUNKED_END = b"0\r\n\r\n"
 MAX_HEADER_BYTES = 64 * 1024
 """Largest request line plus headers accepted (bytes); more is a 431."""
+_PIPELINE_HARD_LIMIT = 8
+"""Reading stops at ``max_pipelined`` waiting requests, but one read may hold more: past
+this many times ``max_pipelined`` the connection is closed after what is queued."""
+
+
+def _encode(text: str) -> bytes:
+    # Header values arrive decoded as UTF-8 with surrogate escapes: this restores the bytes.
+    return text.encode("utf-8", "surrogateescape")
 
 
 @dataclass(slots=True)
@@ -58,14 +71,24 @@ TooLarge = Callable[[Request, "Responder"], None]
 class Responder:
     """Writes the answer to one request on its connection."""
 
-    __slots__ = ("_closing", "_conn", "_keep_alive", "_started", "_streaming", "status")
+    __slots__ = (
+        "_conn",
+        "_head_only",
+        "_http_10",
+        "_started",
+        "_streaming",
+        "keep_alive",
+        "status",
+    )
 
-    def __init__(self, conn: _HttpConnection, keep_alive: bool) -> None:
+    def __init__(self, conn: _HttpConnection, request: Request, keep_alive: bool) -> None:
         self._conn = conn
-        self._keep_alive = keep_alive
+        self._http_10 = request.http_version == "1.0"
+        self._head_only = request.method == "HEAD"
         self._started = False
         self._streaming = False
-        self._closing = False
+        self.keep_alive = keep_alive
+        """Whether the connection stays open after this answer."""
         self.status = 0
 
     @property
@@ -75,24 +98,21 @@ class Responder:
 
     def send(self, status: int, headers: Iterable[tuple[str, str]], body: bytes = b"") -> None:
         """The whole answer at once."""
-        head = self._head(status, headers)
-        head.append(f"content-length: {len(body)}\r\n\r\n")
-        self._conn.write("".join(head).encode("latin-1") + body)
+        head = self._head(status, headers, f"content-length: {len(body)}\r\n")
+        self._conn.write(head if self._head_only else head + body)
 
     async def stream(self, status: int, headers: Iterable[tuple[str, str]]) -> None:
         """Start a streamed answer; then :meth:`write` its pieces and :meth:`end` it."""
-        head = self._head(status, headers)
-        if self._conn.http_10:
-            self._keep_alive = False  # no chunking in HTTP/1.0: the close ends the body
-            head.append("\r\n")
+        if self._http_10:  # no chunking in HTTP/1.0: the close ends the body
+            self.keep_alive = False
+            self._conn.write(self._head(status, headers, ""))
         else:
-            head.append("transfer-encoding: chunked\r\n\r\n")
+            self._conn.write(self._head(status, headers, "transfer-encoding: chunked\r\n"))
             self._streaming = True
-        self._conn.write("".join(head).encode("latin-1"))
         await self._conn.drain()
 
     async def write(self, data: bytes) -> None:
-        if not data:
+        if not data or self._head_only:
             return
         if self._streaming:
             self._conn.write(b"%x\r\n%b\r\n" % (len(data), data))
@@ -101,26 +121,31 @@ class Responder:
         await self._conn.drain()
 
     async def end(self) -> None:
-        if self._streaming:
+        if self._streaming and not self._head_only:
             self._conn.write(_CHUNKED_END)
         await self._conn.drain()
 
-    def _head(self, status: int, headers: Iterable[tuple[str, str]]) -> list[str]:
+    def _head(self, status: int, headers: Iterable[tuple[str, str]], framing: str) -> bytes:
         if self._started:
             raise RuntimeError("the answer has already been started")
-        self._started = True
-        self.status = status
+        conn = self._conn
+        if conn.server.stopping or conn.last_answer:
+            self.keep_alive = False
         lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n"]
         for name, value in headers:
             if "\n" in value or "\r" in value:
                 raise ValueError(f"header {name!r} contains a line break")
             lines.append(f"{name}: {value}\r\n")
-        conn = self._conn
-        if conn.server.stopping or conn.last_answer:
-            self._keep_alive = False
-        if not self._keep_alive:
+        lines.append(framing)
+        if not self.keep_alive:
             lines.append("connection: close\r\n")
-        return lines
+        elif self._http_10:
+            lines.append("connection: keep-alive\r\n")
+        lines.append("\r\n")
+        head = _encode("".join(lines))  # before _started: a failure here can still be answered
+        self._started = True
+        self.status = status
+        return head
 
 
 class _HttpConnection(asyncio.Protocol):
@@ -131,20 +156,24 @@ class _HttpConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.closed = False
+        """No more reading or answering (closing, or closed)."""
         self.idle_since = 0.0
-        """Event-loop time the connection last had no request in progress (s)."""
+        """Event-loop time the connection last had no request in progress, or was asked to
+        close (s)."""
         self.last_answer = False
         """Close after the answer being written (the rest of the input is unusable)."""
-        self.http_10 = False
+        self._in_head = False
+        self._head_bytes = 0
+        self._parsed_head_bytes = 0
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
-        self._header_bytes = 0
         self._body: list[bytes] = []
         self._body_bytes = 0
         self._too_large = False
         self._pending: deque[tuple[Request, bool, bool]] = deque()
         self._task: asyncio.Task[None] | None = None
-        self._paused = False
+        self._write_paused = False
+        self._reading_paused = False
         self._drain: asyncio.Future[None] | None = None
 
     # -------------------------------------------------------------- transport events
@@ -155,6 +184,13 @@ class _HttpConnection(asyncio.Protocol):
         self.server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
+        if self.closed or self.last_answer:
+            return  # the rest of the input is not read
+        if self._in_head:
+            self._head_bytes += len(data)  # a head line that never ends is still counted
+            if self._head_bytes > MAX_HEADER_BYTES:
+                self._reject(431, "request headers are too large")
+                return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -162,8 +198,7 @@ class _HttpConnection(asyncio.Protocol):
             # is another protocol, which the gateway does not speak.
             self._reject(400, "protocol upgrades are not supported")
         except httptools.HttpParserError as exc:
-            if not self.closed:
-                self._reject(400, f"malformed HTTP request: {exc}")
+            self._reject(400, f"malformed HTTP request: {exc}")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -174,34 +209,56 @@ class _HttpConnection(asyncio.Protocol):
         self._wake_writer()
 
     def pause_writing(self) -> None:
-        self._paused = True
+        self._write_paused = True
+        self._update_reading()
 
     def resume_writing(self) -> None:
-        self._paused = False
+        self._write_paused = False
+        self._update_reading()
         self._wake_writer()
+
+    def _update_reading(self) -> None:
+        """Read only while the client takes its answers and the pipeline has room."""
+        transport = self.transport
+        if transport is None or self.closed:
+            return
+        stop = self._write_paused or len(self._pending) >= self.server.max_pipelined
+        if stop and not self._reading_paused:
+            self._reading_paused = True
+            transport.pause_reading()
+        elif not stop and self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
 
     # -------------------------------------------------------------- parser callbacks
 
     def on_message_begin(self) -> None:
+        self._in_head = True
+        self._head_bytes = 0
+        self._parsed_head_bytes = 0
         self._url = b""
         self._headers = []
-        self._header_bytes = 0
         self._body = []
         self._body_bytes = 0
         self._too_large = False
 
     def on_url(self, url: bytes) -> None:
         self._url += url
-        self._header_bytes += len(url)
+        self._count_head(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name, value))
-        self._header_bytes += len(name) + len(value)
-        if self._header_bytes > MAX_HEADER_BYTES:
+        if self._in_head:  # not trailers: those are ignored
+            self._headers.append((name, value))
+            self._count_head(len(name) + len(value))
+
+    def _count_head(self, size: int) -> None:
+        self._parsed_head_bytes += size
+        if self._parsed_head_bytes > MAX_HEADER_BYTES:
             self._reject(431, "request headers are too large")
-            raise httptools.HttpParserError("headers too large")
+            raise httptools.HttpParserError("request headers are too large")
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
         length = 0
         expect = False
         for name, value in self._headers:
@@ -214,7 +271,8 @@ class _HttpConnection(asyncio.Protocol):
             self._too_large = True  # answered without the body, then closed
             self._dispatch(self._request(b""), keep_alive=False, too_large=True)
             return
-        if expect:
+        if expect and self._task is None and self.parser.get_http_version() != "1.0":
+            # Only between answers: inside one it would corrupt that answer's framing.
             self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
@@ -243,8 +301,6 @@ class _HttpConnection(asyncio.Protocol):
             value = raw_value.decode("utf-8", "surrogateescape")
             headers[name] = f"{headers[name]}, {value}" if name in headers else value
         target = self._url.decode("latin-1")
-        version = self.parser.get_http_version()
-        self.http_10 = version == "1.0"
         return Request(
             method=self.parser.get_method().decode("latin-1"),
             target=target,
@@ -252,24 +308,30 @@ class _HttpConnection(asyncio.Protocol):
             headers=headers,
             body=body,
             keep_alive=self.parser.should_keep_alive(),
-            http_version=version,
+            http_version=self.parser.get_http_version(),
         )
 
     def _dispatch(self, request: Request, keep_alive: bool, too_large: bool = False) -> None:
+        if self.closed or self.last_answer:
+            return
         if too_large:
             request.keep_alive = keep_alive = False
+            self.last_answer = True  # the rest of the body is not read
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(
                 self._run(request, keep_alive, too_large)
             )
         else:  # pipelined: after the one being answered
+            if len(self._pending) >= _PIPELINE_HARD_LIMIT * self.server.max_pipelined:
+                # More than one read's worth arrived at once: answer what is queued, close.
+                self.last_answer = True
+                return
             self._pending.append((request, keep_alive, too_large))
-            if len(self._pending) > self.server.max_pipelined:
-                self._reject(429, "too many pipelined requests")
+            self._update_reading()
 
     async def _run(self, request: Request, keep_alive: bool, too_large: bool) -> None:
         while True:
-            responder = Responder(self, keep_alive and not self.server.stopping)
+            responder = Responder(self, request, keep_alive and not self.server.stopping)
             try:
                 if too_large:
                     self.server.on_too_large(request, responder)
@@ -286,28 +348,34 @@ class _HttpConnection(asyncio.Protocol):
                     self.close()  # the answer is broken off: the client sees it end early
                     return
                 responder.send(500, (("content-type", "text/plain"),), b"internal error")
-            if not responder._keep_alive or self.closed or self.last_answer:
+            if not responder.keep_alive or self.closed or self.last_answer:
                 self.close_after_write()
                 return
             if not self._pending:
                 self._task = None
                 self.idle_since = asyncio.get_running_loop().time()
                 return
+            if self._write_paused:  # the client is not taking its answers: wait for it
+                try:
+                    await self.drain()
+                except ConnectionError:
+                    return
             request, keep_alive, too_large = self._pending.popleft()
+            self._update_reading()
 
     def _reject(self, status: int, message: str) -> None:
         """The input cannot be read further: answer ``status`` and close — after the
-        answer in progress, if there is one (requests pipelined after it are dropped)."""
-        if self.closed:
+        answers already queued, when there are some."""
+        if self.closed or self.last_answer:
             return
-        self._pending.clear()
         if self._task is not None:
             self.last_answer = True
             return
         body = message.encode()
+        reason = _REASONS.get(status, "Error")
         self.write(
-            f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\ncontent-type: "
-            f"text/plain\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
+            f"HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
             + body
         )
         self.close_after_write()
@@ -315,20 +383,26 @@ class _HttpConnection(asyncio.Protocol):
     # -------------------------------------------------------------- writing
 
     def write(self, data: bytes) -> None:
-        if not self.closed and self.transport is not None:
-            self.transport.write(data)
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(data)
 
     async def drain(self) -> None:
-        if self.closed:
+        """Wait while the client is not taking the bytes written (at most
+        ``idle_timeout_s``: then the connection is cut)."""
+        if self.transport is None or self.transport.is_closing():
             raise ConnectionResetError("the client closed the connection")
-        if self._paused:
+        if self._write_paused:
             waiter = asyncio.get_running_loop().create_future()
             self._drain = waiter
             try:
-                await waiter
+                await asyncio.wait_for(waiter, self.server.idle_timeout_s)
+            except TimeoutError:
+                self.close()
+                raise ConnectionResetError("the client stopped reading") from None
             finally:
                 self._drain = None
-            if self.closed:
+            if self.transport.is_closing():
                 raise ConnectionResetError("the client closed the connection")
 
     def _wake_writer(self) -> None:
@@ -336,14 +410,17 @@ class _HttpConnection(asyncio.Protocol):
             self._drain.set_result(None)
 
     def close_after_write(self) -> None:
-        """Close once what was written has gone out."""
+        """Close once what was written has gone out (cut off by the idle check if the
+        client never takes it)."""
         if not self.closed and self.transport is not None:
             self.closed = True
+            self.idle_since = asyncio.get_running_loop().time()
             self.transport.close()
 
     def close(self) -> None:
-        if not self.closed and self.transport is not None:
-            self.closed = True
+        """Close now, discarding what was not sent."""
+        self.closed = True
+        if self.transport is not None:
             self.transport.abort()
 
     @property
@@ -360,7 +437,7 @@ class HttpServer:
         handler: Handler,
         on_too_large: TooLarge,
         max_body_bytes: int,
-        max_pipelined: int = 64,
+        max_pipelined: int = 16,
         idle_timeout_s: float = 75.0,
     ) -> None:
         self.handler = handler
@@ -391,7 +468,10 @@ class HttpServer:
             now = loop.time()
             for conn in list(self.connections):
                 if conn.task is None and now - conn.idle_since >= self.idle_timeout_s:
-                    conn.close_after_write()
+                    if conn.closed:
+                        conn.close()  # its last bytes were never taken
+                    else:
+                        conn.close_after_write()
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Stop listening, close idle connections, give requests in progress ``grace_s``
@@ -412,11 +492,16 @@ class HttpServer:
                 tasks.append(task)
         if tasks:
             await asyncio.wait(tasks, timeout=grace_s)
-        for conn in list(self.connections):
-            conn.close()  # cancels what is still running
         unfinished = [t for t in tasks if not t.done()]
+        for conn in list(self.connections):
+            if conn.task is not None and not conn.task.done():
+                conn.close()  # cancels what is still running
         if unfinished:
             await asyncio.wait(unfinished, timeout=1.0)
+        if self.connections:
+            await asyncio.sleep(0.1)  # last answers going out
+            for conn in list(self.connections):
+                conn.close()  # a client that does not take its last bytes
         if server is not None:
             await server.wait_closed()
 
