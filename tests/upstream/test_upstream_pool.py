@@ -80,6 +80,11 @@ def answer(body: bytes, status: int = 200, extra: bytes = b"") -> bytes:
     )
 
 
+async def answers_ok(reader, writer, request) -> bool:
+    writer.write(answer(b"ok"))
+    return True
+
+
 def chunk(data: bytes) -> bytes:
     return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
@@ -221,11 +226,7 @@ async def test_a_drop_long_after_the_request_is_not_resent(serve) -> None:
 
 
 async def test_idle_connections_expire(serve) -> None:
-    async def script(reader, writer, request) -> bool:
-        writer.write(answer(b"ok"))
-        return True
-
-    server = await serve(script)
+    server = await serve(answers_ok)
     pool = UpstreamPool(idle_timeout_s=0.1)
     assert await post(pool, server.port) == b"ok"
     assert await post(pool, server.port) == b"ok"
@@ -241,11 +242,7 @@ async def test_expired_connections_of_other_endpoints_are_swept(serve) -> None:
     """An endpoint that left the pool is never asked for again: its idle connections are
     closed anyway."""
 
-    async def script(reader, writer, request) -> bool:
-        writer.write(answer(b"ok"))
-        return True
-
-    gone, staying = await serve(script), await serve(script)
+    gone, staying = await serve(answers_ok), await serve(answers_ok)
     pool = UpstreamPool(idle_timeout_s=0.1)
     assert await post(pool, gone.port) == b"ok"
     await asyncio.sleep(0.15)
@@ -377,11 +374,7 @@ async def test_unread_body_bytes_are_bounded(serve) -> None:
 
 
 async def test_a_header_with_a_line_break_is_refused(serve) -> None:
-    async def script(reader, writer, request) -> bool:
-        writer.write(answer(b"ok"))
-        return True
-
-    server = await serve(script)
+    server = await serve(answers_ok)
     pool = UpstreamPool()
     with pytest.raises(ValueError, match="line break"):
         await pool.request(

@@ -60,7 +60,6 @@ class Request:
     headers: dict[str, str]
     """Lower-case names."""
     body: bytes
-    keep_alive: bool
     http_version: str
 
 
@@ -78,7 +77,6 @@ class Responder:
         "_started",
         "_streaming",
         "keep_alive",
-        "status",
     )
 
     def __init__(self, conn: _HttpConnection, request: Request, keep_alive: bool) -> None:
@@ -89,7 +87,6 @@ class Responder:
         self._streaming = False
         self.keep_alive = keep_alive
         """Whether the connection stays open after this answer."""
-        self.status = 0
 
     @property
     def started(self) -> bool:
@@ -144,7 +141,6 @@ class Responder:
         lines.append("\r\n")
         head = _encode("".join(lines))  # before _started: a failure here can still be answered
         self._started = True
-        self.status = status
         return head
 
 
@@ -307,7 +303,6 @@ class _HttpConnection(asyncio.Protocol):
             path=target.split("?", 1)[0],
             headers=headers,
             body=body,
-            keep_alive=self.parser.should_keep_alive(),
             http_version=self.parser.get_http_version(),
         )
 
@@ -315,7 +310,7 @@ class _HttpConnection(asyncio.Protocol):
         if self.closed or self.last_answer:
             return
         if too_large:
-            request.keep_alive = keep_alive = False
+            keep_alive = False
             self.last_answer = True  # the rest of the body is not read
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(

@@ -105,9 +105,15 @@ def _client_headers(
     """The answer's headers for the client: the endpoint's, minus hop-by-hop and those the
     gateway sets (which it sets last)."""
     own = {SERVED_HEADER: dispatch.endpoint.address, "x-request-id": dispatch.request.request_id}
-    own.update(dispatch.response_headers)
-    skip = _HOP_BY_HOP | {name.lower() for name in own}
-    return [(k, v) for k, v in upstream if k.lower() not in skip] + list(own.items())
+    for name, value in dispatch.response_headers.items():
+        own[name.lower()] = value
+    out = []
+    for name, value in upstream:
+        lower = name.lower()
+        if lower not in _HOP_BY_HOP and lower not in own:
+            out.append((name, value))
+    out.extend(own.items())
+    return out
 
 
 class Proxy:
