@@ -10,14 +10,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sluicegate.clock import Clock
 from sluicegate.datalayer.datastore import Datastore
+from sluicegate.instruments import (
+    Counter,
+    CounterSeries,
+    Gauge,
+    GaugeSeries,
+    Histogram,
+    HistogramSeries,
+)
 
 # Request latency buckets 5 ms .. 1 h; TPOT 0.5 ms .. 360 s (anchors H).
 _LATENCY = (
@@ -342,8 +349,8 @@ class GatewayMetrics:
         return series
 
     def model_series(self, model: str, target: str) -> ModelSeries:
-        """The per-model children for ``model`` served as ``target``, resolved once (a
-        ``labels()`` call costs a lock and label checks on every request)."""
+        """The per-model series for ``model`` served as ``target``: eight label lookups
+        resolved once."""
         key = (model, target)
         series = self._series.get(key)
         if series is None:
@@ -373,14 +380,14 @@ _MAX_SERIES = 4096
 class ModelSeries:
     """The labelled children of :class:`GatewayMetrics` for one (model, target) pair."""
 
-    requests: Any
-    running: Any
-    duration: Any
-    ttft: Any
-    tpot: Any
-    input_tokens: Any
-    output_tokens: Any
-    cached_tokens: Any
+    requests: CounterSeries
+    running: GaugeSeries
+    duration: HistogramSeries
+    ttft: HistogramSeries
+    tpot: HistogramSeries
+    input_tokens: HistogramSeries
+    output_tokens: HistogramSeries
+    cached_tokens: HistogramSeries
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,10 +395,10 @@ class PredictionSeries:
     """The labelled prediction children of :class:`GatewayMetrics` for one (model, target)
     pair (seconds)."""
 
-    predicted_ttft: Any
-    predicted_tpot: Any
-    ttft_duration: Any
-    tpot_duration: Any
+    predicted_ttft: HistogramSeries
+    predicted_tpot: HistogramSeries
+    ttft_duration: HistogramSeries
+    tpot_duration: HistogramSeries
 
 
 FlowState = Callable[[], Iterable[tuple[str, float, Iterable[tuple[int, int, int]]]]]

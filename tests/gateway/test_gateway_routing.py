@@ -107,7 +107,7 @@ async def test_weighted_split_within_five_percent(
             await oai.completions.create(model="split", prompt=f"p{i}", max_tokens=1)
 
     await asyncio.gather(*(one(i) for i in range(2000)))
-    counts = {t: gw.metrics.requests.labels("split", t)._value.get() for t in ("v1", "v2")}
+    counts = {t: gw.metrics.requests.labels("split", t).value for t in ("v1", "v2")}
     assert counts["v1"] + counts["v2"] == 2000
     assert counts["v2"] / 2000 == pytest.approx(0.10, abs=0.05 * 0.10)
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import weakref
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
+
+from sluicegate.instruments import Counter, Gauge
 
 
 class ExtProcMetrics:

@@ -17,10 +17,11 @@ import math
 import time
 from collections.abc import Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from sluicegate.instruments import Histogram, HistogramSeries
 from sluicegate.sim.engine import Engine, SeqStatus, Sequence, StepResult
 
 _TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
@@ -127,7 +128,7 @@ class EngineMetrics:
         self._last_token_time: dict[str, float] = {}
         labels = (engine_index, model_name)
 
-        def histogram(name: str, doc: str, buckets: Iterable[float]) -> Histogram:
+        def histogram(name: str, doc: str, buckets: Iterable[float]) -> HistogramSeries:
             h = Histogram(name, doc, _LABELS, buckets=tuple(buckets), registry=self.registry)
             return h.labels(*labels)
 
