@@ -27,7 +27,6 @@ by :meth:`ExtProcStream.close`, which the servicer always calls.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,6 +56,7 @@ from sluicegate.extproc.protocol import (
 )
 from sluicegate.extproc.response import DEFAULT_BUFFER_LIMIT, ResponseRelay
 from sluicegate.requestcontrol.dispatch import Dispatch
+from sluicegate.requestcontrol.ids import new_request_id
 from sluicegate.requestcontrol.parse import CONTROL_HEADERS, RequestKind, parse_request
 from sluicegate.requestcontrol.responses import Usage
 from sluicegate.runtime import Runtime
@@ -200,7 +200,7 @@ class ExtProcStream:
         self._headers = headers = header_dict(message.request_headers.headers)
         self.request_id = headers.get("x-request-id") or ""
         if not self.request_id:
-            self.request_id, self._generated_id = os.urandom(16).hex(), True
+            self.request_id, self._generated_id = new_request_id(), True
         self._subset = subset_hint(message)
         if self.settings.accepting is not None and not self.settings.accepting():
             return self._refuse(no_endpoint("the endpoint picker has not synced its pool yet"))

@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import orjson
 
@@ -26,6 +26,7 @@ from sluicegate.errors import GatewayError
 from sluicegate.gateway.http import HttpServer, Request, Responder
 from sluicegate.gateway.proxy import Proxy, ProxySettings, upstream_headers
 from sluicegate.requestcontrol.dispatch import Dispatch
+from sluicegate.requestcontrol.ids import new_request_id
 from sluicegate.requestcontrol.parse import CONTROL_HEADERS, RequestKind, parse_request
 from sluicegate.runtime import Runtime, RuntimeOptions
 from sluicegate.upstream import UpstreamPool
@@ -74,9 +75,11 @@ class Gateway:
         self._server: HttpServer | None = None
         self.port = 0
         self._max_body_bytes = config.gateway.max_body_bytes
+        self._keys: list[bytes] = []
+        self._keys_of: Config | None = None
         self._routes: dict[str, tuple[str, Route]] = {
-            "/v1/completions": ("POST", self._completions),
-            "/v1/chat/completions": ("POST", self._chat_completions),
+            "/v1/completions": ("POST", partial(self._generate, kind="completions")),
+            "/v1/chat/completions": ("POST", partial(self._generate, kind="chat")),
             "/v1/models": ("GET", self._models),
             "/metrics": ("GET", self._metrics),
             "/health": ("GET", self._health),
@@ -98,7 +101,12 @@ class Gateway:
     # ------------------------------------------------------------------ lifecycle
 
     def _api_keys(self) -> list[bytes]:
-        return [k.encode() for k in (*self.config.gateway.api_keys, *self.options.api_keys)]
+        """The accepted API keys (those of the configuration in force and the options)."""
+        config = self.config
+        if self._keys_of is not config:
+            keys = (*config.gateway.api_keys, *self.options.api_keys)
+            self._keys, self._keys_of = [k.encode() for k in keys], config
+        return self._keys
 
     async def start(self, host: str = "127.0.0.1", port: int = 8080) -> None:
         settings = self.config.gateway
@@ -148,7 +156,7 @@ class Gateway:
     # ------------------------------------------------------------------ HTTP
 
     async def _handle(self, request: Request, responder: Responder) -> None:
-        request_id = request.headers.get("x-request-id") or os.urandom(12).hex()
+        request_id = request.headers.get("x-request-id") or new_request_id()
         try:
             route = self._routes.get(request.path)
             if route is None:
@@ -198,14 +206,6 @@ class Gateway:
                 code="invalid_api_key",
                 reason="unauthorized",
             )
-
-    async def _completions(self, request: Request, responder: Responder, request_id: str) -> None:
-        await self._generate(request, responder, request_id, "completions")
-
-    async def _chat_completions(
-        self, request: Request, responder: Responder, request_id: str
-    ) -> None:
-        await self._generate(request, responder, request_id, "chat")
 
     async def _generate(
         self, request: Request, responder: Responder, request_id: str, kind: RequestKind

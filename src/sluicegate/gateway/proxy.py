@@ -150,7 +150,6 @@ class Proxy:
         retries_left = self.settings.max_retries
         while True:
             endpoint = dispatch.endpoint
-            can_retry = retries_left > 0 and dispatch.has_fallback()
             try:
                 upstream = await self.upstream.request(
                     endpoint.scheme, endpoint.host, endpoint.port, "POST", path, header_items, body
@@ -161,7 +160,11 @@ class Proxy:
                 stage = "connect" if isinstance(exc, UpstreamConnectError) else "read"
                 failure = f"{stage}: {type(exc).__name__}"
             else:
-                if upstream.status in RETRYABLE_STATUS and can_retry:
+                if (
+                    upstream.status in RETRYABLE_STATUS
+                    and retries_left > 0
+                    and dispatch.has_fallback()
+                ):
                     failure = f"status {upstream.status}"
                     upstream.close()
                 else:
@@ -178,7 +181,7 @@ class Proxy:
             self.metrics.upstream_failures.labels(endpoint.name, failure.split(":")[0]).inc()
             if self.collector is not None and not failure.startswith("status"):
                 self.collector.record_failure(endpoint, failure)
-            if not can_retry or dispatch.retry_next() is None:
+            if retries_left <= 0 or dispatch.retry_next() is None:
                 raise GatewayError(
                     502,
                     f"upstream {endpoint.address} failed: {failure}",

@@ -63,6 +63,10 @@ class Admitted:
     subset: frozenset[str] | None = None
     """``host:port`` addresses the request may go to (the proxy's subset hint), or None
     for any endpoint of the pool."""
+    serving: list[Endpoint] | None = None
+    """The endpoints serving the target model as admission found them, handed to the
+    first :meth:`Director.candidates` call (scheduled at once, that is in the same
+    event-loop step) and then dropped: later calls look again."""
 
 
 DispatchHook = Callable[[QueueItem, Dispatch], None]
@@ -167,7 +171,7 @@ class Director:
                 else parsed.prediction_based
             ),
         )
-        return Admitted(request, pool, parsed, by_config, allowed)
+        return Admitted(request, pool, parsed, by_config, allowed, serving or [])
 
     def submit(
         self, admitted: Admitted, payload: Any = None, state: CycleState | None = None
@@ -323,7 +327,11 @@ class Director:
     def candidates(self, admitted: Admitted, now: float) -> list[Endpoint]:
         """Endpoints that may take the request: not ejected, serving its target model, in
         its subset hint (if any), with fresh metrics (all of them if every one is stale)."""
-        serving = self._serving(admitted.pool, admitted.request.target_model)
+        serving = admitted.serving
+        if serving is None:
+            serving = self._serving(admitted.pool, admitted.request.target_model)
+        else:
+            admitted.serving = None
         if serving and admitted.subset is not None:
             allowed = admitted.subset
             serving = [e for e in serving if e.address in allowed]
@@ -353,11 +361,9 @@ class Director:
         targets = result.targets
         scores = result.profile_results[result.primary_profile].scores
         # Retries go to the endpoints the profile's filters kept, best score first.
-        rest = sorted(
-            (e for e in candidates if e.name in scores and e not in targets),
-            key=lambda e: scores[e.name],
-            reverse=True,
-        )
+        rest = [e for e in candidates if e not in targets and e.name in scores]
+        if len(rest) > 1:
+            rest.sort(key=lambda e: scores[e.name], reverse=True)
         dispatch = Dispatch(
             request=request,
             state=state,

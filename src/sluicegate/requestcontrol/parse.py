@@ -48,6 +48,17 @@ CONTROL_HEADERS = frozenset(
         "x-gateway-destination-endpoint-served",
     }
 )
+# Every header parse_request reads: most requests carry none, and one set check skips them.
+_READ_HEADERS = frozenset(
+    {
+        *SLO_TTFT_HEADERS,
+        *SLO_TPOT_HEADERS,
+        *OBJECTIVE_HEADERS,
+        *FAIRNESS_HEADERS,
+        MODEL_REWRITE_HEADER,
+        PREDICTION_BASED_HEADER,
+    }
+)
 
 
 @dataclass(slots=True)
@@ -90,15 +101,12 @@ def parse_request(kind: RequestKind, raw: bytes, headers: Mapping[str, str]) -> 
         stream = as_bool(body["stream"], "stream") if body.get("stream") is not None else False
         max_tokens = _max_tokens(body)
         prompt = _chat_prompt(body) if kind == "chat" else _completion_prompt(body)
-        slo_ttft = _positive_ms(headers, SLO_TTFT_HEADERS)
-        slo_tpot = _positive_ms(headers, SLO_TPOT_HEADERS)
-        prediction_based = _true_or_false(headers, PREDICTION_BASED_HEADER)
     except LaxValueError as exc:
         raise bad_request(str(exc), exc.field) from None
     salt = body.get("cache_salt")
     if salt is not None and not isinstance(salt, str):
         raise bad_request("'cache_salt' must be a string", "cache_salt")
-    return ParsedRequest(
+    parsed = ParsedRequest(
         kind=kind,
         body=body,
         model=model,
@@ -107,14 +115,29 @@ def parse_request(kind: RequestKind, raw: bytes, headers: Mapping[str, str]) -> 
         prompt=prompt,
         prompt_tokens=count_bytes_tokens(prompt),
         cache_salt=salt or "",
-        slo_ttft_ms=slo_ttft,
-        slo_tpot_ms=slo_tpot,
-        objective=_identifier(headers, OBJECTIVE_HEADERS),
-        fairness_id=_identifier(headers, FAIRNESS_HEADERS) or DEFAULT_FLOW,
-        model_rewrite=_identifier(headers, (MODEL_REWRITE_HEADER,)),
+        slo_ttft_ms=None,
+        slo_tpot_ms=None,
+        objective=None,
+        fairness_id=DEFAULT_FLOW,
+        model_rewrite=None,
         body_bytes=len(raw),
-        prediction_based=prediction_based,
     )
+    if not _READ_HEADERS.isdisjoint(headers):
+        _read_headers(parsed, headers)
+    return parsed
+
+
+def _read_headers(parsed: ParsedRequest, headers: Mapping[str, str]) -> None:
+    """The control headers' values into ``parsed``; raises a 400 GatewayError."""
+    try:
+        parsed.slo_ttft_ms = _positive_ms(headers, SLO_TTFT_HEADERS)
+        parsed.slo_tpot_ms = _positive_ms(headers, SLO_TPOT_HEADERS)
+        parsed.prediction_based = _true_or_false(headers, PREDICTION_BASED_HEADER)
+    except LaxValueError as exc:
+        raise bad_request(str(exc), exc.field) from None
+    parsed.objective = _identifier(headers, OBJECTIVE_HEADERS)
+    parsed.fairness_id = _identifier(headers, FAIRNESS_HEADERS) or DEFAULT_FLOW
+    parsed.model_rewrite = _identifier(headers, (MODEL_REWRITE_HEADER,))
 
 
 def _max_tokens(body: dict[str, Any]) -> int | None:
