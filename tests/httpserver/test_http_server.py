@@ -148,7 +148,7 @@ async def test_a_streamed_answer_is_chunked_and_written_as_it_comes(start) -> No
     go_on = asyncio.Event()
 
     async def handler(request: Request, responder: Responder) -> None:
-        await responder.stream(200, [("content-type", "text/event-stream")])
+        responder.stream(200, [("content-type", "text/event-stream")])
         await responder.write(b"data: 1\n\n")
         await go_on.wait()
         await responder.write(b"data: 2\n\n")
@@ -170,7 +170,7 @@ async def test_a_streamed_answer_is_chunked_and_written_as_it_comes(start) -> No
 
 async def test_http_10_streams_unchunked_and_closes(start) -> None:
     async def handler(request: Request, responder: Responder) -> None:
-        await responder.stream(200, [])
+        responder.stream(200, [])
         await responder.write(b"abc")
         await responder.end()
 
@@ -217,7 +217,7 @@ async def test_a_handler_fault_is_a_500_and_the_server_keeps_serving(start) -> N
 
 async def test_a_fault_after_the_answer_started_cuts_the_connection(start) -> None:
     async def handler(request: Request, responder: Responder) -> None:
-        await responder.stream(200, [])
+        responder.stream(200, [])
         await responder.write(b"partial")
         raise RuntimeError("bug")
 

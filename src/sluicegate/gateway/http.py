@@ -73,6 +73,7 @@ class Responder:
     __slots__ = (
         "_conn",
         "_head_only",
+        "_held",
         "_http_10",
         "_started",
         "_streaming",
@@ -85,6 +86,8 @@ class Responder:
         self._head_only = request.method == "HEAD"
         self._started = False
         self._streaming = False
+        self._held = b""
+        """A streamed answer's head, written together with its first piece."""
         self.keep_alive = keep_alive
         """Whether the connection stays open after this answer."""
 
@@ -98,28 +101,41 @@ class Responder:
         head = self._head(status, headers, f"content-length: {len(body)}\r\n")
         self._conn.write(head if self._head_only else head + body)
 
-    async def stream(self, status: int, headers: Iterable[tuple[str, str]]) -> None:
-        """Start a streamed answer; then :meth:`write` its pieces and :meth:`end` it."""
+    def stream(self, status: int, headers: Iterable[tuple[str, str]]) -> None:
+        """Start a streamed answer; then :meth:`write` its pieces and :meth:`end` it.
+
+        The head goes out with the first piece (or the end), in one write: call
+        :meth:`write` right after, not after a wait.
+        """
         if self._http_10:  # no chunking in HTTP/1.0: the close ends the body
             self.keep_alive = False
-            self._conn.write(self._head(status, headers, ""))
+            self._held = self._head(status, headers, "")
         else:
-            self._conn.write(self._head(status, headers, "transfer-encoding: chunked\r\n"))
+            self._held = self._head(status, headers, "transfer-encoding: chunked\r\n")
             self._streaming = True
-        await self._conn.drain()
 
     async def write(self, data: bytes) -> None:
-        if not data or self._head_only:
-            return
-        if self._streaming:
-            self._conn.write(b"%x\r\n%b\r\n" % (len(data), data))
-        else:
+        """Send one piece of a streamed answer (waiting while the client is slow)."""
+        if self._head_only:
+            data = b""
+        elif data and self._streaming:
+            data = b"%x\r\n%b\r\n" % (len(data), data)
+        if self._held:
+            data, self._held = self._held + data, b""
+        if data:
             self._conn.write(data)
-        await self._conn.drain()
+            await self._conn.drain()
 
-    async def end(self) -> None:
-        if self._streaming and not self._head_only:
-            self._conn.write(_CHUNKED_END)
+    async def end(self, last: bytes = b"") -> None:
+        """End a streamed answer, with ``last`` as its final piece (in the same write)."""
+        if self._head_only:
+            last = b""
+        elif self._streaming:
+            last = (b"%x\r\n%b\r\n" % (len(last), last) if last else b"") + _CHUNKED_END
+        if self._held:
+            last, self._held = self._held + last, b""
+        if last:
+            self._conn.write(last)
         await self._conn.drain()
 
     def _head(self, status: int, headers: Iterable[tuple[str, str]], framing: str) -> bytes:

@@ -232,14 +232,19 @@ class Proxy:
             raise _upstream_timeout() from None
         except UpstreamError as exc:
             raise _RetryableError(f"read: {type(exc).__name__}") from None
-        await responder.stream(upstream.status, _client_headers(upstream.headers, dispatch))
+        responder.stream(upstream.status, _client_headers(upstream.headers, dispatch))
         if first:
             dispatch.mark_first_byte(self.clock.now())
         chunk = first
+        last = b""  # the final piece, written with the end of the stream
         try:
             while chunk:
                 outcome.observe_stream_chunk(chunk)
-                await responder.write(rewrite.feed(chunk) if rewrite is not None else chunk)
+                piece = rewrite.feed(chunk) if rewrite is not None else chunk
+                if upstream.at_eof:
+                    last = piece
+                    break
+                await responder.write(piece)
                 chunk = await upstream.read_chunk()
                 if chunk:  # the engine just ended an iteration: a latency-model feature
                     dispatch.mark_token(self.clock.now())
@@ -255,9 +260,9 @@ class Proxy:
             )
             await responder.write(b"data: " + error.body() + b"\n\n")
         outcome.end_stream()
-        if rewrite is not None and (rest := rewrite.flush()):
-            await responder.write(rest)
-        await responder.end()
+        if rewrite is not None:
+            last += rewrite.flush()
+        await responder.end(last)
 
 
 def _upstream_timeout() -> GatewayError:
