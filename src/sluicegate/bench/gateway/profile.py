@@ -37,7 +37,10 @@ def py_spy_binary() -> str | None:
 # helpers — pass the sample on to their caller). Checked in order.
 _CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("logging", ("/logging/",)),
-    ("metrics (prometheus_client, ours)", ("prometheus_client/", "sluicegate/metrics")),
+    (
+        "metrics (ours, prometheus_client)",
+        ("prometheus_client/", "sluicegate/metrics", "sluicegate/instruments"),
+    ),
     ("metric scrapes (collector, parser)", ("sluicegate/datalayer/",)),
     ("request parse + model lookup", ("sluicegate/requestcontrol/parse", "sluicegate/tokens")),
     (
