@@ -168,15 +168,27 @@ async def test_a_streamed_answer_is_chunked_and_written_as_it_comes(start) -> No
     writer.close()
 
 
+async def test_a_stream_ended_with_its_last_piece_frames_it_before_the_end(start) -> None:
+    async def handler(request: Request, responder: Responder) -> None:
+        responder.stream(200, [("content-type", "text/event-stream")])
+        await responder.end(b"data: [DONE]\n\n")  # the whole answer was one piece
+
+    _, port = await start(handler)
+    answer = await exchange(port, b"GET /s HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head
+    assert body == b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
+
+
 async def test_http_10_streams_unchunked_and_closes(start) -> None:
     async def handler(request: Request, responder: Responder) -> None:
         responder.stream(200, [])
         await responder.write(b"abc")
-        await responder.end()
+        await responder.end(b"def")
 
     _, port = await start(handler)
     answer = await exchange(port, b"GET /s HTTP/1.0\r\n\r\n")
-    assert answer.endswith(b"\r\n\r\nabc")
+    assert answer.endswith(b"\r\n\r\nabcdef")
     assert b"chunked" not in answer
 
 
