@@ -80,3 +80,26 @@ def test_wrong_label_count_is_a_clear_error() -> None:
 def test_buckets_must_ascend() -> None:
     with pytest.raises(ValueError, match="ascending"):
         Histogram("h", "H.", buckets=(2, 1))
+
+
+def test_label_values_are_strings_and_nan_is_not_counted() -> None:
+    registry = CollectorRegistry()
+    codes = Counter("codes", "Codes.", ("code",), registry=registry)
+    codes.labels(404).inc()  # type: ignore[arg-type]
+    codes.labels("404").inc()
+    assert registry.get_sample_value("codes_total", {"code": "404"}) == 2
+    h = Histogram("h", "H.", buckets=(1,), registry=registry)
+    h.observe(float("nan"))
+    assert registry.get_sample_value("h_count") == 0
+
+
+def test_unlabelled_use_of_a_labelled_family_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="use labels"):
+        Counter("c", "C.", ("a",)).inc()
+
+
+def test_a_name_registered_twice_is_refused() -> None:
+    registry = CollectorRegistry()
+    Counter("twice", "One.", registry=registry)
+    with pytest.raises(ValueError, match="Duplicated"):
+        Counter("twice", "Two.", registry=registry)

@@ -79,6 +79,8 @@ class HistogramSeries:
         self.sum = 0.0
 
     def observe(self, value: float) -> None:
+        if value != value:  # NaN: in no bucket, as prometheus_client does
+            return
         # Bucket ``le=b`` holds values ≤ b: the first bound not below the value.
         self.counts[bisect_left(self._bounds, value)] += 1
         self.sum += value
@@ -124,6 +126,10 @@ class _Family(Collector, Generic[S]):
             raise ValueError(
                 f"metric {self.name} takes labels {self.labelnames}, got {len(values)} values"
             )
+        values = tuple(str(v) for v in values)
+        series = self._series.get(values)
+        if series is not None:
+            return series
         if len(self._series) >= self._max_series:
             values = (OVERFLOW_LABEL,) * len(values)
             series = self._series.get(values)
@@ -135,8 +141,20 @@ class _Family(Collector, Generic[S]):
     def items(self) -> Iterator[tuple[tuple[str, ...], S]]:
         return iter(list(self._series.items()))
 
+    def _unlabelled(self) -> S:
+        try:
+            return self._series[()]
+        except KeyError:
+            raise ValueError(
+                f"metric {self.name} has labels {self.labelnames}: use labels(...) first"
+            ) from None
+
+    def _family(self) -> Metric:
+        raise NotImplementedError
+
     def describe(self) -> Iterator[Metric]:
-        return iter(())
+        # The names, without samples: the registry refuses a second metric of a name.
+        yield self._family()
 
 
 class Counter(_Family[CounterSeries]):
@@ -157,15 +175,18 @@ class Counter(_Family[CounterSeries]):
 
     def inc(self, amount: float = 1.0) -> None:
         """Add to the unlabelled counter."""
-        self._series[()].value += amount
+        self._unlabelled().value += amount
 
     @property
     def value(self) -> float:
         """The unlabelled counter's total."""
-        return self._series[()].value
+        return self._unlabelled().value
+
+    def _family(self) -> CounterMetricFamily:
+        return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        family = self._family()
         for values, series in self.items():
             family.add_metric(values, series.value)
         yield family
@@ -188,20 +209,23 @@ class Gauge(_Family[GaugeSeries]):
         return GaugeSeries()
 
     def inc(self, amount: float = 1.0) -> None:
-        self._series[()].value += amount
+        self._unlabelled().value += amount
 
     def dec(self, amount: float = 1.0) -> None:
-        self._series[()].value -= amount
+        self._unlabelled().value -= amount
 
     def set(self, value: float) -> None:
-        self._series[()].value = value
+        self._unlabelled().value = value
 
     @property
     def value(self) -> float:
-        return self._series[()].value
+        return self._unlabelled().value
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
 
     def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        family = self._family()
         for values, series in self.items():
             family.add_metric(values, series.value)
         yield family
@@ -235,10 +259,13 @@ class Histogram(_Family[HistogramSeries]):
 
     def observe(self, value: float) -> None:
         """Record ``value`` in the unlabelled histogram."""
-        self._series[()].observe(value)
+        self._unlabelled().observe(value)
+
+    def _family(self) -> HistogramMetricFamily:
+        return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
 
     def collect(self) -> Iterator[Metric]:
-        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        family = self._family()
         for values, series in self.items():
             running = 0
             cumulative = []

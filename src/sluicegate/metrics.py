@@ -153,6 +153,8 @@ _MICRO = (
 _RATIO = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
 _MODEL = ("model_name", "target_model_name")
+UNKNOWN_MODEL_LABEL = "_unknown"
+"""``model_name`` of requests refused because no endpoint serves the model they named."""
 
 
 class GatewayMetrics:

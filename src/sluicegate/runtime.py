@@ -29,7 +29,7 @@ from sluicegate.errors import GatewayError
 from sluicegate.flowcontrol.config import FlowControlSetup, build_flow_control
 from sluicegate.flowcontrol.types import QueueItem
 from sluicegate.latency.host import PredictorHost
-from sluicegate.metrics import GatewayMetrics
+from sluicegate.metrics import UNKNOWN_MODEL_LABEL, GatewayMetrics
 from sluicegate.plugin import PluginContext
 from sluicegate.requestcontrol.director import Director
 from sluicegate.requestcontrol.dispatch import Dispatch
@@ -229,7 +229,10 @@ class Runtime:
         except GatewayError as exc:
             metrics.scheduler_attempts.labels("failure").inc()
             metrics.refused.labels(exc.reason).inc()
-            metrics.errors.labels(parsed.model, "", str(exc.status)).inc()
+            # A model nothing serves is the client's word: one label for all of them, so
+            # made-up names cannot use up the label sets real models' errors need.
+            model = UNKNOWN_MODEL_LABEL if exc.reason == "unknown-model" else parsed.model
+            metrics.errors.labels(model, "", str(exc.status)).inc()
             raise
         metrics.attempt_success.inc()
         match = dispatch.state.get(PREFIX_MATCH)

@@ -260,3 +260,20 @@ async def test_gateway_answers_carry_the_request_id(
     async with http.post(url(gw), json={"model": "unknown-model", "prompt": "x"}) as r:
         assert r.status == 404
         assert len(r.headers["x-request-id"]) >= 16  # generated when the client sent none
+
+
+async def test_made_up_model_names_share_one_error_series(
+    sim_cluster: Any, gateway: GatewayFactory, http: Any
+) -> None:
+    """Client-chosen model names must not fill the error metric's label sets (bounded
+    memory), nor push a served model's errors out of their own series."""
+    gw = await gateway(await sim_cluster(replicas=1))
+    for i in range(20):
+        async with http.post(url(gw), json={"model": f"made-up-{i}", "prompt": "x"}) as r:
+            assert r.status == 404
+    registry = gw.metrics.registry
+    name = "inference_objective_request_error_total"
+    unknown = {"model_name": "_unknown", "target_model_name": "", "error_code": "404"}
+    assert registry.get_sample_value(name, unknown) == 20
+    assert registry.get_sample_value(name, {**unknown, "model_name": "made-up-0"}) is None
+    await _ok(http, gw)

@@ -348,3 +348,15 @@ async def test_request_ids_that_are_not_latin_1_are_echoed_intact(start) -> None
             b"GET / HTTP/1.1\r\nHost: t\r\nX-Request-Id: " + raw + b"\r\nConnection: close\r\n\r\n",
         )
         assert b"x-request-id: " + raw + b"\r\n" in answer
+
+
+async def test_a_stream_left_unfinished_cuts_the_connection(start) -> None:
+    async def handler(request: Request, responder: Responder) -> None:
+        responder.stream(200, [])
+        await responder.write(b"partial")
+        # returns without end(): the client must not take this for a complete answer
+
+    _, port = await start(handler)
+    answer = await exchange(port, b"GET /s HTTP/1.1\r\nHost: t\r\n\r\n")
+    assert b"partial" in answer
+    assert not answer.endswith(b"0\r\n\r\n")

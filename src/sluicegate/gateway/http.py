@@ -72,6 +72,7 @@ class Responder:
 
     __slots__ = (
         "_conn",
+        "_ended",
         "_head_only",
         "_held",
         "_http_10",
@@ -85,6 +86,7 @@ class Responder:
         self._http_10 = request.http_version == "1.0"
         self._head_only = request.method == "HEAD"
         self._started = False
+        self._ended = False
         self._streaming = False
         self._held = b""
         """A streamed answer's head, written together with its first piece."""
@@ -96,10 +98,16 @@ class Responder:
         """Whether the status line has been written (nothing else can be sent then)."""
         return self._started
 
+    @property
+    def ended(self) -> bool:
+        """Whether the whole answer has been written (:meth:`send`, or :meth:`end`)."""
+        return self._ended
+
     def send(self, status: int, headers: Iterable[tuple[str, str]], body: bytes = b"") -> None:
         """The whole answer at once."""
         head = self._head(status, headers, f"content-length: {len(body)}\r\n")
         self._conn.write(head if self._head_only else head + body)
+        self._ended = True
 
     def stream(self, status: int, headers: Iterable[tuple[str, str]]) -> None:
         """Start a streamed answer; then :meth:`write` its pieces and :meth:`end` it.
@@ -136,6 +144,7 @@ class Responder:
             last, self._held = self._held + last, b""
         if last:
             self._conn.write(last)
+        self._ended = True
         await self._conn.drain()
 
     def _head(self, status: int, headers: Iterable[tuple[str, str]], framing: str) -> bytes:
@@ -350,6 +359,13 @@ class _HttpConnection(asyncio.Protocol):
                     await self.server.handler(request, responder)
                 if not responder.started:
                     responder.send(500, (), b"no answer")
+                elif not responder.ended:
+                    # A stream left unfinished: the client must see it break off.
+                    log.error(
+                        "handler for %s %s left its answer unfinished", request.method, request.path
+                    )
+                    self.close()
+                    return
             except asyncio.CancelledError:
                 self.close()
                 raise
