@@ -103,3 +103,8 @@ def test_a_name_registered_twice_is_refused() -> None:
     Counter("twice", "One.", registry=registry)
     with pytest.raises(ValueError, match="Duplicated"):
         Counter("twice", "Two.", registry=registry)
+
+
+def test_a_counter_does_not_go_down() -> None:
+    with pytest.raises(ValueError, match="only goes up"):
+        Counter("c", "C.").inc(-1)

@@ -46,6 +46,8 @@ class CounterSeries:
         self.value = 0.0
 
     def inc(self, amount: float = 1.0) -> None:
+        if amount < 0:
+            raise ValueError(f"a counter only goes up, not by {amount}")
         self.value += amount
 
 
@@ -175,7 +177,7 @@ class Counter(_Family[CounterSeries]):
 
     def inc(self, amount: float = 1.0) -> None:
         """Add to the unlabelled counter."""
-        self._unlabelled().value += amount
+        self._unlabelled().inc(amount)
 
     @property
     def value(self) -> float:
