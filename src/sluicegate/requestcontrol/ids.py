@@ -1,14 +1,18 @@
 """Ids for requests that arrive without an ``x-request-id``.
 
 32 hex digits: a random half drawn when the process starts (again in a forked child), so
-ids differ across replicas and restarts, and a counter, so none repeats within a process —
-without a system call per request.
+ids differ across replicas and restarts, and a counter passed through a random bijection
+of 64-bit numbers (an odd multiplier, then a mask), so none repeats within a process and
+the ids do not tell a client how many requests came before — all without a system call
+per request.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+
+_MASK = (1 << 64) - 1
 
 
 class _RequestIds:
@@ -17,10 +21,13 @@ class _RequestIds:
 
     def reset(self) -> None:
         self._prefix = os.urandom(8).hex()
+        self._multiplier = int.from_bytes(os.urandom(8), "little") | 1  # odd: invertible
+        self._key = int.from_bytes(os.urandom(8), "little")
         self._counter = itertools.count(1)
 
     def next(self) -> str:
-        return f"{self._prefix}{next(self._counter):016x}"
+        n = (next(self._counter) * self._multiplier & _MASK) ^ self._key
+        return f"{self._prefix}{n:016x}"
 
 
 _IDS = _RequestIds()
