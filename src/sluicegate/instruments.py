@@ -17,6 +17,7 @@ label.
 
 from __future__ import annotations
 
+import abc
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from typing import Generic, TypeVar
@@ -102,9 +103,9 @@ class _Family(Collector, Generic[S]):
         self,
         name: str,
         documentation: str,
-        labelnames: Sequence[str],
-        registry: CollectorRegistry | None,
-        max_series: int,
+        labelnames: Sequence[str] = (),
+        registry: CollectorRegistry | None = None,
+        max_series: int = DEFAULT_MAX_SERIES,
     ) -> None:
         self.name = name
         self.documentation = documentation
@@ -116,8 +117,9 @@ class _Family(Collector, Generic[S]):
         if registry is not None:
             registry.register(self)
 
+    @abc.abstractmethod
     def _new(self) -> S:
-        raise NotImplementedError
+        """A new series at zero."""
 
     def labels(self, *values: str) -> S:
         """The series for these label values (one per label name, in order)."""
@@ -151,26 +153,35 @@ class _Family(Collector, Generic[S]):
                 f"metric {self.name} has labels {self.labelnames}: use labels(...) first"
             ) from None
 
+    @abc.abstractmethod
     def _family(self) -> Metric:
-        raise NotImplementedError
+        """The prometheus_client family this metric is exported as, without samples."""
 
     def describe(self) -> Iterator[Metric]:
         # The names, without samples: the registry refuses a second metric of a name.
         yield self._family()
 
 
-class Counter(_Family[CounterSeries]):
-    """A counter family (exported as ``<name>_total``)."""
+V = TypeVar("V", CounterSeries, GaugeSeries)
 
-    def __init__(
-        self,
-        name: str,
-        documentation: str,
-        labelnames: Sequence[str] = (),
-        registry: CollectorRegistry | None = None,
-        max_series: int = DEFAULT_MAX_SERIES,
-    ) -> None:
-        super().__init__(name, documentation, labelnames, registry, max_series)
+
+class _ValueFamily(_Family[V]):
+    """A family whose series each hold one number (counters, gauges)."""
+
+    @property
+    def value(self) -> float:
+        """The unlabelled series' value."""
+        return self._unlabelled().value
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        for values, series in self.items():
+            family.add_metric(values, series.value)  # type: ignore[attr-defined]
+        yield family
+
+
+class Counter(_ValueFamily[CounterSeries]):
+    """A counter family (exported as ``<name>_total``)."""
 
     def _new(self) -> CounterSeries:
         return CounterSeries()
@@ -179,58 +190,27 @@ class Counter(_Family[CounterSeries]):
         """Add to the unlabelled counter."""
         self._unlabelled().inc(amount)
 
-    @property
-    def value(self) -> float:
-        """The unlabelled counter's total."""
-        return self._unlabelled().value
-
     def _family(self) -> CounterMetricFamily:
         return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
 
-    def collect(self) -> Iterator[Metric]:
-        family = self._family()
-        for values, series in self.items():
-            family.add_metric(values, series.value)
-        yield family
 
-
-class Gauge(_Family[GaugeSeries]):
+class Gauge(_ValueFamily[GaugeSeries]):
     """A gauge family."""
-
-    def __init__(
-        self,
-        name: str,
-        documentation: str,
-        labelnames: Sequence[str] = (),
-        registry: CollectorRegistry | None = None,
-        max_series: int = DEFAULT_MAX_SERIES,
-    ) -> None:
-        super().__init__(name, documentation, labelnames, registry, max_series)
 
     def _new(self) -> GaugeSeries:
         return GaugeSeries()
 
     def inc(self, amount: float = 1.0) -> None:
-        self._unlabelled().value += amount
+        self._unlabelled().inc(amount)
 
     def dec(self, amount: float = 1.0) -> None:
-        self._unlabelled().value -= amount
+        self._unlabelled().dec(amount)
 
     def set(self, value: float) -> None:
-        self._unlabelled().value = value
-
-    @property
-    def value(self) -> float:
-        return self._unlabelled().value
+        self._unlabelled().set(value)
 
     def _family(self) -> GaugeMetricFamily:
         return GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
-
-    def collect(self) -> Iterator[Metric]:
-        family = self._family()
-        for values, series in self.items():
-            family.add_metric(values, series.value)
-        yield family
 
 
 class Histogram(_Family[HistogramSeries]):
