@@ -27,3 +27,18 @@ def test_loop_share() -> None:
     assert run.loop_share == pytest.approx(0.75)
     assert run.cpu_us == pytest.approx(800.0)
     assert DecisionRun(16, 2.0, 0, 0.0, 0, True).loop_share == 0.0
+
+
+def test_floor_section_derives_the_cost_of_python_work_and_the_budget() -> None:
+    from sluicegate.bench.extproc.report import WORK_US, _floor_section
+
+    assert WORK_US == 100.0
+    null = DecisionRun(64, 1.0, 1000, 0.300, 0, True)  # 300 µs per stream
+    worked = DecisionRun(64, 1.0, 1000, 0.490, 0, True)  # +100 µs of work → 490 µs
+    round_robin = DecisionRun(64, 1.0, 1000, 0.560, 0, True)
+    default = DecisionRun(64, 1.0, 1000, 0.600, 0, True)
+    text = "\n".join(_floor_section([default], round_robin, null, worked))
+    assert "cost 1.9 µs of the process's CPU" in text
+    # 2,000/s = 500 µs each; the runtime takes 300, leaving 200 / 1.9 ≈ 105 µs of Python.
+    assert "takes 300, which leaves about 105 µs" in text
+    assert "| `sluicegate extproc` (default preset) | 1,000 | 600 |" in text

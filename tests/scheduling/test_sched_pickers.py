@@ -119,6 +119,12 @@ def test_max_score_picks_best_and_breaks_ties_at_random(
     counts = _pick_many(picker, make_scored(endpoints, [1.0, 3.0, 3.0, 2.0]), 4000)
     assert set(counts) == {"ep-1", "ep-2"}
     assert counts["ep-1"] == pytest.approx(2000, abs=200)
+    # Three equal best scores, not side by side: each wins about a third of the time.
+    five = [make_endpoint(i) for i in range(5)]
+    counts = _pick_many(picker, make_scored(five, [3.0, 1.0, 3.0, 2.0, 3.0]), 6000)
+    assert set(counts) == {"ep-0", "ep-2", "ep-4"}
+    assert all(c == pytest.approx(2000, abs=200) for c in counts.values()), counts
+    assert picker.pick(make_request(), CycleState(), []) == []
     ordered = make_plugin("max-score-picker", maxNumOfEndpoints=4)
     chosen = ordered.pick(
         make_request(), CycleState(), make_scored(endpoints, [1.0, 4.0, 3.0, 2.0])

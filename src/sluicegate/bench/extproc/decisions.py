@@ -229,10 +229,14 @@ def measure_decisions(
     return runs
 
 
-def measure_null(streams: int, seconds: float, console: Console) -> DecisionRun:
+def measure_null(
+    streams: int, seconds: float, console: Console, work_us: float = 0.0
+) -> DecisionRun:
     """The same load against a servicer that answers every message with an empty
     response at once: what grpc.aio itself costs per stream (the floor for any Python
-    ext_proc server)."""
+    ext_proc server). With ``work_us``, the servicer first spends that many µs of CPU on
+    its event-loop thread per request body, as a picker's routing would: the difference
+    tells what each µs of Python work per decision costs the process in all."""
     import uvloop
 
     with (
@@ -241,11 +245,14 @@ def measure_null(streams: int, seconds: float, console: Console) -> DecisionRun:
     ):
         procs = Processes(Path(tmp))
         port = free_port_block(1)
-        code = f"from {__name__} import serve_null; serve_null({port})"
+        code = f"from {__name__} import serve_null; serve_null({port}, {work_us!r})"
         try:
             pid = procs.start("null-servicer", [sys.executable, "-c", code], PICKER_CPU)
             wait_listening(procs, "null-servicer", port, START_TIMEOUT_S)
-            console.print(f"extproc decisions: do-nothing servicer, {streams} streams ...")
+            console.print(
+                f"extproc decisions: do-nothing servicer (+{work_us:.0f} µs of work), "
+                f"{streams} streams ..."
+            )
             run = uvloop.run(_drive(port, streams, seconds, min(2.0, seconds / 3), pid))
             run.pinned = can_pin(PICKER_CPU)
             return run
@@ -253,12 +260,14 @@ def measure_null(streams: int, seconds: float, console: Console) -> DecisionRun:
             procs.stop("null-servicer", STOP_TIMEOUT_S)
 
 
-def serve_null(port: int) -> None:
-    """Serve the do-nothing ext_proc servicer of :func:`measure_null` on ``port``."""
+def serve_null(port: int, work_us: float = 0.0) -> None:
+    """Serve the do-nothing ext_proc servicer of :func:`measure_null` on ``port``,
+    spending ``work_us`` µs of CPU per request body."""
     import uvloop
     from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+    work_s = work_us / 1e6
     answers: dict[str, list[Any]] = {
         "request_body": [
             pb.ProcessingResponse(request_headers=pb.HeadersResponse()),
@@ -274,7 +283,10 @@ def serve_null(port: int) -> None:
                 message = await context.read()
                 if message is grpc.aio.EOF:
                     return
-                for answer in answers.get(message.WhichOneof("request"), ()):
+                kind = message.WhichOneof("request")
+                if work_s and kind == "request_body":
+                    _spin(work_s)
+                for answer in answers.get(kind, ()):
                     await context.write(answer)
 
     async def serve() -> None:
@@ -285,3 +297,10 @@ def serve_null(port: int) -> None:
         await server.wait_for_termination()
 
     uvloop.run(serve())
+
+
+def _spin(cpu_s: float) -> None:
+    """Busy the calling thread for ``cpu_s`` seconds of its own CPU time."""
+    until = time.thread_time() + cpu_s
+    while time.thread_time() < until:
+        pass
