@@ -45,7 +45,8 @@ def test_score_of_nothing_is_nan() -> None:
 
 
 def _row(i: int, waiting: int = 0) -> FeatureRow:
-    return FeatureRow(0.3, 100 + i, waiting, 2, 0, 0, 0.0, 0, 50, 3.0 + i % 7, 12.0)
+    timing = (3.0 + i % 7, 12.0, 10 * (i % 5), i % 3)
+    return FeatureRow(0.3, 100 + i, waiting, 2, 0, 0, 0.0, 0, 50, *timing)
 
 
 def test_scoring_predictor_scores_only_predicted_requests_after_warmup() -> None:
@@ -83,6 +84,7 @@ def test_scoring_predictor_scores_only_predicted_requests_after_warmup() -> None
     # The ablation models never see token timing.
     x = p.ablation.store.ttft.training_arrays()[0]
     assert set(x[:, ROW_FIELDS.index("ms_since_last_token")]) == {TOKEN_TIMING_CAP_MS}
+    assert set(x[:, ROW_FIELDS.index("prompt_tokens_before_last_token")]) == {0.0}
 
 
 def test_latency_accuracy_is_a_micro_benchmark() -> None:
@@ -157,3 +159,8 @@ def test_des_uses_the_factory_and_times_tokens() -> None:
     timed = [s.row for s in seen if s.row.ms_since_last_token < TOKEN_TIMING_CAP_MS]
     assert len(timed) > len(seen) // 2  # most arrive while an endpoint streams
     assert any(r.token_interval_ms > 0 for r in timed)
+    # Unanswered prompts are counted (split at the last token), and none is left over.
+    assert any(s.row.prompt_tokens_after_last_token > 0 for s in seen)
+    for e in sim.endpoints:
+        assert (e.inflight.prompt_tokens_before_last_token, e.inflight.requests) == (0, 0)
+        assert e.inflight.prompt_tokens_after_last_token == 0

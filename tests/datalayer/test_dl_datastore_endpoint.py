@@ -276,6 +276,23 @@ def test_inflight_lifecycle() -> None:
     assert f == InFlight()
 
 
+def test_inflight_splits_prefills_at_the_last_token() -> None:
+    f = InFlight()
+    first = f.prefill_queued(100)
+    assert (f.prompt_tokens_before_last_token, f.prompt_tokens_after_last_token) == (0, 100)
+    f.token(1.0)  # an iteration begins: the 100 tokens were there for it
+    assert (f.prompt_tokens_before_last_token, f.prompt_tokens_after_last_token) == (100, 0)
+    second = f.prefill_queued(40)
+    third = f.prefill_queued(25)
+    assert (f.prompt_tokens_before_last_token, f.prompt_tokens_after_last_token) == (100, 65)
+    f.prefill_done(25, third)  # left before any token: it leaves the next iteration
+    f.prefill_done(100, first)  # answered
+    assert (f.prompt_tokens_before_last_token, f.prompt_tokens_after_last_token) == (0, 40)
+    f.token(1.01)
+    f.prefill_done(40, second)
+    assert f == InFlight()
+
+
 def test_inflight_token_times_iterations() -> None:
     f = InFlight()
     f.token(1.0)

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from sluicegate.latency.features import FeatureRow, Sample
+from sluicegate.latency.features import REUSE_DISTANCE_CAP_TOKENS, FeatureRow, Sample
 from sluicegate.latency.model import TrainConfig
 from sluicegate.latency.predictserver import PredictionServer
 from sluicegate.latency.trainserver import TrainingServer
@@ -34,6 +34,7 @@ PredictServerFactory = Callable[..., Awaitable[PredictionServer]]
 def random_rows(n: int, seed: int = 0) -> list[FeatureRow]:
     rng = np.random.default_rng(seed)
     timing = np.random.default_rng(seed + 77)  # its own stream: the other draws stay as they were
+    later = np.random.default_rng(seed + 91)  # likewise for the features added after those
     rows = []
     for _ in range(n):
         rows.append(
@@ -49,6 +50,11 @@ def random_rows(n: int, seed: int = 0) -> list[FeatureRow]:
                 expected_output_tokens=int(rng.integers(16, 1025)),
                 ms_since_last_token=float(timing.uniform(0.0, 1000.0)),
                 token_interval_ms=float(timing.uniform(0.0, 60.0)),
+                prompt_tokens_before_last_token=int(later.integers(0, 20_000)),
+                prompt_tokens_after_last_token=int(later.integers(0, 5_000)),
+                prefix_reuse_distance_tokens=int(
+                    np.exp(later.uniform(np.log(64), np.log(REUSE_DISTANCE_CAP_TOKENS)))
+                ),
             )
         )
     return rows

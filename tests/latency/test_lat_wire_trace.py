@@ -14,6 +14,7 @@ from lat_support import random_rows, samples
 from sluicegate.cli import main
 from sluicegate.latency.features import (
     FEATURE_NAMES,
+    REUSE_DISTANCE_CAP_TOKENS,
     TOKEN_TIMING_CAP_MS,
     FeatureRow,
     Sample,
@@ -51,6 +52,17 @@ def test_reference_bodies_are_accepted_with_defaults_for_our_fields() -> None:
     row = row_from_json(REFERENCE_BODY)
     assert row == FeatureRow(0.42, 1830, 2, 17, 4096, 3100, 0.75, 0, 0)
     assert isinstance(row.input_token_length, int)
+    assert row.prompt_tokens_before_last_token == row.prompt_tokens_after_last_token == 0
+    assert row.prefix_reuse_distance_tokens == REUSE_DISTANCE_CAP_TOKENS  # never sent
+
+
+def test_reuse_distance_is_a_count_capped_at_its_cap() -> None:
+    near = row_from_json({**REFERENCE_BODY, "prefix_reuse_distance_tokens": 640.0})
+    assert near.prefix_reuse_distance_tokens == 640
+    far = row_from_json({**REFERENCE_BODY, "prefix_reuse_distance_tokens": 10**12})
+    assert far.prefix_reuse_distance_tokens == REUSE_DISTANCE_CAP_TOKENS
+    with pytest.raises(FieldError, match="prefix_reuse_distance_tokens: must be non-negative"):
+        row_from_json({**REFERENCE_BODY, "prefix_reuse_distance_tokens": -1})
 
 
 def test_token_timing_fields_default_validate_and_cap() -> None:

@@ -462,6 +462,31 @@ def test_mark_first_byte_releases_prompt_once(route_env: Any) -> None:
     assert env.inflight()["ep-0"] == (0, 0, 0)
 
 
+def test_unanswered_prompts_split_at_the_endpoints_last_token(route_env: Any) -> None:
+    env = route_env(endpoints=1)
+    env.scrape_all()
+    inflight = env.ep(0).inflight
+
+    def split() -> tuple[int, int]:
+        return inflight.prompt_tokens_before_last_token, inflight.prompt_tokens_after_last_token
+
+    a = env.route({"model": "base", "prompt": "a" * 400, "max_tokens": 5})  # 100 tokens
+    assert split() == (0, 100)
+    a.mark_first_byte(1.0)  # the endpoint's first token: a is answered
+    assert split() == (0, 0)
+    b = env.route({"model": "base", "prompt": "b" * 800, "max_tokens": 5})  # 200
+    a.mark_token(1.1)  # a's next token: an iteration began with b in the queue
+    c = env.route({"model": "base", "prompt": "c" * 40, "max_tokens": 5})  # 10
+    assert split() == (200, 10)
+    c.finish(1.2, ok=False)  # gone before its first byte: leaves the next iteration
+    assert split() == (200, 0)
+    b.retry_next()  # only endpoint: no fallback, but its charge is released
+    b.finish(1.3, ok=False)
+    assert split() == (0, 0)
+    a.finish(1.4)
+    assert split() == (0, 0)
+
+
 def test_first_byte_after_finish_releases_nothing(route_env: Any) -> None:
     env = route_env(endpoints=1)
     env.scrape_all()

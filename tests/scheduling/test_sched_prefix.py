@@ -93,6 +93,23 @@ def test_reinsert_refreshes_recency() -> None:
     assert index.endpoint_size("a") == 5
 
 
+def test_distance_counts_blocks_recorded_since() -> None:
+    index = PrefixIndex(100)
+    index.insert("a", [1, 2, 3])  # recorded tail first: 3, 2, 1
+    assert [index.distance("a", h) for h in (1, 2, 3)] == [0, 1, 2]
+    index.insert("a", [7, 8])
+    index.insert("b", [9] * 1)  # another endpoint's blocks do not count
+    assert index.distance("a", 3) == 4
+    index.insert("a", [1, 2, 3])  # sent again: recent again
+    assert index.distance("a", 3) == 2
+    assert index.distance("a", 42) is None
+    assert index.distance("c", 1) is None
+    index.remove_endpoint("a")
+    assert index.distance("a", 1) is None
+    index.insert("a", [5])  # a new life starts counting afresh
+    assert index.distance("a", 5) == 0
+
+
 def test_remove_endpoint() -> None:
     index = PrefixIndex(100)
     index.insert("a", [1, 2, 3])
@@ -195,6 +212,22 @@ def test_forget_endpoint_drops_its_blocks(
     producer.forget_endpoint(endpoints[0])
     assert schedule(prompt, target=1) == [0.0, 0.0, 0.0]
     assert producer.index.endpoint_size("ep-0") == 0
+
+
+def test_reuse_distance_is_the_prompt_tokens_sent_since(
+    producer: Any, schedule: Schedule, endpoints: list[Any], make_request: Any
+) -> None:
+    prompt = _text(0, 3)
+    schedule(prompt, target=0)
+    schedule(_text(1, 2), target=0)  # 2 more blocks (128 tokens) to the same endpoint
+    schedule(_text(2, 5), target=1)  # elsewhere: does not count
+    state = CycleState()
+    producer.produce(make_request(prompt), state, endpoints)
+    match = state.get(PREFIX_MATCH)
+    # The deepest matched block went first of its 3 (tail first), then 2 others came.
+    assert match.reuse_distance_tokens("ep-0") == (2 + 2) * 64
+    assert match.reuse_distance_tokens("ep-1") is None  # nothing of it there
+    assert match.reuse_distance_tokens("ep-2") is None
 
 
 def test_auto_tune_sizes_memory_from_kv_capacity(

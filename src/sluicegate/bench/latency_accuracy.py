@@ -115,8 +115,16 @@ _COLUMNS: Final = 8
 
 
 def without_token_timing(row: FeatureRow) -> FeatureRow:
-    """``row`` as a gateway that does not time tokens would see it (the defaults)."""
-    return replace(row, ms_since_last_token=TOKEN_TIMING_CAP_MS, token_interval_ms=0.0)
+    """``row`` as a gateway that does not time tokens would see it: no token ever seen,
+    so every unanswered prompt token counts as dispatched after the last one."""
+    return replace(
+        row,
+        ms_since_last_token=TOKEN_TIMING_CAP_MS,
+        token_interval_ms=0.0,
+        prompt_tokens_before_last_token=0,
+        prompt_tokens_after_last_token=row.prompt_tokens_before_last_token
+        + row.prompt_tokens_after_last_token,
+    )
 
 
 class ScoringPredictor:
@@ -429,9 +437,10 @@ def render(results: Sequence[LevelResult], plan: Plan, command: str, machine: st
         "## Per load level",
         "",
         "`n` = scored requests; APE = absolute percentage error; `without token timing` = "
-        "a third model set (mean objective) trained and asked with the features "
-        "`ms_since_last_token` and `token_interval_ms` blanked, i.e. what the gateway "
-        "predicts when it does not time the tokens it relays; `fallbacks` = decisions made "
+        "a third model set (mean objective) trained and asked with the token-timing "
+        "features blanked (`ms_since_last_token`, `token_interval_ms`, and the unanswered "
+        "prompt tokens not split at the last token), i.e. what the gateway predicts when it "
+        "does not time the tokens it relays; `fallbacks` = decisions made "
         "without predictions (the warm-up's included); `first model` = simulated time of "
         "the first training.",
         "",

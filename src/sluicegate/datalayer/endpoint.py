@@ -77,6 +77,15 @@ class InFlight:
     decode_tokens: int = 0
     requests_since_scrape: int = 0
     prompt_tokens_since_scrape: int = 0
+    prompt_tokens_before_last_token: int = 0
+    """Prompt tokens (cached or not) of requests dispatched before the endpoint's last token
+    and not answered yet: prefills in the iteration in progress, or still queued."""
+    prompt_tokens_after_last_token: int = 0
+    """Prompt tokens of requests dispatched after the endpoint's last token: they join its
+    next iteration."""
+    token_epoch: int = field(default=0, compare=False)
+    """:meth:`token` calls so far: :meth:`prefill_queued` returns it and
+    :meth:`prefill_done` takes it back, to know which of the two counts a request is in."""
     last_token_at: float | None = field(default=None, compare=False)
     """Clock time (s) the endpoint last produced a token this gateway relayed."""
     token_interval_s: float = field(default=0.0, compare=False)
@@ -91,6 +100,9 @@ class InFlight:
         gateway spread over more than that), and the interval is measured from it."""
         last = self.last_token_at
         self.last_token_at = now
+        self.token_epoch += 1
+        self.prompt_tokens_before_last_token += self.prompt_tokens_after_last_token
+        self.prompt_tokens_after_last_token = 0
         if last is not None:
             gap = now - last
             if gap >= SAME_ITERATION_S:
@@ -102,6 +114,21 @@ class InFlight:
         self.decode_tokens += decode_tokens
         self.requests_since_scrape += 1
         self.prompt_tokens_since_scrape += prompt_tokens
+
+    def prefill_queued(self, prompt_tokens: int) -> int:
+        """A request with ``prompt_tokens`` was dispatched; returns the token epoch to hand
+        back to :meth:`prefill_done`."""
+        self.prompt_tokens_after_last_token += prompt_tokens
+        return self.token_epoch
+
+    def prefill_done(self, prompt_tokens: int, epoch: int) -> None:
+        """The request queued at ``epoch`` was answered (or left before it was)."""
+        if epoch == self.token_epoch:
+            left = self.prompt_tokens_after_last_token - prompt_tokens
+            self.prompt_tokens_after_last_token = max(0, left)
+        else:
+            left = self.prompt_tokens_before_last_token - prompt_tokens
+            self.prompt_tokens_before_last_token = max(0, left)
 
     def first_token(self, prompt_tokens: int) -> None:
         self.prompt_tokens = max(0, self.prompt_tokens - prompt_tokens)

@@ -11,8 +11,14 @@ The token timing is what makes TTFT predictable on a busy engine: a new request 
 for the iteration in progress to end before its prefill runs, and that residual wait is a
 large, otherwise random share of a short TTFT. Every token the gateway relays marks the
 end of an engine iteration, so ``ms_since_last_token`` and ``token_interval_ms`` (the
-last gap between two iterations seen) locate the next one (measured effect:
-``docs/benchmarks/latency-accuracy.md``).
+last gap between two iterations seen) locate the next one; the prompt tokens dispatched
+before and after the last token and not answered yet tell how long the iteration in
+progress takes (prefills lengthen it) and what joins the next one ahead of the request.
+They count every prompt token: which of them the server has cached is what the index
+guesses least well (the prefix-cache score says "cached" for many prompts the server has
+long evicted), so they leave that to the model. The prefix's reuse
+distance tells whether the server still holds what the gateway's index says it sent it
+(measured effect of each: ``docs/benchmarks/latency-accuracy.md``).
 """
 
 from __future__ import annotations
@@ -22,6 +28,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 import numpy as np
+
+REUSE_DISTANCE_CAP_TOKENS = 10_000_000
+"""Cap of ``prefix_reuse_distance_tokens``, and its value when no prefix matches: far
+beyond any server's KV capacity, so "long gone" and "never sent" look alike."""
 
 TOKEN_TIMING_CAP_MS = 1000.0
 """Cap of the token-timing features (ms): beyond it the endpoint is simply idle, and a
@@ -61,6 +71,18 @@ class FeatureRow:
     """Milliseconds between the last two distinct moments the endpoint produced tokens
     (≈ its iteration time while it streams), capped at :data:`TOKEN_TIMING_CAP_MS`; 0 when
     unknown."""
+    prompt_tokens_before_last_token: int = 0
+    """Prompt tokens (cached or not) of requests dispatched before the endpoint's last
+    token and not answered yet: prefills in the iteration in progress, which lengthen it
+    (or still queued)."""
+    prompt_tokens_after_last_token: int = 0
+    """Prompt tokens of requests dispatched after the endpoint's last token: prefills that
+    join its next iteration ahead of this request."""
+    prefix_reuse_distance_tokens: int = REUSE_DISTANCE_CAP_TOKENS
+    """Prompt tokens sent to the endpoint since the matched prefix last was (capped at
+    :data:`REUSE_DISTANCE_CAP_TOKENS`, also the value without a match): the server's cache
+    evicts in LRU order, so a prefix sent long ago is probably gone although the
+    gateway's index still lists it."""
 
     @property
     def effective_input_tokens(self) -> float:

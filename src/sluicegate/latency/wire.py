@@ -5,11 +5,14 @@ name. The fields the reference predictor also has (anchors, section F) carry the
 names and meaning, so its clients' bodies are accepted as they are: ``kv_cache_percentage``,
 ``input_token_length``, ``num_request_waiting``, ``num_request_running`` and
 ``prefix_cache_score`` are required; ``prefill_tokens_in_flight``,
-``decode_tokens_in_flight``, ``dispatched_since_scrape`` and ``expected_output_tokens``
-default to 0, ``token_interval_ms`` to 0 and ``ms_since_last_token`` to its cap (never
-seen); other keys (``num_tokens_generated``, ``pod_type``, ...) are ignored. Fractions must
-lie in [0, 1], counts must be non-negative integers (``3.0`` is 3), durations (``*_ms``)
-non-negative numbers of ms (capped at ``TOKEN_TIMING_CAP_MS``).
+``decode_tokens_in_flight``, ``dispatched_since_scrape``, ``expected_output_tokens``,
+``prompt_tokens_before_last_token``, ``prompt_tokens_after_last_token`` and
+``token_interval_ms`` default to 0,
+``ms_since_last_token`` and ``prefix_reuse_distance_tokens`` to their caps (never seen,
+never sent); other keys (``num_tokens_generated``, ``pod_type``, ...) are ignored. Fractions
+must lie in [0, 1], counts must be non-negative integers (``3.0`` is 3; the reuse distance
+is capped at ``REUSE_DISTANCE_CAP_TOKENS``), durations (``*_ms``) non-negative numbers of ms
+(capped at ``TOKEN_TIMING_CAP_MS``).
 
 A sample is a row plus ``ttft_ms`` and ``tpot_ms`` (ms; the reference's
 ``actual_ttft_ms``/``actual_tpot_ms`` are accepted too); a missing, null or zero time means
@@ -26,6 +29,7 @@ import numpy as np
 
 from sluicegate.latency.features import (
     FEATURE_NAMES,
+    REUSE_DISTANCE_CAP_TOKENS,
     ROW_FIELDS,
     TOKEN_TIMING_CAP_MS,
     FeatureRow,
@@ -53,6 +57,9 @@ DURATION_FIELDS: dict[str, float] = {
 """Fields that are non-negative durations in ms, and their values when absent. Every
 field neither a fraction nor a duration is a count."""
 
+COUNT_CAPS: dict[str, int] = {"prefix_reuse_distance_tokens": REUSE_DISTANCE_CAP_TOKENS}
+"""Counts with a cap, which is also their value when absent; the others default to 0."""
+
 _PREFIX = ROW_FIELDS.index("prefix_cache_score")
 _INPUT = ROW_FIELDS.index("input_token_length")
 
@@ -76,7 +83,7 @@ def _field_value(obj: Mapping[str, Any], name: str) -> float:
     if value is None:
         if name in REQUIRED_FIELDS:
             raise FieldError(name, "is required")
-        return DURATION_FIELDS.get(name, 0)
+        return DURATION_FIELDS.get(name, COUNT_CAPS.get(name, 0))
     kind = type(value)
     if kind is not int and kind is not float:
         raise FieldError(name, f"must be a number, got {type(value).__name__}")
@@ -92,7 +99,8 @@ def _field_value(obj: Mapping[str, Any], name: str) -> float:
         raise FieldError(name, f"must be a whole number, got {value!r}")
     if value < 0:
         raise FieldError(name, f"must be non-negative, got {value!r}")
-    return int(value)
+    cap = COUNT_CAPS.get(name)
+    return int(value) if cap is None else min(int(value), cap)
 
 
 def row_values(obj: object) -> tuple[float, ...]:

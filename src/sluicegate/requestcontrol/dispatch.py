@@ -43,6 +43,8 @@ class Dispatch:
     _charged_prompt: int = 0
     _charged_decode: int = 0
     _released_prompt: bool = False
+    _epoch: int = 0
+    """The endpoint's token epoch when the request was queued there (``InFlight``)."""
     _holding: bool = False
     """Whether ``endpoint``'s in-flight counters currently carry this request."""
     observers: Sequence[ResponseObserver] = ()
@@ -58,15 +60,21 @@ class Dispatch:
         self._charged_prompt = round(self.request.prompt_tokens * (1.0 - cached_share))
         self._charged_decode = self.request.expected_output_tokens
         self._released_prompt = False
-        self.endpoint.inflight.dispatch(self._charged_prompt, self._charged_decode)
+        inflight = self.endpoint.inflight
+        inflight.dispatch(self._charged_prompt, self._charged_decode)
+        self._epoch = inflight.prefill_queued(self.request.prompt_tokens)
         self._holding = True
 
     def _release(self) -> None:
         if not self._holding:
             return
         self._holding = False
-        prompt_left = 0 if self._released_prompt else self._charged_prompt
-        self.endpoint.inflight.complete(prompt_left, self._charged_decode)
+        inflight = self.endpoint.inflight
+        if self._released_prompt:
+            inflight.complete(0, self._charged_decode)
+        else:
+            inflight.complete(self._charged_prompt, self._charged_decode)
+            inflight.prefill_done(self.request.prompt_tokens, self._epoch)
 
     def mark_first_byte(self, now: float) -> None:
         """The upstream answered: its prefill is done (prompt tokens leave the queue)."""
@@ -75,6 +83,7 @@ class Dispatch:
             self.endpoint.inflight.token(now)
             if self._holding:  # after finish() everything is released already
                 self.endpoint.inflight.first_token(self._charged_prompt)
+                self.endpoint.inflight.prefill_done(self.request.prompt_tokens, self._epoch)
                 self._released_prompt = True
                 for observer in self.observers:
                     observer.on_first_token(self.request, self.state, self.endpoint, now)

@@ -12,6 +12,11 @@ integers, which the garbage collector never has to walk (a set per hash made gen
 collections take milliseconds with a full index) and which intersect in one operation.
 An entry costs roughly 150 bytes, so 100 endpoints × 31,250 blocks is about 470 MB at worst;
 lower ``lruCapacityPerServer`` for larger pools.
+
+Each entry also keeps its endpoint's insertion count at its last use, so
+:meth:`PrefixIndex.distance` tells how many blocks were sent there since: the server's own
+cache evicts in LRU order too, and far less than its whole KV capacity is free to keep old
+prefixes while requests run, so a prefix the index still holds may be long gone there.
 """
 
 from __future__ import annotations
@@ -23,13 +28,24 @@ from collections.abc import Iterable, Sequence
 class PrefixIndex:
     """Per-endpoint LRU sets of block hashes plus a reverse map for matching."""
 
-    __slots__ = ("_bit", "_by_hash", "_free_bits", "_lru", "_names", "default_capacity")
+    __slots__ = (
+        "_bit",
+        "_by_hash",
+        "_free_bits",
+        "_lru",
+        "_names",
+        "_stamps",
+        "default_capacity",
+    )
 
     def __init__(self, default_capacity: int) -> None:
         if default_capacity <= 0:
             raise ValueError("default_capacity must be positive")
         self.default_capacity = default_capacity
-        self._lru: dict[str, OrderedDict[int, None]] = {}
+        self._lru: dict[str, OrderedDict[int, int]] = {}
+        """Per endpoint: block hash → the endpoint's insertion count when last recorded."""
+        self._stamps: dict[str, int] = {}
+        """Per endpoint: blocks recorded there so far (repeats included)."""
         self._by_hash: dict[int, int] = {}
         """Block hash → bit mask of the endpoints holding it."""
         self._bit: dict[str, int] = {}
@@ -92,12 +108,16 @@ class PrefixIndex:
             self._names[bit] = endpoint
         mask = 1 << self._bit[endpoint]
         by_hash = self._by_hash
+        stamp = self._stamps.get(endpoint, 0)
         for h in reversed(hashes):
+            stamp += 1
             if h in lru:
                 lru.move_to_end(h)
+                lru[h] = stamp
                 continue
-            lru[h] = None
+            lru[h] = stamp
             by_hash[h] = by_hash.get(h, 0) | mask
+        self._stamps[endpoint] = stamp
         limit = capacity if capacity and capacity > 0 else self.default_capacity
         while len(lru) > limit:
             old, _ = lru.popitem(last=False)
@@ -106,6 +126,7 @@ class PrefixIndex:
     def remove_endpoint(self, endpoint: str) -> None:
         """Forget everything recorded for ``endpoint``."""
         lru = self._lru.pop(endpoint, None)
+        self._stamps.pop(endpoint, None)
         if lru is None:
             return
         bit = self._bit.pop(endpoint)
@@ -114,6 +135,13 @@ class PrefixIndex:
         for h in lru:
             self._forget(h, mask)
         self._free_bits.append(bit)
+
+    def distance(self, endpoint: str, block_hash: int) -> int | None:
+        """Blocks recorded for ``endpoint`` after ``block_hash`` was last recorded there
+        (0: it was the last one), or None when the index does not hold it there."""
+        lru = self._lru.get(endpoint)
+        stamp = lru.get(block_hash) if lru is not None else None
+        return None if stamp is None else self._stamps[endpoint] - stamp
 
     def endpoint_size(self, endpoint: str) -> int:
         lru = self._lru.get(endpoint)

@@ -54,7 +54,12 @@ from pydantic import Field
 from sluicegate.api.units import Seconds
 from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.latency.calibration import LatencyCalibration
-from sluicegate.latency.features import FeatureRow, Sample, token_timing
+from sluicegate.latency.features import (
+    REUSE_DISTANCE_CAP_TOKENS,
+    FeatureRow,
+    Sample,
+    token_timing,
+)
 from sluicegate.latency.predictor import (
     LatencyPredictor,
     Predictions,
@@ -74,7 +79,7 @@ from sluicegate.scheduling.framework import (
     SchedulingResult,
     StateKey,
 )
-from sluicegate.scheduling.plugins.prefix_cache import PREFIX_MATCH, PRODUCER_TYPE
+from sluicegate.scheduling.plugins.prefix_cache import PREFIX_MATCH, PRODUCER_TYPE, PrefixMatch
 
 PREDICTOR_SERVICE = "latency-predictor"
 
@@ -133,13 +138,19 @@ _PREFETCHED: StateKey[tuple[dict[str, FeatureRow], Predictions | None, float]] =
 
 
 def feature_row(
-    request: LLMRequest, endpoint: Endpoint, prefix_score: float, now: float
+    request: LLMRequest, endpoint: Endpoint, match: PrefixMatch | None, now: float
 ) -> FeatureRow:
-    """The latency models' view of ``request`` on ``endpoint`` at ``now`` (clock s)."""
+    """The latency models' view of ``request`` on ``endpoint`` at ``now`` (clock s), with
+    the prefix producer's ``match`` (None: no prefix information)."""
     inflight = endpoint.inflight
     since_token_ms, token_interval_ms = token_timing(
         inflight.last_token_at, inflight.token_interval_s, now
     )
+    if match is None:
+        prefix_score, distance = 0.0, None
+    else:
+        prefix_score = match.score(endpoint.name)
+        distance = match.reuse_distance_tokens(endpoint.name)
     return FeatureRow(
         kv_cache_percentage=endpoint.kv_usage(),
         input_token_length=request.prompt_tokens,
@@ -152,6 +163,13 @@ def feature_row(
         expected_output_tokens=request.expected_output_tokens,
         ms_since_last_token=since_token_ms,
         token_interval_ms=token_interval_ms,
+        prompt_tokens_before_last_token=inflight.prompt_tokens_before_last_token,
+        prompt_tokens_after_last_token=inflight.prompt_tokens_after_last_token,
+        prefix_reuse_distance_tokens=(
+            REUSE_DISTANCE_CAP_TOKENS
+            if distance is None
+            else min(distance, REUSE_DISTANCE_CAP_TOKENS)
+        ),
     )
 
 
@@ -211,10 +229,7 @@ class PredictedLatencyProducer(
     ) -> dict[str, FeatureRow]:
         match = state.get(PREFIX_MATCH)
         now = self.context.clock.now()
-        return {
-            e.name: feature_row(request, e, match.score(e.name) if match else 0.0, now)
-            for e in endpoints
-        }
+        return {e.name: feature_row(request, e, match, now) for e in endpoints}
 
     @property
     def fetches(self) -> bool:

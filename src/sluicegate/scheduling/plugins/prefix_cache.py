@@ -66,6 +66,8 @@ class PrefixMatch:
     block_tokens: int
     matched_blocks: dict[str, int]
     """Leading blocks recorded per endpoint name."""
+    index: PrefixIndex | None = None
+    """The index matched against (for :meth:`reuse_distance_tokens`)."""
 
     @property
     def total_blocks(self) -> int:
@@ -75,6 +77,16 @@ class PrefixMatch:
         """Share of the prompt's blocks the endpoint holds, 0..1 (0 for an empty prompt)."""
         total = len(self.hashes)
         return self.matched_blocks.get(endpoint, 0) / total if total else 0.0
+
+    def reuse_distance_tokens(self, endpoint: str) -> int | None:
+        """Prompt tokens recorded on ``endpoint`` since the deepest block of this prompt
+        it holds was last sent there (the further, the likelier the server has evicted
+        it); None when it holds none."""
+        blocks = self.matched_blocks.get(endpoint, 0)
+        if not blocks or self.index is None:
+            return None
+        distance = self.index.distance(endpoint, self.hashes[blocks - 1])
+        return None if distance is None else distance * self.block_tokens
 
 
 PREFIX_MATCH: StateKey[PrefixMatch] = StateKey("prefix-match")
@@ -119,7 +131,7 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest, EndpointObserver):
             include_partial=True,
         )
         matched = self.index.match(hashes, (e.name for e in endpoints))
-        state.put(PREFIX_MATCH, PrefixMatch(hashes, p.block_size_tokens, matched))
+        state.put(PREFIX_MATCH, PrefixMatch(hashes, p.block_size_tokens, matched, self.index))
 
     def pre_request(self, request: LLMRequest, state: CycleState, result: SchedulingResult) -> None:
         match = state.get(PREFIX_MATCH)
