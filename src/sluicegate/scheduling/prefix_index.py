@@ -10,8 +10,9 @@ KV capacity in blocks, when known), and the reverse map only holds hashes some e
 still keeps. The reverse map stores, per hash, a bit mask of the endpoints holding it: plain
 integers, which the garbage collector never has to walk (a set per hash made gen-2
 collections take milliseconds with a full index) and which intersect in one operation.
-An entry costs roughly 150 bytes, so 100 endpoints × 31,250 blocks is about 470 MB at worst;
-lower ``lruCapacityPerServer`` for larger pools.
+An entry costs roughly 225 bytes (tracemalloc: the hash, its LRU slot and stamp, its share of
+the reverse map), so 100 endpoints × 31,250 blocks is about 700 MB at worst; lower
+``lruCapacityPerServer`` for larger pools.
 
 Each entry also keeps its endpoint's insertion count at its last use, so
 :meth:`PrefixIndex.distance` tells how many blocks were sent there since: the server's own
