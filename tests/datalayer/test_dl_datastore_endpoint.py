@@ -7,7 +7,7 @@ import random
 import pytest
 
 from sluicegate.datalayer.datastore import Datastore, EndpointSpec
-from sluicegate.datalayer.endpoint import Endpoint, EngineMetrics, InFlight
+from sluicegate.datalayer.endpoint import SAME_ITERATION_S, Endpoint, EngineMetrics, InFlight
 
 
 class Recorder:
@@ -290,6 +290,18 @@ def test_inflight_splits_prefills_at_the_last_token() -> None:
     assert (f.prompt_tokens_before_last_token, f.prompt_tokens_after_last_token) == (0, 40)
     f.token(1.01)
     f.prefill_done(40, second)
+    assert f == InFlight()
+
+
+def test_inflight_chunks_of_one_burst_begin_one_iteration() -> None:
+    f = InFlight()
+    f.token(1.0)  # an iteration ends and the next begins
+    queued = f.prefill_queued(100)  # arrives while the burst's chunks come in
+    f.token(1.0 + SAME_ITERATION_S / 2)  # another chunk of the same burst
+    assert (f.prompt_tokens_before_last_token, f.prompt_tokens_after_last_token) == (0, 100)
+    f.token(1.01)  # the next iteration: the request was there for it
+    assert (f.prompt_tokens_before_last_token, f.prompt_tokens_after_last_token) == (100, 0)
+    f.prefill_done(100, queued)
     assert f == InFlight()
 
 

@@ -30,9 +30,8 @@ def test_loop_share() -> None:
 
 
 def test_floor_section_derives_the_cost_of_python_work_and_the_budget() -> None:
-    from sluicegate.bench.extproc.report import WORK_US, _floor_section
+    from sluicegate.bench.extproc.report import _floor_section
 
-    assert WORK_US == 100.0
     null = DecisionRun(64, 1.0, 1000, 0.300, 0, True)  # 300 µs per stream
     worked = DecisionRun(64, 1.0, 1000, 0.490, 0, True)  # +100 µs of work → 490 µs
     round_robin = DecisionRun(64, 1.0, 1000, 0.560, 0, True)
@@ -42,3 +41,13 @@ def test_floor_section_derives_the_cost_of_python_work_and_the_budget() -> None:
     # 2,000/s = 500 µs each; the runtime takes 300, leaving 200 / 1.9 ≈ 105 µs of Python.
     assert "takes 300, which leaves about 105 µs" in text
     assert "| `sluicegate extproc` (default preset) | 1,000 | 600 |" in text
+
+
+def test_floor_section_says_so_when_noise_hides_the_cost_of_work() -> None:
+    from sluicegate.bench.extproc.report import _floor_section
+
+    null = DecisionRun(64, 1.0, 1000, 0.300, 0, True)
+    worked = DecisionRun(64, 1.0, 1000, 0.295, 0, True)  # cheaper than nothing: noise
+    text = "\n".join(_floor_section([null], null, null, worked))
+    assert "too noisy to derive a cost" in text
+    assert "leaves about" not in text

@@ -495,8 +495,12 @@ def test_first_byte_after_finish_releases_nothing(route_env: Any) -> None:
     a.finish(1.0)  # e.g. the client went away before the upstream answered
     a.mark_first_byte(1.5)  # the upstream's first byte arrives late
     assert env.inflight()["ep-0"] == (1, 200, 7)  # b's prompt tokens are untouched
+    inflight = env.ep(0).inflight
+    split = (inflight.prompt_tokens_before_last_token, inflight.prompt_tokens_after_last_token)
+    assert split == (200, 0)  # b was queued before that token
     b.finish(2.0)
     assert env.inflight()["ep-0"] == (0, 0, 0)
+    assert inflight.prompt_tokens_before_last_token == 0
 
 
 def test_finish_is_idempotent(route_env: Any) -> None:
@@ -538,6 +542,9 @@ def test_retry_next_moves_charges(route_env: Any) -> None:
     assert d.attempts == 2
     assert env.inflight()["ep-0"] == (0, 0, 0)
     assert env.inflight()["ep-1"] == (1, 10, 4)
+    # The unanswered prompt moves with it, raw (the 10 tokens are all uncached here).
+    assert env.ep(0).inflight.prompt_tokens_after_last_token == 0
+    assert env.ep(1).inflight.prompt_tokens_after_last_token == 10
 
     env.ep(2).health.ejected = True  # ejected meanwhile: skipped
     nxt = d.retry_next()
@@ -549,6 +556,7 @@ def test_retry_next_moves_charges(route_env: Any) -> None:
 
     assert d.retry_next() is None  # nothing left: the charges are already released
     assert all(v == (0, 0, 0) for v in env.inflight().values())
+    assert all(env.ep(i).inflight.prompt_tokens_after_last_token == 0 for i in range(4))
     d.finish(9.0)  # the caller still finishes: nothing more is released
     assert d.finished_at == 9.0
     d.mark_first_byte(9.5)

@@ -78,13 +78,13 @@ class InFlight:
     requests_since_scrape: int = 0
     prompt_tokens_since_scrape: int = 0
     prompt_tokens_before_last_token: int = 0
-    """Prompt tokens (cached or not) of requests dispatched before the endpoint's last token
-    and not answered yet: prefills in the iteration in progress, or still queued."""
+    """Prompt tokens (cached or not) of requests dispatched before the first token of the
+    endpoint's last burst and not answered yet: prefills in the iteration in progress, or
+    still queued."""
     prompt_tokens_after_last_token: int = 0
-    """Prompt tokens of requests dispatched after the endpoint's last token: they join its
-    next iteration."""
+    """Prompt tokens of requests dispatched since: they join its next iteration."""
     token_epoch: int = field(default=0, compare=False)
-    """:meth:`token` calls so far: :meth:`prefill_queued` returns it and
+    """Token bursts (iterations) seen so far: :meth:`prefill_queued` returns it and
     :meth:`prefill_done` takes it back, to know which of the two counts a request is in."""
     last_token_at: float | None = field(default=None, compare=False)
     """Clock time (s) the endpoint last produced a token this gateway relayed."""
@@ -100,13 +100,14 @@ class InFlight:
         gateway spread over more than that), and the interval is measured from it."""
         last = self.last_token_at
         self.last_token_at = now
+        if last is not None and now - last < SAME_ITERATION_S:
+            return  # the same burst: the next iteration began at its first chunk
+        if last is not None:
+            self.token_interval_s = now - last
+        # A new iteration began: what was dispatched until now was there for it.
         self.token_epoch += 1
         self.prompt_tokens_before_last_token += self.prompt_tokens_after_last_token
         self.prompt_tokens_after_last_token = 0
-        if last is not None:
-            gap = now - last
-            if gap >= SAME_ITERATION_S:
-                self.token_interval_s = gap
 
     def dispatch(self, prompt_tokens: int, decode_tokens: int) -> None:
         self.requests += 1

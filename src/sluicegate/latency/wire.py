@@ -45,7 +45,7 @@ REQUIRED_FIELDS: frozenset[str] = frozenset(
         "prefix_cache_score",
     }
 )
-"""Fields a row must carry; the others default to 0."""
+"""Fields a row must carry; the others have defaults (0, or a cap: see below)."""
 
 FRACTION_FIELDS: frozenset[str] = frozenset({"kv_cache_percentage", "prefix_cache_score"})
 """Fields that are fractions in [0, 1]."""
@@ -58,7 +58,10 @@ DURATION_FIELDS: dict[str, float] = {
 field neither a fraction nor a duration is a count."""
 
 COUNT_CAPS: dict[str, int] = {"prefix_reuse_distance_tokens": REUSE_DISTANCE_CAP_TOKENS}
-"""Counts with a cap, which is also their value when absent; the others default to 0."""
+"""Counts with a cap, which is also their value when absent (other counts default to 0).
+A reference client's row thus says its prefix was never sent, whatever its prefix score:
+it carries no reuse distance, and the models have only seen the distances the gateway
+measures."""
 
 _PREFIX = ROW_FIELDS.index("prefix_cache_score")
 _INPUT = ROW_FIELDS.index("input_token_length")
