@@ -93,19 +93,18 @@ def test_reinsert_refreshes_recency() -> None:
     assert index.endpoint_size("a") == 5
 
 
-def test_distance_counts_new_blocks_recorded_since() -> None:
+def test_distance_counts_blocks_recorded_since() -> None:
     index = PrefixIndex(100)
     index.insert("a", [1, 2, 3])  # recorded tail first: 3, 2, 1
     assert [index.distance("a", h) for h in (1, 2, 3)] == [0, 1, 2]
     index.insert("a", [7, 8])
     index.insert("b", [9])  # another endpoint's blocks do not count
     assert index.distance("a", 3) == 4
-    for _ in range(10):
-        index.insert("a", [7, 8])  # held already: the server allocates nothing for them
-    assert index.distance("a", 3) == 4
+    index.insert("a", [7, 8])  # sent again: counts (the server allocates for its output)
+    assert index.distance("a", 3) == 6
     assert index.distance("a", 7) == 0
     index.insert("a", [1, 2, 3])  # sent again: recent again
-    assert index.distance("a", 3) == 0
+    assert index.distance("a", 3) == 2
     assert index.distance("a", 42) is None
     assert index.distance("c", 1) is None
     index.remove_endpoint("a")
@@ -224,7 +223,6 @@ def test_reuse_distance_is_the_prompt_tokens_sent_since(
     prompt = _text(0, 3)
     schedule(prompt, target=0)
     schedule(_text(1, 2), target=0)  # 2 more blocks (128 tokens) to the same endpoint
-    schedule(_text(1, 2), target=0)  # the same again: nothing new, does not count
     schedule(_text(2, 5), target=1)  # elsewhere: does not count
     state = CycleState()
     producer.produce(make_request(prompt), state, endpoints)

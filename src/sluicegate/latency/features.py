@@ -79,11 +79,10 @@ class FeatureRow:
     """Prompt tokens of requests dispatched after the endpoint's last token: prefills that
     join its next iteration ahead of this request."""
     prefix_reuse_distance_tokens: int = REUSE_DISTANCE_CAP_TOKENS
-    """New prompt tokens (not already in the gateway's index for it) sent to the endpoint
-    since the matched prefix last was, capped at :data:`REUSE_DISTANCE_CAP_TOKENS` (also
-    the value without a match): the server's cache evicts in LRU order to make room for
-    new blocks, so a prefix sent long ago is probably gone although the index still lists
-    it."""
+    """Prompt tokens sent to the endpoint since the matched prefix last was, capped at
+    :data:`REUSE_DISTANCE_CAP_TOKENS` (also the value without a match): the server's cache
+    evicts in LRU order to make room for new blocks, so a prefix sent long ago is probably
+    gone although the index still lists it."""
 
     @property
     def effective_input_tokens(self) -> float:

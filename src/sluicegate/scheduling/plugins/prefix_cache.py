@@ -79,10 +79,10 @@ class PrefixMatch:
         return self.matched_blocks.get(endpoint, 0) / total if total else 0.0
 
     def reuse_distance_tokens(self, endpoint: str) -> int | None:
-        """New prompt tokens (blocks the index did not hold, a partial last block counted
-        whole) recorded on ``endpoint`` since the deepest block of this prompt it holds was
-        last sent there: the further, the likelier the server has evicted it. None when it
-        holds none. See :meth:`PrefixIndex.distance`."""
+        """Prompt tokens (whole blocks, a partial last block counted whole) recorded on
+        ``endpoint`` since the deepest block of this prompt it holds was last sent there:
+        the further, the likelier the server has evicted it. None when it holds none. See
+        :meth:`PrefixIndex.distance`."""
         blocks = self.matched_blocks.get(endpoint, 0)
         if not blocks or self.index is None:
             return None
