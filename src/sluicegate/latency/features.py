@@ -16,9 +16,9 @@ before and after the last token and not answered yet tell how long the iteration
 progress takes (prefills lengthen it) and what joins the next one ahead of the request.
 They count every prompt token: which of them the server has cached is what the index
 guesses least well (the prefix-cache score says "cached" for many prompts the server has
-long evicted), so they leave that to the model. The prefix's reuse
-distance tells whether the server still holds what the gateway's index says it sent it
-(measured effect of each: ``docs/benchmarks/latency-accuracy.md``).
+long evicted), so they leave that to the model. The prefix's reuse distance tells whether
+the server still holds what the gateway's index says it sent it (measured effect of each:
+``docs/benchmarks/latency-accuracy.md``).
 """
 
 from __future__ import annotations
