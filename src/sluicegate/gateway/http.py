@@ -67,6 +67,20 @@ Handler = Callable[[Request, "Responder"], Awaitable[None]]
 TooLarge = Callable[[Request, "Responder"], None]
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """An answer given from a request's head alone (e.g. 401 before its body is read)."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+HeadCheck = Callable[[Request], "Refusal | None"]
+"""Called when a request's head is complete (``body`` is ``b""``): None reads the body
+and runs the handler; a :class:`Refusal` is answered without reading the body."""
+
+
 class Responder:
     """Writes the answer to one request on its connection."""
 
@@ -466,7 +480,19 @@ class HttpServer:
         max_body_bytes: int,
         max_pipelined: int = 16,
         idle_timeout_s: float = 75.0,
+        *,
+        on_head: HeadCheck | None = None,
+        max_connections: int = 4096,
+        max_buffered_body_bytes: int = 256 * 1024 * 1024,
+        body_timeout_s: float = 60.0,
     ) -> None:
+        self.on_head = on_head
+        self.max_connections = max_connections
+        """Client connections open at once; more are refused."""
+        self.max_buffered_body_bytes = max_buffered_body_bytes
+        """Request-body bytes buffered across all connections; more are refused."""
+        self.body_timeout_s = body_timeout_s
+        """Longest a request's body may take to arrive after its head (s)."""
         self.handler = handler
         self.on_too_large = on_too_large
         self.max_body_bytes = max_body_bytes
@@ -533,4 +559,4 @@ class HttpServer:
             await server.wait_closed()
 
 
-__all__ = ["MAX_HEADER_BYTES", "HttpServer", "Request", "Responder"]
+__all__ = ["MAX_HEADER_BYTES", "HeadCheck", "HttpServer", "Refusal", "Request", "Responder"]
