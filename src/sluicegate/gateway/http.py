@@ -474,7 +474,7 @@ class _HttpConnection(asyncio.Protocol):
             return
         if chunked and headers["transfer-encoding"].strip().lower() != "chunked":
             coding = _printable(headers["transfer-encoding"])
-            message = f"transfer coding {coding!r} is not supported (only chunked)"
+            message = f"transfer coding '{coding}' is not supported (only chunked)"
             self._answer_early(request, error_answer(501, message, *_BAD_TRANSFER_CODING))
             return
         server = self.server
@@ -517,14 +517,15 @@ class _HttpConnection(asyncio.Protocol):
         """Set up the decompression ``Content-Encoding`` asks for; False when it cannot be
         done (answered 415)."""
         value = request.headers.pop("content-encoding")
-        codings = [c for c in (c.strip().lower() for c in value.split(",")) if c != "identity"]
+        names = (c.strip().lower() for c in value.split(","))
+        codings = [c for c in names if c and c != "identity"]  # identity: no coding
         if not codings:
             return True
         if len(codings) == 1 and codings[0] in _CODINGS:
             self._inflater = _Inflater(_CODINGS[codings[0]])
             return True
         message = (
-            f"content encoding {_printable(value)!r} is not supported "
+            f"content encoding '{_printable(value)}' is not supported "
             "(supported: gzip, x-gzip, deflate, identity; one at most)"
         )
         self._answer_early(request, error_answer(415, message, *_BAD_CONTENT_CODING))
