@@ -626,6 +626,7 @@ class _HttpConnection(asyncio.Protocol):
             if len(self._pending) >= _PIPELINE_HARD_LIMIT * self.server.max_pipelined:
                 # More than one read's worth arrived at once: answer what is queued, close.
                 self.input_done = True
+                self._unread = True
                 self.server.buffered_body_bytes -= held
                 return
             self._pending.append((request, keep_alive, answer, held))
