@@ -85,6 +85,28 @@ async def test_a_refused_head_is_answered_without_reading_its_body(start: Start)
     assert await at_rest(server)
 
 
+async def test_a_refused_head_gets_no_100_continue(start: Start) -> None:
+    server, port = await start(on_head=auth)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 9000\r\nExpect: 100-continue\r\n\r\n"
+    )
+    answer = await read_answer(reader)  # the refusal, not an invitation to send the body
+    assert answer.status == 401
+    assert await closed(reader)
+    writer.close()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /x HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer k\r\nContent-Length: 2\r\n"
+        b"Expect: 100-continue\r\n\r\n"
+    )
+    assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+    writer.write(b"ok")
+    assert (await read_answer(reader)).body == b"/x|ok"
+    writer.close()
+    assert await at_rest(server)
+
+
 async def test_a_refused_head_without_a_body_keeps_the_connection(start: Start) -> None:
     server, port = await start(on_head=auth)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)

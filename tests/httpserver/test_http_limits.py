@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from http_support import at_rest, closed, read_answer, request, serves
 
-from sluicegate.gateway.http import HttpServer, Request, Responder
+from sluicegate.gateway.http import HttpServer, Request, Responder, _HttpConnection
 
 Start = Callable[..., Awaitable[tuple[HttpServer, int]]]
 
@@ -206,3 +206,44 @@ async def test_pipelined_bodies_are_held_until_answered_and_released_on_leaving(
     await until(lambda: server.buffered_body_bytes == 600)  # running, queued, in progress
     writer.close()
     assert await at_rest(server)
+
+
+class _Transport(asyncio.Transport):
+    """Just enough of a transport to drive a connection without a socket."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+async def test_a_client_gone_before_its_handler_starts_releases_its_body() -> None:
+    """The handler task is created when the body is complete, but the client may be gone
+    before it takes its first step (then it never does): the budget is returned all the
+    same."""
+    server = HttpServer(echo, too_large, 4096)
+    conn = _HttpConnection(server)
+    conn.connection_made(_Transport())
+    conn.data_received(head(300) + b"x" * 300 + head(200) + b"y" * 200 + head(100) + b"z")
+    assert server.buffered_body_bytes == 600
+    conn.connection_lost(None)  # in the same step: no task has run
+    await asyncio.sleep(0.01)
+    assert server.buffered_body_bytes == 0
+    assert server.open_connections == 0

@@ -621,7 +621,8 @@ class _HttpConnection(asyncio.Protocol):
         if not keep_alive:
             self.input_done = True  # nothing after this request is read
         if self._task is None:
-            self._task = self._loop.create_task(self._run(request, keep_alive, answer, held))
+            self._running_bytes = held  # before the task starts: it may never (a client gone)
+            self._task = self._loop.create_task(self._run(request, keep_alive, answer))
         else:  # pipelined: after the one being answered
             if len(self._pending) >= _PIPELINE_HARD_LIMIT * self.server.max_pipelined:
                 # More than one read's worth arrived at once: answer what is queued, close.
@@ -632,12 +633,9 @@ class _HttpConnection(asyncio.Protocol):
             self._pending.append((request, keep_alive, answer, held))
             self._update_reading()
 
-    async def _run(
-        self, request: Request, keep_alive: bool, answer: Refusal | None, held: int
-    ) -> None:
+    async def _run(self, request: Request, keep_alive: bool, answer: Refusal | None) -> None:
         server = self.server
         while True:
-            self._running_bytes = held
             responder = Responder(self, request, keep_alive and not server.stopping)
             try:
                 if answer is None:
@@ -683,7 +681,7 @@ class _HttpConnection(asyncio.Protocol):
                     await self.drain()
                 except ConnectionError:
                     return
-            request, keep_alive, answer, held = self._pending.popleft()
+            request, keep_alive, answer, self._running_bytes = self._pending.popleft()
             self._update_reading()
 
     def _reject(self, status: int, message: str, code: str) -> None:
