@@ -294,4 +294,9 @@ async def test_odd_bytes_in_a_head_are_answered_not_raised(start: Start) -> None
     answer, _ = await request(port, data)
     assert answer.status == 415
     assert "\\xff\\xfebr" in str(answer.error()["message"])
+    for line in (b"GET /\xff\x80 HTTP/1.1", b"G\xffT / HTTP/1.1"):  # the parser refuses these
+        answer, _ = await request(port, line + b"\r\nHost: t\r\n\r\n")
+        assert answer.status == 400
+        assert answer.error()["code"] == "malformed_request"
+    assert await serves(port, b"GET / HTTP/1.1\r\nHost: t\r\nX-Odd: a\r\n\r\n")
     assert await at_rest(server)
