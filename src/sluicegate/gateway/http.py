@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import zlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
@@ -111,7 +112,11 @@ class Refusal:
 
 HeadCheck = Callable[[Request], "Refusal | None"]
 """Called when a request's head is complete (``body`` is ``b""``): None reads the body
-and runs the handler; a :class:`Refusal` is answered without reading the body."""
+and runs the handler; a :class:`Refusal` is answered without reading the body (in turn,
+after the answers to requests before it on the connection), then the connection is closed
+if a body was announced. An exception is logged and answered 500. The same
+:class:`Request` goes to the handler later, its body filled in (and, for a compressed
+body, ``content-encoding`` removed from its headers)."""
 
 _TOO_LARGE = Refusal(413, [], b"")
 """Marks a request answered by ``on_too_large`` (compared by identity)."""
@@ -842,6 +847,16 @@ class HttpServer:
 
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host``:``port`` (0: any free port); returns the port."""
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = 2 * self.max_connections + 64  # a client's socket and an upstream one each
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            log.warning(
+                "the process may open %d files, but %d client connections may need about %d "
+                "(raise `ulimit -n`, or lower the connection limit)",
+                soft,
+                self.max_connections,
+                wanted,
+            )
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: _HttpConnection(self), host, port, reuse_address=True, backlog=1024
