@@ -39,6 +39,11 @@ keep-alive and pipelining (answered in order, one at a time per connection), ans
   writing and discards what still arrives for up to ``LINGER_S``: closing at once would
   make the kernel reset the connection, which can destroy the answer before the client
   reads it (the "lingering close" of RFC 9112 §9.6).
+
+References: RFC 9112 (HTTP/1.1), https://www.rfc-editor.org/rfc/rfc9112 (§3.2 Host, §6.3
+message body length, §9.6 tear-down); RFC 9110 §8.4 (content codings),
+https://www.rfc-editor.org/rfc/rfc9110#section-8.4; RFC 1950 (the zlib format),
+https://www.rfc-editor.org/rfc/rfc1950.
 """
 
 from __future__ import annotations
