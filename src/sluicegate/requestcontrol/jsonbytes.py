@@ -29,7 +29,8 @@ MAX_JSON_DEPTH = 128
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 _COLON = re.compile(rb"[ \t\n\r]*:[ \t\n\r]*")
-_QUOTE, _OPEN, _CLOSE = ord('"'), frozenset(b"[{"), frozenset(b"]}")
+_QUOTE, _BACKSLASH = ord('"'), ord("\\")
+_OPEN, _CLOSE = frozenset(b"[{"), frozenset(b"]}")
 
 
 # ---------------------------------------------------------------------------- nesting
@@ -66,13 +67,20 @@ _chains = threading.local()
 def within_depth(value: Any) -> bool:
     """Whether the decoded JSON ``value`` nests at most :data:`MAX_JSON_DEPTH` levels.
 
-    The check costs one ``orjson.dumps`` of ``value`` (about 1 µs for a 16 KB prompt,
-    16 µs for 16 KB of 400 chat messages, measured): ``value`` is encoded inside as many
-    list levels as the encoder's own limit leaves beyond :data:`MAX_JSON_DEPTH`, so the
-    encoder refuses exactly the values nested deeper. (A walk over the decoded value in
-    Python costs 40–200 µs for the same chat bodies.) The wrapping lists are reused, one
-    set per thread.
+    A flat object costs a look at its values. Otherwise the check is one ``orjson.dumps``
+    of ``value`` (measured: 5 µs for a chat body of 100 messages in 18 KB, 14 µs for 400 in
+    28 KB, against 17 and 62 µs to decode them): ``value`` is encoded inside as many list
+    levels as the encoder's own limit leaves beyond :data:`MAX_JSON_DEPTH`, so the encoder
+    refuses exactly the values nested deeper. (A walk over the decoded value in Python
+    costs 40–200 µs for the same chat bodies.) The wrapping lists are reused, one set per
+    thread.
     """
+    if type(value) is dict:
+        for item in value.values():
+            if type(item) is dict or type(item) is list:
+                break
+        else:  # a flat object (a completion with a text prompt): one level
+            return True
     if _PADDING is None:
         return _walk_depth(value) <= MAX_JSON_DEPTH
     chain = getattr(_chains, "chain", None)
@@ -154,6 +162,8 @@ def top_level_string_spans(raw: bytes, key: str) -> list[tuple[int, int]]:
 
 def _may_spell(raw: bytes, key: str) -> bool:
     """Whether ``raw`` holds a ``\\u`` escape of one of ``key``'s characters."""
+    if raw.find(b"\\") < 0:  # a one-byte search (memchr): far quicker than the others
+        return False
     nibbles = {ord(c) >> 4 for c in key}
     return any(raw.find(b"\\u00%x" % n) >= 0 for n in nibbles)
 
@@ -161,10 +171,21 @@ def _may_spell(raw: bytes, key: str) -> bool:
 def _string_value_after(raw: bytes, key_end: int) -> tuple[int, int] | None:
     """The span of the string after ``: `` at ``key_end``, or None when what follows is
     not a colon and a string."""
-    colon = _COLON.match(raw, key_end)
-    if colon is None:
-        return None
-    string = _STRING.match(raw, colon.end())
+    # The usual spellings (`":"`, `": "` and a value without escapes) need no regular
+    # expression: about a microsecond less per rewrite.
+    if raw.startswith(b':"', key_end):
+        start = key_end + 1
+    elif raw.startswith(b': "', key_end):
+        start = key_end + 2
+    else:
+        colon = _COLON.match(raw, key_end)
+        if colon is None:
+            return None
+        start = colon.end()
+    end = raw.find(b'"', start + 1)
+    if raw.startswith(b'"', start) and end > 0 and raw[end - 1] != _BACKSLASH:
+        return start, end + 1
+    string = _STRING.match(raw, start)
     return None if string is None else (string.start(), string.end())
 
 
