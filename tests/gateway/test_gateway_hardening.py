@@ -82,6 +82,7 @@ async def test_head_check_decides_auth(sim_cluster: Any, gateway: GatewayFactory
     assert refusal.status == 401
     assert ("x-request-id", "r-1") in refusal.headers
     assert ("x-sluicegate-dropped-reason", "unauthorized") in refusal.headers
+    assert ("www-authenticate", "Bearer") in refusal.headers
     error = json.loads(refusal.body)["error"]
     assert (error["type"], error["code"]) == ("authentication_error", "invalid_api_key")
     assert gw._check_head(head_only("/v1/completions", {"authorization": f"bearer {KEY}"})) is None

@@ -56,7 +56,8 @@ _UNAUTHORIZED = GatewayError(
     code="invalid_api_key",
     reason="unauthorized",
 )
-_UNAUTHORIZED_HEAD = [_JSON, *_UNAUTHORIZED.headers().items()]
+# RFC 9110 section 15.5.2: a 401 names the scheme it wants (https://www.rfc-editor.org/rfc/rfc9110).
+_UNAUTHORIZED_HEAD = [_JSON, ("www-authenticate", "Bearer"), *_UNAUTHORIZED.headers().items()]
 _UNAUTHORIZED_BODY = _UNAUTHORIZED.body()
 
 
