@@ -8,9 +8,9 @@ fault is logged and answered 500 without taking the server down.
 
 API keys are checked on the request head, before the body is read
 (:meth:`Gateway._check_head`); when keys are configured every path needs one, except
-``/health``, ``/ready`` and — unless ``metricsAuth`` — ``/metrics``. The routing-control headers are
-honoured only from trusted clients (``trustControlHeaders``, ``trustedApiKeys``); they are
-never forwarded upstream.
+``/health``, ``/ready`` and — unless ``metricsAuth`` — ``/metrics``. The routing-control
+headers are honoured only from trusted clients (``trustControlHeaders``,
+``trustedApiKeys``); they are never forwarded upstream.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ _UNAUTHORIZED = GatewayError(
     code="invalid_api_key",
     reason="unauthorized",
 )
-# RFC 9110 section 15.5.2: a 401 names the scheme it wants (https://www.rfc-editor.org/rfc/rfc9110).
+# A 401 names the scheme it wants: RFC 9110, section 15.5.2
+# (https://www.rfc-editor.org/rfc/rfc9110#section-15.5.2).
 _UNAUTHORIZED_HEAD = [_JSON, ("www-authenticate", "Bearer"), *_UNAUTHORIZED.headers().items()]
 _UNAUTHORIZED_BODY = _UNAUTHORIZED.body()
 
@@ -90,6 +91,8 @@ def _bearer_token(headers: Mapping[str, str]) -> bytes:
 
 
 def _one_of(token: bytes, keys: tuple[bytes, ...]) -> bool:
+    """Whether ``token`` is one of ``keys`` (compared in constant time; never an empty
+    token, whatever the keys)."""
     return bool(token) and any(hmac.compare_digest(token, key) for key in keys)
 
 
