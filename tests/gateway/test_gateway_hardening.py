@@ -352,7 +352,7 @@ async def test_client_limits_reach_the_server(
     assert "maxBodyBytes" not in caplog.text
 
 
-def test_client_connection_metrics(sim_cluster: Any) -> None:
+def test_client_connection_metrics() -> None:
     config = build_config([pool_doc(["127.0.0.1:1"]), gateway_doc()])
     gw = Gateway(config)
     numbers = ClientConnections(open=3, refused=2, buffered_body_bytes=4096, body_timeouts=1)
