@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sluicegate.clock import Clock
@@ -371,6 +371,11 @@ class GatewayMetrics:
             )
         return series
 
+    def watch_client_connections(self, counts: ClientCounts) -> None:
+        """Export the HTTP server's client-connection counters, read from ``counts`` when
+        scraped (the standalone gateway; call once)."""
+        self.registry.register(_ClientCollector(counts))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -401,6 +406,54 @@ class PredictionSeries:
     predicted_tpot: HistogramSeries
     ttft_duration: HistogramSeries
     tpot_duration: HistogramSeries
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConnections:
+    """The standalone gateway's client side, as its HTTP server counts it."""
+
+    open: int
+    """Client connections open now."""
+    refused: int
+    """Connections refused by the server's client limits since start."""
+    buffered_body_bytes: int
+    """Request-body bytes held now, across all connections (bytes)."""
+    body_timeouts: int
+    """Requests whose body did not arrive within ``bodyTimeoutMs``, since start."""
+
+
+ClientCounts = Callable[[], ClientConnections]
+
+
+class _ClientCollector(Collector):
+    """Client-connection gauges and counters, read when scraped."""
+
+    def __init__(self, counts: ClientCounts) -> None:
+        self._counts = counts
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        now = self._counts()
+        yield GaugeMetricFamily(
+            "sluicegate_client_connections", "Client connections open.", value=now.open
+        )
+        yield CounterMetricFamily(
+            "sluicegate_client_connections_refused",
+            "Client connections refused by the client limits (maxConnections, ...).",
+            value=now.refused,
+        )
+        yield GaugeMetricFamily(
+            "sluicegate_request_body_buffered_bytes",
+            "Request-body bytes buffered across client connections.",
+            value=now.buffered_body_bytes,
+        )
+        yield CounterMetricFamily(
+            "sluicegate_request_body_timeouts",
+            "Requests whose body did not arrive within bodyTimeoutMs.",
+            value=now.body_timeouts,
+        )
 
 
 FlowState = Callable[[], Iterable[tuple[str, float, Iterable[tuple[int, int, int]]]]]

@@ -27,3 +27,23 @@ def test_a_forked_child_draws_its_own_ids() -> None:
     os.waitpid(pid, 0)
     os.close(read)
     assert child[:16] != new_request_id()[:16]
+
+
+def test_a_client_id_is_kept_only_when_clean() -> None:
+    from sluicegate.requestcontrol.ids import MAX_REQUEST_ID_LENGTH, request_id_from
+
+    for good in ("req-123", "a", "x" * MAX_REQUEST_ID_LENGTH, "trace=1; span 2/3"):
+        assert request_id_from(good) == good
+    for unusable in (
+        None,
+        "",
+        "x" * (MAX_REQUEST_ID_LENGTH + 1),
+        "caf\udcc3",  # a byte that is not UTF-8, as the server decodes it
+        "\udcff",
+        "naïve",  # not ASCII
+        "line\nbreak",
+        "tab\t",
+        "del\x7f",
+    ):
+        replaced = request_id_from(unusable)
+        assert re.fullmatch(r"[0-9a-f]{32}", replaced), unusable

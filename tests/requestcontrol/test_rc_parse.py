@@ -416,3 +416,58 @@ def test_prediction_based_header_other_values_are_400(value: str) -> None:
 
 def test_prediction_based_header_is_not_forwarded() -> None:
     assert PREDICTION_BASED_HEADER in CONTROL_HEADERS
+
+
+# --------------------------------------------------------------------------- trust, bytes
+
+
+def test_routing_headers_are_dropped_for_untrusted_clients() -> None:
+    from sluicegate.requestcontrol.parse import ROUTING_HEADERS, without_routing_headers
+
+    headers = {
+        OBJECTIVE_HEADERS[0]: "critical",
+        OBJECTIVE_HEADERS[1]: "critical",
+        MODEL_REWRITE_HEADER: "other-lora",
+        "x-gateway-destination-endpoint": "10.0.0.1:8000",
+        "x-gateway-destination-endpoint-subset": "10.0.0.1:8000",
+        SLO_TTFT_HEADERS[0]: "200",
+        FAIRNESS_HEADERS[0]: "tenant-a",
+        PREDICTION_BASED_HEADER: "false",
+        "x-session-token": "abc",
+    }
+    kept = without_routing_headers(headers)
+    assert set(kept) == {
+        SLO_TTFT_HEADERS[0],
+        FAIRNESS_HEADERS[0],
+        PREDICTION_BASED_HEADER,
+        "x-session-token",
+    }
+    p = completions(kept)
+    assert (p.objective, p.model_rewrite) == (None, None)
+    assert (p.slo_ttft_ms, p.fairness_id, p.prediction_based) == (200.0, "tenant-a", False)
+    trusted = completions(headers)
+    assert (trusted.objective, trusted.model_rewrite) == ("critical", "other-lora")
+    plain = {"x-session-token": "abc"}
+    assert without_routing_headers(plain) is plain  # nothing to drop: no copy
+    assert ROUTING_HEADERS <= CONTROL_HEADERS  # and never forwarded either
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["caf\udcc3", "tab\there", "bell\x07", "\udcff\udcfe"],  # bytes that are not UTF-8, controls
+)
+def test_identifiers_must_be_printable_text(value: str) -> None:
+    for header in (OBJECTIVE_HEADERS[0], FAIRNESS_HEADERS[0], MODEL_REWRITE_HEADER):
+        err = bad("completions", orjson.dumps({"model": "m", "prompt": "x"}), {header: value})
+        assert err.param == header
+        assert "printable" in err.message
+        orjson.loads(err.body())  # the error body encodes whatever the header held
+    assert completions({FAIRNESS_HEADERS[0]: "tenant-ü-模型"}).fairness_id == "tenant-ü-模型"
+
+
+def test_slo_header_with_bad_bytes_is_a_clean_400() -> None:
+    err = bad(
+        "completions", orjson.dumps({"model": "m", "prompt": "x"}), {"x-slo-ttft-ms": "\udcff"}
+    )
+    assert err.param == "x-slo-ttft-ms"
+    assert orjson.loads(err.body())["error"]["message"] == err.message

@@ -349,6 +349,41 @@ class GatewaySettings(Model):
     connect_timeout_ms: Annotated[float, Field(gt=0)] = 2000.0
     request_timeout_ms: Annotated[float, Field(gt=0)] = 600_000.0
     latency_predictor: LatencyPredictorSettings = Field(default_factory=LatencyPredictorSettings)
+    max_connections: Annotated[int, Field(ge=1)] = 4096
+    """Client connections open at once; more are refused (fixed at start)."""
+    max_buffered_body_bytes: Annotated[Bytes, Field(ge=1024)] = 256 * 1024 * 1024
+    """Request-body bytes buffered across all client connections at once (fixed at start)."""
+    body_timeout_ms: Annotated[float, Field(gt=0)] = 60_000.0
+    """Longest a request body may take to arrive after its head (fixed at start)."""
+    trust_control_headers: bool = False
+    """Honour the routing-control headers (objective, model-name rewrite, destination
+    hints) from every client; false: only from ``trustedApiKeys`` requests."""
+    trusted_api_keys: list[str] = Field(default_factory=list)
+    """Bearer tokens whose requests are trusted with the routing-control headers (they are
+    accepted keys too)."""
+    metrics_auth: bool = False
+    """``/metrics`` needs an accepted API key (when keys are configured)."""
+
+    @field_validator("trusted_api_keys")
+    @classmethod
+    def _trusted_keys_are_strong(cls, keys: list[str]) -> list[str]:
+        # The message never repeats a key: configuration errors are logged.
+        for i, key in enumerate(keys):
+            if len(key) < 16 or not (key.isascii() and key.isprintable()) or " " in key:
+                raise ValueError(
+                    f"trustedApiKeys[{i}] must be at least 16 printable ASCII characters "
+                    "without spaces"
+                )
+        return keys
+
+    @model_validator(mode="after")
+    def _buffer_holds_a_body(self) -> GatewaySettings:
+        if self.max_buffered_body_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"maxBufferedBodyBytes ({self.max_buffered_body_bytes}) must be at least "
+                f"maxBodyBytes ({self.max_body_bytes}): one largest body must fit"
+            )
+        return self
 
 
 class GatewayConfig(Model):

@@ -13,7 +13,11 @@ Request side (reference anchors, section A, "Message flow"):
   at the request trailers) the body is parsed, the runtime routes it, and the answer goes
   back: the destination header and ``envoy.lb`` metadata, ``X-Gateway-Model-Name``,
   ``Content-Length``, the control headers removed, ``clear_route_cache``; then the body
-  (rewritten when the target model differs) in pieces of at most 62,000 bytes.
+  (rewritten when the target model differs) in pieces of at most 62,000 bytes. The
+  routing-control headers (objective, model-name rewrite) are honoured only with
+  ``trustControlHeaders`` (the proxy strips them from clients); the request's
+  ``x-request-id`` is replaced when absent or unusable (see
+  :func:`~sluicegate.requestcontrol.ids.request_id_from`).
 - every refusal is an ``ImmediateResponse`` with the status and OpenAI-style body the
   standalone gateway would send (400, 404, 413, 429, 503; 500 for faults).
 
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,8 +60,13 @@ from sluicegate.extproc.protocol import (
 )
 from sluicegate.extproc.response import DEFAULT_BUFFER_LIMIT, ResponseRelay
 from sluicegate.requestcontrol.dispatch import Dispatch
-from sluicegate.requestcontrol.ids import new_request_id
-from sluicegate.requestcontrol.parse import CONTROL_HEADERS, RequestKind, parse_request
+from sluicegate.requestcontrol.ids import request_id_from
+from sluicegate.requestcontrol.parse import (
+    CONTROL_HEADERS,
+    RequestKind,
+    parse_request,
+    without_routing_headers,
+)
 from sluicegate.requestcontrol.responses import Usage
 from sluicegate.runtime import Runtime
 
@@ -198,9 +207,9 @@ class ExtProcStream:
             self._request_mode = self._configured_mode = config.request_body_mode
             self._response_mode = config.response_body_mode
         self._headers = headers = header_dict(message.request_headers.headers)
-        self.request_id = headers.get("x-request-id") or ""
-        if not self.request_id:
-            self.request_id, self._generated_id = new_request_id(), True
+        sent_id = headers.get("x-request-id")
+        self.request_id = request_id_from(sent_id)
+        self._generated_id = self.request_id != sent_id  # absent or unusable: replaced
         self._subset = subset_hint(message)
         if self.settings.accepting is not None and not self.settings.accepting():
             return self._refuse(no_endpoint("the endpoint picker has not synced its pool yet"))
@@ -254,7 +263,7 @@ class ExtProcStream:
         """Parse, route and answer with the destination (or refuse)."""
         raw = bytes(self._body)
         self._body = bytearray()
-        headers = self._headers
+        headers: Mapping[str, str] = self._headers
         try:
             kind = request_kind(headers.get(":path", ""))
             if kind is None:
@@ -265,6 +274,10 @@ class ExtProcStream:
                     code="not_found",
                     reason="unknown-path",
                 )
+            # Routing-control headers count only when the proxy vouches for them
+            # (trustControlHeaders); either way they are removed before going upstream.
+            if not self.runtime.config.gateway.trust_control_headers:
+                headers = without_routing_headers(headers)
             parsed = parse_request(kind, raw, headers)
             dispatch = await self.runtime.acquire(
                 parsed, self.request_id, headers, self._started, self._subset
@@ -286,7 +299,7 @@ class ExtProcStream:
         }
         if self._generated_id:
             set_headers["x-request-id"] = self.request_id
-        remove = [h for h in _REMOVABLE if h in headers]
+        remove = [h for h in _REMOVABLE if h in self._headers]
         if self._request_mode == FULL_DUPLEX_STREAMED:
             answer = [
                 headers_response(

@@ -2,9 +2,15 @@
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models`` (public
 model names), ``GET /metrics``, ``GET /health`` (alive), ``GET /ready`` (some endpoint can
-take traffic). Everything the gateway decides itself is answered with an OpenAI-style error
-body (see :mod:`sluicegate.errors`); an unexpected fault is logged and
-answered 500 without taking the server down.
+take traffic); ``HEAD`` wherever ``GET`` is. Everything the gateway decides itself is
+answered with an OpenAI-style error body (see :mod:`sluicegate.errors`); an unexpected
+fault is logged and answered 500 without taking the server down.
+
+API keys are checked on the request head, before the body is read
+(:meth:`Gateway._check_head`); when keys are configured every path needs one, except
+``/health``, ``/ready`` and — unless ``metricsAuth`` — ``/metrics``. The routing-control
+headers are honoured only from trusted clients (``trustControlHeaders``,
+``trustedApiKeys``); they are never forwarded upstream.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import asyncio
 import hmac
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -23,11 +29,17 @@ from sluicegate.api.loader import Config
 from sluicegate.clock import Clock
 from sluicegate.datalayer.collector import Collector
 from sluicegate.errors import GatewayError
-from sluicegate.gateway.http import HttpServer, Request, Responder
+from sluicegate.gateway.http import HttpServer, Refusal, Request, Responder
 from sluicegate.gateway.proxy import Proxy, ProxySettings, upstream_headers
 from sluicegate.requestcontrol.dispatch import Dispatch
-from sluicegate.requestcontrol.ids import new_request_id
-from sluicegate.requestcontrol.parse import CONTROL_HEADERS, RequestKind, parse_request
+from sluicegate.requestcontrol.ids import request_id_from
+from sluicegate.requestcontrol.parse import (
+    CONTROL_HEADERS,
+    ROUTING_HEADERS,
+    RequestKind,
+    parse_request,
+    without_routing_headers,
+)
 from sluicegate.runtime import Runtime, RuntimeOptions
 from sluicegate.upstream import UpstreamPool
 
@@ -36,6 +48,18 @@ access_log = logging.getLogger("sluicegate.access")
 
 Route = Callable[[Request, Responder, str], Awaitable[None]]
 _JSON = ("content-type", "application/json")
+_OPEN_PATHS = frozenset({"/health", "/ready"})
+"""Paths answered without an API key (probes)."""
+_UNAUTHORIZED = GatewayError(
+    401,
+    "a valid API key is required (Authorization: Bearer ...)",
+    code="invalid_api_key",
+    reason="unauthorized",
+)
+# A 401 names the scheme it wants: RFC 9110, section 15.5.2
+# (https://www.rfc-editor.org/rfc/rfc9110#section-15.5.2).
+_UNAUTHORIZED_HEAD = [_JSON, ("www-authenticate", "Bearer"), *_UNAUTHORIZED.headers().items()]
+_UNAUTHORIZED_BODY = _UNAUTHORIZED.body()
 
 
 def send_error(responder: Responder, error: GatewayError, request_id: str | None = None) -> None:
@@ -44,6 +68,32 @@ def send_error(responder: Responder, error: GatewayError, request_id: str | None
     if request_id:
         headers["x-request-id"] = request_id
     responder.send(error.status, [_JSON, *headers.items()], error.body())
+
+
+@dataclass(frozen=True, slots=True)
+class _Keys:
+    """The API keys of one configuration, as bytes."""
+
+    accepted: tuple[bytes, ...]
+    """Every key a request may carry (``apiKeys``, ``--api-key``, ``trustedApiKeys``)."""
+    trusted: tuple[bytes, ...]
+    """The keys whose requests may use the routing-control headers."""
+
+
+def _bearer_token(headers: Mapping[str, str]) -> bytes:
+    """The ``Authorization: Bearer`` token as the client sent its bytes (b"" if none).
+    Header values arrive decoded with surrogate escapes: encoding them the same way gives
+    back the exact bytes, whatever they are."""
+    header = headers.get("authorization")
+    if header is None or header[:7].lower() != "bearer ":
+        return b""
+    return header[7:].strip().encode("utf-8", "surrogateescape")
+
+
+def _one_of(token: bytes, keys: tuple[bytes, ...]) -> bool:
+    """Whether ``token`` is one of ``keys`` (compared in constant time; never an empty
+    token, whatever the keys)."""
+    return bool(token) and any(hmac.compare_digest(token, key) for key in keys)
 
 
 @dataclass(slots=True)
@@ -75,7 +125,8 @@ class Gateway:
         self._server: HttpServer | None = None
         self.port = 0
         self._max_body_bytes = config.gateway.max_body_bytes
-        self._keys: list[bytes] = []
+        self._server_limits = _server_limits(config)
+        self._keys = _Keys((), ())
         self._keys_of: Config | None = None
         self._routes: dict[str, tuple[str, Route]] = {
             "/v1/completions": ("POST", partial(self._generate, kind="completions")),
@@ -100,12 +151,14 @@ class Gateway:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def _api_keys(self) -> list[bytes]:
-        """The accepted API keys (those of the configuration in force and the options)."""
+    def _api_keys(self) -> _Keys:
+        """The API keys of the configuration in force (and of the options)."""
         config = self.config
         if self._keys_of is not config:
-            keys = (*config.gateway.api_keys, *self.options.api_keys)
-            self._keys, self._keys_of = [k.encode() for k in keys], config
+            settings = config.gateway
+            trusted = tuple(k.encode() for k in settings.trusted_api_keys)
+            accepted = tuple(k.encode() for k in (*settings.api_keys, *self.options.api_keys))
+            self._keys, self._keys_of = _Keys(accepted + trusted, trusted), config
         return self._keys
 
     async def start(self, host: str = "127.0.0.1", port: int = 8080) -> None:
@@ -133,9 +186,18 @@ class Gateway:
             ProxySettings(max_retries=settings.max_retries),
             self.clock,
         )
-        # The body limit is fixed for the server's life (a reload cannot change it).
+        # The client limits are fixed for the server's life (a reload cannot change them).
         self._max_body_bytes = settings.max_body_bytes
-        self._server = HttpServer(self._handle, self._too_large, self._max_body_bytes)
+        self._server_limits = _server_limits(self.config)
+        self._server = HttpServer(
+            self._handle,
+            self._too_large,
+            self._max_body_bytes,
+            on_head=self._check_head,
+            max_connections=settings.max_connections,
+            max_buffered_body_bytes=settings.max_buffered_body_bytes,
+            body_timeout_s=settings.body_timeout_ms / 1000.0,
+        )
         self.port = await self._server.start(host, port)
 
     async def stop(self) -> None:
@@ -149,14 +211,36 @@ class Gateway:
     def apply_config(self, config: Config) -> None:
         """Switch to ``config`` without dropping requests in flight (see
         :meth:`Runtime.apply_config <sluicegate.runtime.Runtime.apply_config>`)."""
-        if config.gateway.max_body_bytes != self._max_body_bytes:
-            log.warning("maxBodyBytes changes take effect at the next restart")
+        new_limits = _server_limits(config)
+        for name, old, new in zip(_SERVER_LIMITS, self._server_limits, new_limits, strict=True):
+            if old != new:
+                log.warning("%s changes take effect at the next restart", name)
         self.runtime.apply_config(config)
 
     # ------------------------------------------------------------------ HTTP
 
+    def _check_head(self, request: Request) -> Refusal | None:
+        """The API-key check, on the request head (before its body is read): a 401, or
+        None to go on. This is the only place keys are checked."""
+        path = request.path
+        if path in _OPEN_PATHS or (path == "/metrics" and not self.config.gateway.metrics_auth):
+            return None
+        accepted = self._api_keys().accepted
+        if not accepted or _one_of(_bearer_token(request.headers), accepted):
+            return None
+        request_id = request_id_from(request.headers.get("x-request-id"))
+        headers = [*_UNAUTHORIZED_HEAD, ("x-request-id", request_id)]
+        return Refusal(401, headers, _UNAUTHORIZED_BODY)
+
+    def _trusted(self, headers: Mapping[str, str]) -> bool:
+        """Whether this request's routing-control headers are honoured."""
+        if self.config.gateway.trust_control_headers:
+            return True
+        trusted = self._api_keys().trusted
+        return bool(trusted) and _one_of(_bearer_token(headers), trusted)
+
     async def _handle(self, request: Request, responder: Responder) -> None:
-        request_id = request.headers.get("x-request-id") or new_request_id()
+        request_id = request_id_from(request.headers.get("x-request-id"))
         try:
             route = self._routes.get(request.path)
             if route is None:
@@ -164,7 +248,7 @@ class Gateway:
                     404, f"{request.method} {request.path} is not a route", code="not_found"
                 )
             method, handler = route
-            if request.method != method:
+            if request.method != method and (request.method != "HEAD" or method != "GET"):
                 raise GatewayError(
                     405,
                     f"{request.path} takes {method}, not {request.method}",
@@ -191,34 +275,24 @@ class Gateway:
             code="body_too_large",
             reason="body-too-large",
         )
-        send_error(responder, error, request.headers.get("x-request-id"))
-
-    def _check_auth(self, request: Request) -> None:
-        keys = self._api_keys()
-        if not keys:
-            return
-        header = request.headers.get("authorization", "")
-        token = header[7:].strip().encode() if header[:7].lower() == "bearer " else b""
-        if not any(hmac.compare_digest(token, key) for key in keys):
-            raise GatewayError(
-                401,
-                "a valid API key is required (Authorization: Bearer ...)",
-                code="invalid_api_key",
-                reason="unauthorized",
-            )
+        send_error(responder, error, request_id_from(request.headers.get("x-request-id")))
 
     async def _generate(
         self, request: Request, responder: Responder, request_id: str, kind: RequestKind
     ) -> None:
         started = time.perf_counter()
-        self._check_auth(request)
         raw = request.body
-        headers = request.headers
+        headers: Mapping[str, str] = request.headers
+        if not ROUTING_HEADERS.isdisjoint(headers) and not self._trusted(request.headers):
+            headers = without_routing_headers(headers)  # ignored (and never forwarded)
         parsed = parse_request(kind, raw, headers)
         dispatch = await self.runtime.acquire(parsed, request_id, headers, started)
         assert self.proxy is not None
         forward_headers = upstream_headers(
-            headers, CONTROL_HEADERS, request_id, strip_authorization=bool(self._api_keys())
+            request.headers,
+            CONTROL_HEADERS,
+            request_id,
+            strip_authorization=bool(self._api_keys().accepted),
         )
         self.metrics.overhead.observe(time.perf_counter() - started)
         status = 0
@@ -259,7 +333,6 @@ class Gateway:
         )
 
     async def _models(self, request: Request, responder: Responder, request_id: str) -> None:
-        self._check_auth(request)
         created = int(time.time())
         data = [
             {"id": n, "object": "model", "created": created, "owned_by": "sluicegate"}
@@ -278,3 +351,12 @@ class Gateway:
         ready = self.runtime.ready_endpoints()
         body = orjson.dumps({"ready_endpoints": ready})
         responder.send(200 if ready else 503, [_JSON], body)
+
+
+_SERVER_LIMITS = ("maxBodyBytes", "maxConnections", "maxBufferedBodyBytes", "bodyTimeoutMs")
+
+
+def _server_limits(config: Config) -> tuple[float, ...]:
+    """The settings the HTTP server is built with, in the order of ``_SERVER_LIMITS``."""
+    s = config.gateway
+    return (s.max_body_bytes, s.max_connections, s.max_buffered_body_bytes, s.body_timeout_ms)

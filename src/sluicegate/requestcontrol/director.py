@@ -28,8 +28,6 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from sluicegate.clock import Clock
 from sluicegate.datalayer.datastore import Datastore, Pool
 from sluicegate.datalayer.endpoint import Endpoint
@@ -39,6 +37,7 @@ from sluicegate.flowcontrol.controller import FlowController
 from sluicegate.flowcontrol.types import QueueItem
 from sluicegate.plugin import PluginContext
 from sluicegate.requestcontrol.dispatch import Dispatch
+from sluicegate.requestcontrol.jsonbytes import replace_top_level_string
 from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import ParsedRequest
 from sluicegate.scheduling.config import BuiltScheduler
@@ -196,7 +195,9 @@ class Director:
         controller = self._controller(pool)
         if controller is None:
             if not candidates:
-                raise no_endpoint(f"no ready endpoint serves model '{request.target_model}'")
+                # The client's name: the target is the gateway's business (and may be
+                # an adapter the client was never told of).
+                raise no_endpoint(f"no ready endpoint serves model '{request.model}'")
             return self.schedule(admitted, candidates, state)
         item = controller.enqueue(request, now, payload)
         item.admitted = admitted
@@ -397,11 +398,12 @@ def _response_headers(state: CycleState) -> dict[str, str]:
 
 
 def _rewritten_body(parsed: ParsedRequest, target: str) -> bytes | None:
+    """The body as sent with its top-level ``model`` set to ``target`` (None when
+    unchanged). Only those bytes change: big integers and every other field go upstream
+    exactly as the client wrote them."""
     if target == parsed.model:
         return None
-    body = dict(parsed.body)
-    body["model"] = target
-    return orjson.dumps(body)
+    return replace_top_level_string(parsed.raw, "model", target)
 
 
 __all__ = ["Admitted", "Director", "Dispatch", "GatewayError"]

@@ -4,8 +4,16 @@ The body is decoded once; ``model``, ``stream``, ``max_tokens`` / ``max_completi
 ``prompt`` / ``messages`` and ``cache_salt`` are checked (leniently, as model servers do);
 every other field passes through untouched. The prompt text used for prefix affinity is the
 completion prompt's UTF-8 bytes, or the chat ``messages`` serialised as JSON — prefix-stable
-across the turns of a conversation. Control headers are parsed here too, so a malformed one
-(``x-slo-ttft-ms: soon``) is a 400 before any decision is made.
+across the turns of a conversation. A body nested deeper than
+:data:`~sluicegate.requestcontrol.jsonbytes.MAX_JSON_DEPTH` levels is a 400. Control headers
+are parsed here too, so a malformed one (``x-slo-ttft-ms: soon``) is a 400 before any
+decision is made.
+
+Trust: the routing-control headers (:data:`ROUTING_HEADERS`: objective, model-name rewrite,
+destination hints) choose a request's priority, target model or endpoint, so the hosts
+pass them here only from trusted clients (:func:`without_routing_headers` drops them
+otherwise); the per-request features — SLO objectives, fairness id,
+``x-prediction-based-scheduling`` — are every client's to set.
 """
 
 from __future__ import annotations
@@ -16,8 +24,9 @@ from typing import Any, Literal
 
 import orjson
 
-from sluicegate.errors import bad_request
+from sluicegate.errors import GatewayError, bad_request
 from sluicegate.lax import LaxValueError, as_bool, as_float, as_int
+from sluicegate.requestcontrol.jsonbytes import MAX_JSON_DEPTH, within_depth
 from sluicegate.tokens import BYTES_PER_TOKEN, count_bytes_tokens
 
 RequestKind = Literal["completions", "chat"]
@@ -35,19 +44,16 @@ anchors E); absent = the ``latencyPredictor.predictionBasedSchedulingDefault`` s
 REQUEST_ID_HEADER = "x-request-id"
 DEFAULT_FLOW = "default-flow"
 MAX_HEADER_ID_LENGTH = 256
-
-# Headers a client may not pass through the gateway: they steer routing.
-CONTROL_HEADERS = frozenset(
-    {
-        *OBJECTIVE_HEADERS,
-        *FAIRNESS_HEADERS,
-        MODEL_REWRITE_HEADER,
-        PREDICTION_BASED_HEADER,
-        "x-gateway-destination-endpoint",
-        "x-gateway-destination-endpoint-subset",
-        "x-gateway-destination-endpoint-served",
-    }
+DESTINATION_HEADERS = (
+    "x-gateway-destination-endpoint",
+    "x-gateway-destination-endpoint-subset",
+    "x-gateway-destination-endpoint-served",
 )
+
+# Headers honoured only from trusted clients: they choose priority, target or endpoint.
+ROUTING_HEADERS = frozenset({*OBJECTIVE_HEADERS, MODEL_REWRITE_HEADER, *DESTINATION_HEADERS})
+# Headers never passed through to a model server: they are the gateway's.
+CONTROL_HEADERS = frozenset({*ROUTING_HEADERS, *FAIRNESS_HEADERS, PREDICTION_BASED_HEADER})
 # Every header parse_request reads: most requests carry none, and one set check skips them.
 _READ_HEADERS = frozenset(
     {
@@ -79,6 +85,8 @@ class ParsedRequest:
     fairness_id: str
     model_rewrite: str | None
     body_bytes: int
+    raw: bytes
+    """The body as sent (what goes upstream, with only ``model`` replaced if rewritten)."""
     prediction_based: bool | None = None
     """The ``x-prediction-based-scheduling`` header's choice; None when absent."""
 
@@ -91,9 +99,13 @@ def parse_request(kind: RequestKind, raw: bytes, headers: Mapping[str, str]) -> 
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        if str(exc).startswith("depth limit"):  # orjson's own, deeper than ours
+            raise _too_deep() from None
         raise bad_request(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object")
+    if not within_depth(body):
+        raise _too_deep()
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("'model' is required and must be a non-empty string", "model")
@@ -121,10 +133,23 @@ def parse_request(kind: RequestKind, raw: bytes, headers: Mapping[str, str]) -> 
         fairness_id=DEFAULT_FLOW,
         model_rewrite=None,
         body_bytes=len(raw),
+        raw=raw,
     )
     if not _READ_HEADERS.isdisjoint(headers):
         _read_headers(parsed, headers)
     return parsed
+
+
+def without_routing_headers(headers: Mapping[str, str]) -> Mapping[str, str]:
+    """``headers`` without the :data:`ROUTING_HEADERS`, for an untrusted client (the same
+    mapping, not a copy, when it has none: the common case costs one set check)."""
+    if ROUTING_HEADERS.isdisjoint(headers):
+        return headers
+    return {k: v for k, v in headers.items() if k not in ROUTING_HEADERS}
+
+
+def _too_deep() -> GatewayError:
+    return bad_request(f"request body nests arrays and objects deeper than {MAX_JSON_DEPTH} levels")
 
 
 def _read_headers(parsed: ParsedRequest, headers: Mapping[str, str]) -> None:
@@ -213,7 +238,15 @@ def _identifier(headers: Mapping[str, str], names: tuple[str, ...]) -> str | Non
     value = value.strip()
     if not value:
         return None
-    if len(value) > MAX_HEADER_ID_LENGTH:
+    if len(value) > MAX_HEADER_ID_LENGTH or not value.isprintable():
         name = next(n for n in names if n in headers)  # the header actually sent
-        raise bad_request(f"header '{name}' is longer than {MAX_HEADER_ID_LENGTH} chars", name)
+        # Not printable: control characters, or bytes that are not UTF-8 (the server
+        # decodes them as surrogate escapes, which no encoder or log line accepts).
+        too_long = len(value) > MAX_HEADER_ID_LENGTH
+        problem = (
+            f"is longer than {MAX_HEADER_ID_LENGTH} chars"
+            if too_long
+            else "must be printable UTF-8 text"
+        )
+        raise bad_request(f"header '{name}' {problem}", name)
     return value

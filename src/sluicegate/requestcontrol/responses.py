@@ -21,6 +21,8 @@ from typing import Any
 
 import orjson
 
+from sluicegate.requestcontrol.jsonbytes import replace_top_level_string
+
 MAX_EVENT_BYTES = 1024 * 1024
 """Longest incomplete SSE event (bytes) held across chunks: a longer one is dropped from
 the usage scan and passed on without waiting for its end (its bytes still reach the
@@ -149,13 +151,27 @@ class EventRewriter:
         self._pending = b""
 
 
-def restore_model_name(payload: Any, target: str, public: str) -> bytes | None:
-    """The JSON answer ``payload`` re-encoded with ``model`` set back to ``public``, or
-    None when its ``model`` is not ``target`` (nothing to restore)."""
+def restore_model_name(
+    payload: Any, target: str, public: str, data: bytes | None = None
+) -> bytes | None:
+    """The JSON answer with its top-level ``model`` set back to ``public``, or None when
+    its ``model`` is not ``target`` (nothing to restore).
+
+    ``payload`` is the decoded answer; with ``data``, the answer's bytes, only the bytes of
+    the ``model`` value change (exact: big integers, deep nesting and the server's
+    formatting pass as they are). Without ``data``, ``payload`` is encoded again, which
+    turns integers beyond 64 bits into floats; an answer the encoder cannot handle (nested
+    too deep) is then not restored (None).
+    """
     if not isinstance(payload, dict) or payload.get("model") != target:
         return None
+    if data is not None:
+        return replace_top_level_string(data, "model", public)
     payload["model"] = public
-    return orjson.dumps(payload)
+    try:
+        return orjson.dumps(payload)
+    except orjson.JSONEncodeError:
+        return None
 
 
 def json_or_none(data: bytes) -> Any:
