@@ -66,11 +66,12 @@ def test_rewriter_leaves_other_fields_and_escapes_names() -> None:
 
 
 def test_restore_model_name_only_for_the_target() -> None:
-    assert restore_model_name({"model": "other"}, "target", "public") is None
-    assert restore_model_name(["not", "a", "dict"], "target", "public") is None
-    assert orjson.loads(restore_model_name({"model": "target"}, "target", "public") or b"") == {
-        "model": "public"
-    }
+    assert restore_model_name({"model": "other"}, b'{"model":"other"}', "target", "public") is None
+    assert restore_model_name(["not", "a", "dict"], b'["not","a","dict"]', "t", "p") is None
+    data = b'{"model": "target"}'
+    assert orjson.loads(
+        restore_model_name({"model": "target"}, data, "target", "public") or b""
+    ) == {"model": "public"}
 
 
 @dataclass

@@ -174,10 +174,11 @@ def test_restore_model_name_is_exact_with_the_bytes() -> None:
         b'"text":"hi","logprobs":null,"model":"target-v1"}],"usage":{"n":100000000000000000000000}}'
     )
     payload = orjson.loads(data)
-    out = restore_model_name(payload, "target-v1", "public", data)
+    out = restore_model_name(payload, data, "target-v1", "public")
     assert out == data.replace(b'"model":"target-v1","choices"', b'"model":"public","choices"')
     assert json.loads(out)["usage"]["n"] == BIG
-    assert restore_model_name(orjson.loads(data), "other", "public", data) is None
-    # Without the bytes it re-encodes; an answer the encoder cannot take is left alone.
-    deep = {"model": "target-v1", "x": nested(400)}
-    assert restore_model_name(deep, "target-v1", "public") is None
+    assert restore_model_name(orjson.loads(data), data, "other", "public") is None
+    # Nested deeper than the encoder goes: still restored, the rest untouched.
+    deep = b'{"model":"target-v1","x":' + b"[" * 400 + b"]" * 400 + b"}"
+    out = restore_model_name(orjson.loads(deep), deep, "target-v1", "public")
+    assert out == deep.replace(b"target-v1", b"public")

@@ -101,4 +101,4 @@ class ResponseRelay:
         self.stats.observe_json(payload)
         if self._pattern is None:
             return chunk
-        return restore_model_name(payload, self._target, self._public) or data
+        return restore_model_name(payload, data, self._target, self._public) or data

@@ -31,6 +31,7 @@ from sluicegate.datalayer.collector import Collector
 from sluicegate.errors import GatewayError
 from sluicegate.gateway.http import HttpServer, Refusal, Request, Responder
 from sluicegate.gateway.proxy import Proxy, ProxySettings, upstream_headers
+from sluicegate.metrics import ClientConnections
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.ids import request_id_from
 from sluicegate.requestcontrol.parse import (
@@ -198,7 +199,16 @@ class Gateway:
             max_buffered_body_bytes=settings.max_buffered_body_bytes,
             body_timeout_s=settings.body_timeout_ms / 1000.0,
         )
-        self.port = await self._server.start(host, port)
+        server = self._server
+        self.metrics.watch_client_connections(
+            lambda: ClientConnections(
+                server.open_connections,
+                server.connections_refused,
+                server.buffered_body_bytes,
+                server.body_timeouts,
+            )
+        )
+        self.port = await server.start(host, port)
 
     async def stop(self) -> None:
         if self._server is not None:

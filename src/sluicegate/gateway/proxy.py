@@ -210,7 +210,7 @@ class Proxy:
         outcome.observe_json(payload)
         if dispatch.rewrites_model:
             request = dispatch.request
-            data = restore_model_name(payload, request.target_model, request.model) or data
+            data = restore_model_name(payload, data, request.target_model, request.model) or data
         responder.send(upstream.status, _client_headers(upstream.headers, dispatch), data)
 
     async def _relay_stream(

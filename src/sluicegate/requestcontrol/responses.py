@@ -151,27 +151,14 @@ class EventRewriter:
         self._pending = b""
 
 
-def restore_model_name(
-    payload: Any, target: str, public: str, data: bytes | None = None
-) -> bytes | None:
-    """The JSON answer with its top-level ``model`` set back to ``public``, or None when
-    its ``model`` is not ``target`` (nothing to restore).
-
-    ``payload`` is the decoded answer; with ``data``, the answer's bytes, only the bytes of
-    the ``model`` value change (exact: big integers, deep nesting and the server's
-    formatting pass as they are). Without ``data``, ``payload`` is encoded again, which
-    turns integers beyond 64 bits into floats; an answer the encoder cannot handle (nested
-    too deep) is then not restored (None).
-    """
+def restore_model_name(payload: Any, data: bytes, target: str, public: str) -> bytes | None:
+    """The JSON answer ``data`` (decoded: ``payload``) with its top-level ``model`` set back
+    to ``public``, or None when its ``model`` is not ``target`` (nothing to restore). Only
+    the bytes of the ``model`` value change: big integers, deep nesting and the server's
+    formatting pass as they are."""
     if not isinstance(payload, dict) or payload.get("model") != target:
         return None
-    if data is not None:
-        return replace_top_level_string(data, "model", public)
-    payload["model"] = public
-    try:
-        return orjson.dumps(payload)
-    except orjson.JSONEncodeError:
-        return None
+    return replace_top_level_string(data, "model", public)
 
 
 def json_or_none(data: bytes) -> Any:

@@ -223,6 +223,8 @@ def gateway_documents(
             "spec": {
                 "scrapeIntervalMs": scrape_ms,
                 "metricsStalenessMs": DES_STALENESS_S * 1000.0 * time_scale,
+                # The lab's load generator sends objective headers, as trusted clients do.
+                "trustControlHeaders": True,
             },
         },
     ]
