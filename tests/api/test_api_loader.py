@@ -122,8 +122,9 @@ metadata: {name: batch}
 spec: {priority: -10, poolRef: {name: llama3-8b}}
 """
 
-# A summary of every top-level field of apix/config/v1alpha1/endpointpickerconfig_types.go
-# (GIE 1748e829), with llm-d's apiVersion, which is required.
+# A summary of EndpointPickerConfig's top-level fields (GIE 1748e829,
+# apix/config/v1alpha1/endpointpickerconfig_types.go), with llm-d-router's apiVersion, which
+# is required.
 EXAMPLE_PICKER_SUMMARY = """
 apiVersion: llm-d.ai/v1alpha1
 kind: EndpointPickerConfig
@@ -139,8 +140,8 @@ flowControl: {maxBytes: 1000000, maxRequests: 100, defaultRequestTTL: 30s}
 parser: {pluginRef: openai-parser}
 """
 
-# GIE's config/charts/epplib/templates/_config.yaml (1748e829) as Helm renders it with
-# latencyPredictor.enabled.
+# Condensed from GIE's config/charts/epplib/templates/_config.yaml (1748e829) as Helm renders
+# it with latencyPredictor.enabled.
 EXAMPLE_PICKER_HELM = """
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
