@@ -1,9 +1,11 @@
 """Errors the gateway answers on purpose, with the status and body clients expect.
 
-Every deliberate decision has its status (reference anchors, section A, and the project's
-principle "errors are answers"): 400 bad input, 401 missing or wrong API key, 404 unknown
-model, 413 body too large, 429 shed (with ``Retry-After``), 503 no endpoint or queue
-expiry, 502/504 upstream failure. Bodies are OpenAI-style::
+Every deliberate decision has its status (the project's principle "errors are answers",
+and the endpoint picker protocol's 429 for shedding and 503 when no endpoint is ready):
+400 bad input, 401 missing or wrong API key, 404 unknown model, 413 body too large, 429 shed
+(with ``Retry-After``), 503 no endpoint or queue expiry, 502/504 upstream failure. Protocol:
+https://github.com/kubernetes-sigs/gateway-api-inference-extension/blob/1748e829/docs/proposals/004-endpoint-picker-protocol/README.md
+Bodies are OpenAI-style::
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": "model",
                "code": "model_not_found"}}

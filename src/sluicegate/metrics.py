@@ -1,7 +1,8 @@
 """sluicegate's ``/metrics`` (gateway and Envoy endpoint picker alike), under the reference
 endpoint picker's names where they exist.
 
-Names (reference anchors, section H): ``inference_objective_*`` per model,
+Names (GIE, https://github.com/kubernetes-sigs/gateway-api-inference-extension/blob/1748e829/pkg/epp/metrics/metrics.go):
+``inference_objective_*`` per model,
 ``inference_pool_*`` per pool (computed when scraped), ``inference_extension_*`` for the
 scheduler. sluicegate's own additions are prefixed ``sluicegate_``. Latencies are seconds.
 """
@@ -26,7 +27,7 @@ from sluicegate.instruments import (
     HistogramSeries,
 )
 
-# Request latency buckets 5 ms .. 1 h; TPOT 0.5 ms .. 360 s (anchors H).
+# Request latency buckets 5 ms .. 1 h; TPOT 0.5 ms .. 360 s (GIE's, in that ``metrics.go``).
 _LATENCY = (
     0.005,
     0.025,
@@ -287,7 +288,7 @@ class GatewayMetrics:
 
     def _define_prediction_metrics(self, r: CollectorRegistry) -> None:
         """Predicted latency of the chosen endpoint, prediction time, SLO violations and
-        predictor fallbacks (names: anchors H; GIE's ``inference_objective_`` ones)."""
+        predictor fallbacks (names: GIE's ``inference_objective_`` ones, ``metrics.go``)."""
         self.predicted_ttft = Histogram(
             "inference_objective_request_predicted_ttft_seconds",
             "Predicted TTFT on the chosen endpoint, in seconds.",
@@ -302,7 +303,7 @@ class GatewayMetrics:
             buckets=_TPOT,
             registry=r,
         )
-        # Anchors H give no buckets for these; one batched call takes well under the
+        # GIE gives these 100 µs .. 5 s buckets; one batched call takes well under the
         # 5 ms latency floor, so they share the scheduler's 10 µs .. 1 s buckets.
         self.ttft_prediction_duration = Histogram(
             "inference_objective_request_ttft_prediction_duration_seconds",

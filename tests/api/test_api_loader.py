@@ -90,8 +90,11 @@ def as_yaml(*docs: dict[str, Any]) -> str:
 
 # --------------------------------------------------------------------------- valid configs
 
-# The example manifests of the reference anchors (section B), verbatim except where noted.
-ANCHOR_POOL_V1 = """
+# Condensed example manifests in the shapes of GIE's types (https://github.com/kubernetes-sigs/gateway-api-inference-extension):
+# InferencePool from api/v1/inferencepool_types.go and InferenceObjective from
+# apix/v1alpha2/inferenceobjective_types.go at 1748e829; InferenceModel after
+# config/manifests/inferencemodel.yaml at v0.5.1, with a two-way split.
+EXAMPLE_POOL_V1 = """
 apiVersion: inference.networking.k8s.io/v1
 kind: InferencePool
 metadata: {name: llama3-8b}
@@ -101,7 +104,7 @@ spec:
   endpointPickerRef: {name: llama3-8b-epp, port: {number: 9002}, failureMode: FailClose}
 """
 
-ANCHOR_MODEL = """
+EXAMPLE_MODEL = """
 apiVersion: inference.networking.x-k8s.io/v1alpha2
 kind: InferenceModel
 metadata: {name: food-review}
@@ -112,15 +115,17 @@ spec:
   targetModels: [{name: food-review-v1, weight: 90}, {name: food-review-v2, weight: 10}]
 """
 
-ANCHOR_OBJECTIVE = """
+EXAMPLE_OBJECTIVE = """
 apiVersion: inference.networking.x-k8s.io/v1alpha2
 kind: InferenceObjective
 metadata: {name: batch}
 spec: {priority: -10, poolRef: {name: llama3-8b}}
 """
 
-# The anchor's field summary; it omits apiVersion, which is required, so the llm-d one is set.
-ANCHOR_PICKER_SUMMARY = """
+# A summary of EndpointPickerConfig's top-level fields (GIE 1748e829,
+# apix/config/v1alpha1/endpointpickerconfig_types.go), with llm-d-router's apiVersion, which
+# is required.
+EXAMPLE_PICKER_SUMMARY = """
 apiVersion: llm-d.ai/v1alpha1
 kind: EndpointPickerConfig
 featureGates: [flowControl]        # also enableLegacyMetrics
@@ -135,7 +140,9 @@ flowControl: {maxBytes: 1000000, maxRequests: 100, defaultRequestTTL: 30s}
 parser: {pluginRef: openai-parser}
 """
 
-ANCHOR_PICKER_HELM = """
+# Condensed from GIE's config/charts/epplib/templates/_config.yaml (1748e829) as Helm renders
+# it with latencyPredictor.enabled.
+EXAMPLE_PICKER_HELM = """
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
@@ -166,8 +173,8 @@ schedulingProfiles:
 """
 
 
-def test_anchor_manifests_load_together() -> None:
-    text = "---".join([ANCHOR_POOL_V1, ANCHOR_MODEL, ANCHOR_OBJECTIVE, ANCHOR_PICKER_HELM])
+def test_example_manifests_load_together() -> None:
+    text = "---".join([EXAMPLE_POOL_V1, EXAMPLE_MODEL, EXAMPLE_OBJECTIVE, EXAMPLE_PICKER_HELM])
     config = parse_config(text)
 
     p = config.pools["llama3-8b"]
@@ -203,8 +210,8 @@ def test_anchor_manifests_load_together() -> None:
     assert config.gateway == GatewaySettings()
 
 
-def test_anchor_picker_summary_with_extension_sections() -> None:
-    config = parse_config(ANCHOR_PICKER_SUMMARY)
+def test_example_picker_summary_with_extension_sections() -> None:
+    config = parse_config(EXAMPLE_PICKER_SUMMARY)
     assert config.picker is not None
     assert config.picker.api_version == EPC_LLMD
     assert config.picker.feature_gates == ["flowControl"]
@@ -327,7 +334,7 @@ def test_load_config_reads_file_and_names_it(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert info.value.problems[0].startswith(f"{path} document 2 (InferenceModel m): ")
-    path.write_text(ANCHOR_POOL_V1)
+    path.write_text(EXAMPLE_POOL_V1)
     assert "llama3-8b" in load_config(path).pools
     with pytest.raises(FileNotFoundError):
         load_config(tmp_path / "absent.yaml")
@@ -543,13 +550,13 @@ def test_invalid_yaml() -> None:
 
 @pytest.mark.parametrize("doc", ["- a\n- b\n", "just a string\n", "42\n"])
 def test_non_mapping_documents(doc: str) -> None:
-    problems = problems_of(ANCHOR_POOL_V1 + "---\n" + doc)
+    problems = problems_of(EXAMPLE_POOL_V1 + "---\n" + doc)
     assert problems == ["<config> document 2: expected a mapping with apiVersion and kind"]
 
 
 def test_document_numbers_count_empty_documents() -> None:
     # An empty document in the middle still counts, so "document 3" is the third in the file.
-    text = ANCHOR_POOL_V1 + "---\n---\n" + as_yaml(model("m", "nope"))
+    text = EXAMPLE_POOL_V1 + "---\n---\n" + as_yaml(model("m", "nope"))
     assert only_problem(text).startswith("<config> document 3 (InferenceModel m): ")
 
 

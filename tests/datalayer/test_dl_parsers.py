@@ -1,4 +1,8 @@
-"""MetricsParser: each engine type's Prometheus scrape → EngineMetrics (anchors, section C)."""
+"""MetricsParser: each engine type's Prometheus scrape → EngineMetrics.
+
+Metric names per engine type as GIE maps them:
+https://github.com/kubernetes-sigs/gateway-api-inference-extension/blob/1748e829/pkg/epp/framework/plugins/datalayer/extractor/metrics/factories.go
+"""
 
 from __future__ import annotations
 
@@ -64,7 +68,7 @@ def test_real_vllm_scrape_with_load(vllm_scrape: str) -> None:
 
 
 def test_real_scrape_has_no_legacy_name(vllm_scrape: str) -> None:
-    assert "gpu_cache_usage_perc" not in vllm_scrape  # absent in 0.32 (anchors, section C)
+    assert "gpu_cache_usage_perc" not in vllm_scrape  # absent in vLLM 0.32 (renamed in 0.9)
     assert "vllm:kv_cache_usage_perc" in vllm_scrape
 
 

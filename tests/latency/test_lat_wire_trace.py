@@ -33,7 +33,8 @@ from sluicegate.latency.wire import (
 )
 
 REFERENCE_BODY: dict[str, Any] = {
-    # What the reference EPP client sends (anchors, section F).
+    # What the reference EPP client sends (llm-d-router's types.go,
+    # https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/requestcontrol/dataproducer/predictedlatency/latencypredictorclient/types.go).
     "kv_cache_percentage": 0.42,
     "input_token_length": 1830,
     "num_request_waiting": 2,

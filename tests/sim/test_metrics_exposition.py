@@ -29,7 +29,8 @@ VLLM_SCRAPE = Path(__file__).parent / "data" / "vllm-0.32-metrics.txt"
 # without LoRA) and the legacy KV gauge (only with legacy_metric_names=True).
 NOT_IN_REFERENCE = {"vllm:lora_requests_info", "vllm:gpu_cache_usage_perc"}
 
-# What a router reads (reference anchors, section C), by parsed family name and type.
+# What a router reads (GIE's metric mapping and vLLM v0.32.0's vllm/v1/metrics/loggers.py),
+# by parsed family name and type.
 ROUTER_FAMILIES = {
     "vllm:num_requests_running": "gauge",
     "vllm:num_requests_waiting": "gauge",

@@ -1,6 +1,7 @@
 """Resource shapes users already write for the Gateway API Inference Extension.
 
-Accepted kinds (reference anchors, section B):
+Accepted kinds (the ``api/`` and ``apix/`` types of GIE — v0.5.1 for the v1alpha2 pool and
+InferenceModel, 1748e829 otherwise — https://github.com/kubernetes-sigs/gateway-api-inference-extension):
 
 - ``InferencePool`` — v1 (``inference.networking.k8s.io``: ``selector.matchLabels``,
   ``targetPorts``, ``endpointPickerRef``) and v1alpha2 (``inference.networking.x-k8s.io``:
@@ -83,7 +84,8 @@ class StaticEndpoint(Model):
     name: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     engine_type: Literal["vllm", "sglang", "trtllm-serve", "triton-tensorrt-llm"] = "vllm"
-    """Which metric names the server exports (reference anchors, section C)."""
+    """Which metric names the server exports (the engine types of GIE's
+    https://github.com/kubernetes-sigs/gateway-api-inference-extension/blob/1748e829/pkg/epp/framework/plugins/datalayer/extractor/metrics/factories.go)."""
 
     @field_validator("address")
     @classmethod
@@ -232,7 +234,8 @@ class PriorityBandSpec(Model):
 
 
 class FlowControlSpec(Model):
-    """The ``flowControl`` section (reference anchors, section G)."""
+    """The ``flowControl`` section, as GIE documents it:
+    https://github.com/kubernetes-sigs/gateway-api-inference-extension/blob/1748e829/site-src/guides/epp-configuration/config-text.md"""
 
     max_bytes: Bytes | None = None
     max_requests: Annotated[int, Field(ge=1)] | None = None
@@ -309,7 +312,8 @@ class LatencyPredictorSettings(Model):
     samples go to ``trainingUrl`` (``sluicegate predictor`` servers, or any server speaking
     the reference predictor's HTTP API). The environment variables ``PREDICTION_SERVER_URL``
     (comma-separated) and ``TRAINING_SERVER_URL`` fill both when the file leaves them out,
-    as the reference endpoint picker reads them (anchors, section F).
+    as the reference endpoint picker reads them (llm-d-router,
+    https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/requestcontrol/dataproducer/predictedlatency/latencypredictorclient/types.go).
     """
 
     prediction_urls: list[str] = Field(default_factory=list)
@@ -331,7 +335,8 @@ class LatencyPredictorSettings(Model):
     prediction_based_scheduling_default: bool = True
     """Whether a request without an ``x-prediction-based-scheduling`` header is scheduled
     on predictions (true) or on the predicted-latency plugins' heuristic fallback (false).
-    The header is GIE v1.2's (anchors E, "Request headers"); applied on reload."""
+    Applied on reload. The header is GIE v1.2.0's:
+    https://github.com/kubernetes-sigs/gateway-api-inference-extension/blob/v1.2.0/pkg/epp/scheduling/framework/plugins/profile/slo_aware_profile_handler.go"""
 
 
 class GatewaySettings(Model):

@@ -129,7 +129,8 @@ def _sharegpt_sweep() -> Scenario:
 
 
 # The published per-pod KV size of the prefix-cache experiment (Qwen-32B, 2 × H100):
-# 307,328 tokens = 19,208 blocks of 16 (reference anchors, section M).
+# 307,328 tokens = 19,208 blocks of 16 (llm-d blog "KV-Cache Wins You Can See", 2025-09-24,
+# https://llm-d.ai/blog/kvcache-wins-you-can-see).
 _PREFIX_KV_BLOCKS = 307_328 // 16
 
 
@@ -199,7 +200,8 @@ def _multi_turn_chat() -> Scenario:
 
 
 # Objectives of the mixed-priority scenarios: llm-d-benchmark's priority-mix values
-# (critical 100, normal 0, batch −10; anchors K).
+# (critical 100, normal 0, batch −10;
+# https://github.com/llm-d/llm-d-benchmark/blob/8bc9f1dd/workload/profiles/priority-mix/priority_mix.yaml.in).
 OBJECTIVES: tuple[dict[str, Any], ...] = tuple(
     {
         "apiVersion": "inference.networking.x-k8s.io/v1alpha2",

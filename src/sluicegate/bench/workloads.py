@@ -269,8 +269,9 @@ def shared_prefix(
     seed: int = 0,
 ) -> Callable[[int, random.Random], RequestSpec]:
     """``groups`` long system prompts, each shared by ``prompts_per_group`` questions (the
-    synthetic "shared prefix" workload of the llm-d benchmarks, anchors K). Requests visit
-    the groups × questions in a random order, repeating."""
+    synthetic "shared prefix" workload of the llm-d benchmarks,
+    https://github.com/llm-d/llm-d-benchmark/blob/8bc9f1dd/workload/profiles/inference-perf/shared_prefix_synthetic.yaml.in).
+    Requests visit the groups × questions in a random order, repeating."""
     rng = random.Random(seed)
     systems = [random_text(rng, system_tokens) for _ in range(groups)]
     questions = [

@@ -1,6 +1,7 @@
 """Reading model servers' Prometheus metrics into :class:`EngineMetrics`.
 
-Each engine type names the same few facts differently (reference anchors, section C).
+Each engine type names the same few facts differently (as GIE maps them:
+https://github.com/kubernetes-sigs/gateway-api-inference-extension/blob/1748e829/pkg/epp/framework/plugins/datalayer/extractor/metrics/factories.go).
 A scrape is a few hundred lines, mostly histogram buckets the gateway does not read, and
 it is parsed up to 20 times a second per endpoint; so the lines of the wanted metrics are
 found with substring searches (``str.find`` runs in C), and each distinct series (name

@@ -3,7 +3,8 @@
 Envoy calls it over gRPC (``envoy.service.ext_proc.v3.ExternalProcessor``) for every
 request; it routes the request with the same :class:`~sluicegate.runtime.Runtime` as the
 standalone gateway and answers with the endpoint-picker protocol of the Gateway API
-Inference Extension (reference anchors, section A). Protocol translation only:
+Inference Extension (https://github.com/kubernetes-sigs/gateway-api-inference-extension/blob/1748e829/docs/proposals/004-endpoint-picker-protocol/README.md).
+Protocol translation only:
 
 - :mod:`~sluicegate.extproc.protocol` — header and metadata names, limits, message builders;
 - :mod:`~sluicegate.extproc.stream` — one request/response as a state machine;

@@ -1,6 +1,7 @@
-"""gRPC health of the endpoint picker (reference anchors, section A, "Health").
+"""gRPC health of the endpoint picker.
 
-Services, as the reference endpoint picker serves them (``cmd/epp/runner/health.go``):
+Services, as the reference endpoint picker serves them (GIE
+https://github.com/kubernetes-sigs/gateway-api-inference-extension/blob/1748e829/cmd/epp/runner/health.go):
 
 - ``liveness`` — SERVING while the process runs;
 - ``readiness``, ``envoy.service.ext_proc.v3.ExternalProcessor`` and ``""`` (the whole

@@ -1,7 +1,7 @@
 """The endpoint-picker protocol on Envoy's ext_proc messages: names, limits, builders.
 
-Protocol facts (reference anchors, section A; Gateway API Inference Extension, endpoint
-picker protocol, ``docs/proposals/004-endpoint-picker-protocol``):
+Protocol facts (Gateway API Inference Extension, GIE, endpoint picker protocol, at 1748e829:
+https://github.com/kubernetes-sigs/gateway-api-inference-extension/blob/1748e829/docs/proposals/004-endpoint-picker-protocol/README.md):
 
 - the picked endpoint goes back as the request header ``x-gateway-destination-endpoint``
   **and** as ``dynamic_metadata["envoy.lb"]["x-gateway-destination-endpoint"]``, with the
@@ -12,7 +12,7 @@ picker protocol, ``docs/proposals/004-endpoint-picker-protocol``):
 - the proxy may report the endpoint that actually served the request in
   ``metadata_context.filter_metadata["envoy.lb"]["x-gateway-destination-endpoint-served"]``;
 - bodies sent back in ``FULL_DUPLEX_STREAMED`` mode are cut into pieces of at most 62,000
-  bytes (reference endpoint picker, ``pkg/common/envoy/chunking.go``), below the 64 KiB
+  bytes (GIE at the same commit, ``pkg/common/envoy/chunking.go``), below the 64 KiB
   limit some Envoy builds enforce on one message.
 
 Header values arrive in ``raw_value`` (bytes) from current Envoy releases and in ``value``

@@ -1,6 +1,6 @@
 """The endpoint picker's servers: ext_proc gRPC, gRPC health, Prometheus ``/metrics``.
 
-Ports are the reference endpoint picker's (reference anchors, section A): ext_proc on
+Ports are the reference endpoint picker's (GIE's, source below): ext_proc on
 9002, gRPC health on 9003 (also answered on the ext_proc port, for proxies that health
 check the ext_proc cluster), ``/metrics`` over HTTP on 9090 (with ``/healthz`` and
 ``/readyz`` for plain HTTP probes). Plain-text gRPC (HTTP/2 without TLS): run it inside
@@ -10,6 +10,8 @@ the cluster network, or put TLS in front.
 it) and refreshes readiness every ``readiness_interval_s`` seconds. :meth:`stop` drains:
 readiness goes NOT_SERVING, new streams are refused, streams in flight get
 ``grace_period_s`` seconds to finish, then are cancelled (which releases their requests).
+
+Ports: https://github.com/kubernetes-sigs/gateway-api-inference-extension/blob/1748e829/pkg/epp/server/options.go
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One ext_proc stream: one HTTP request and its response as Envoy reports them.
 
-Request side (reference anchors, section A, "Message flow"):
+Request side (as GIE's https://github.com/kubernetes-sigs/gateway-api-inference-extension/blob/1748e829/pkg/epp/handlers/server.go):
 
 - ``request_headers``: record them. Without a body (``end_of_stream``, e.g. ``GET
   /v1/models``) the request goes at once to the least-loaded ready endpoint. Otherwise:

@@ -1,9 +1,10 @@
 """The flow controller of one pool: bands, flows, capacity, time to live, dispatch.
 
-Dispatch, in order (reference anchors, section G): strict priority between bands (the
-highest non-empty band first), the band's fairness policy between its flows, the ordering
-policy within a flow. A request leaves the queue as soon as some endpoint it may use has
-room; one that cannot go yet does not hold back another that can, in its band or below.
+Dispatch, in order (as llm-d-router's flow control, source below): strict priority between
+bands (the highest non-empty band first), the band's fairness policy between its flows,
+the ordering policy within a flow. A request leaves the queue as soon as some endpoint it
+may use has room; one that cannot go yet does not hold back another that can, in its band
+or below. Source: https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/flowcontrol/README.md
 
 The controller is pure: it does no I/O and reads no clock. Its caller enqueues requests,
 asks for the next dispatchable one whenever room may have appeared (a request finished,

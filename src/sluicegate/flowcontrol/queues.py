@@ -89,7 +89,8 @@ class BandLimits:
 
     max_requests: int | None = None
     max_bytes: int | None = 1_000_000_000
-    """Per-band default of the reference flow control: 1 GB (anchors, section G)."""
+    """Per-band default of the reference flow control: 1 GB (llm-d-router,
+    https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/flowcontrol/registry/config.go)."""
 
 
 @dataclass(slots=True)

@@ -1,8 +1,8 @@
 """The gateway's client of remote prediction and training servers.
 
 :class:`RemotePredictor` implements
-:class:`~sluicegate.latency.predictor.RemoteLatencyPredictor` (anchors, section F, the
-EPP-side client):
+:class:`~sluicegate.latency.predictor.RemoteLatencyPredictor` (as llm-d-router's client,
+https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/requestcontrol/dataproducer/predictedlatency/latencypredictorclient/):
 
 - **Coalescing.** ``predict_async`` calls made within ``coalesce_window_s`` (1 ms) of the
   first pending one go out together as one ``POST /predict/bulk/strict`` (at most

@@ -2,8 +2,9 @@
 
 The same row is built when predicting (for every candidate, before scheduling) and when
 training (for the chosen endpoint, as it was at dispatch), so the model learns from exactly
-what it is later asked about. Features follow the reference predictor's (anchors, section
-F), with the input length a real token estimate rather than a word count, plus what the
+what it is later asked about. Features follow the reference predictor's
+(https://github.com/llm-d/llm-d-latency-predictor/blob/04e44cd8/training/training_server.py),
+with the input length a real token estimate rather than a word count, plus what the
 gateway alone knows: requests it dispatched since the endpoint's last scrape, the
 request's expected output length, and when it last saw the endpoint produce a token.
 

@@ -1,6 +1,6 @@
 """TTFT and TPOT models: XGBoost boosters trained from the sample window.
 
-Parameters follow the reference predictor (anchors, section F): 200 trees of depth ≤ 6,
+Parameters follow the reference predictor (source below): 200 trees of depth ≤ 6,
 learning rate 0.05, row and column subsampling 0.8, ``min_child_weight`` 5, ``gamma`` 0.2,
 L1 0.01, L2 0.1, ``hist`` trees, seed 42. The objective is the α-quantile
 (``reg:quantileerror``, α = 0.9 by default: predictions are p90 latencies) or the mean
@@ -8,6 +8,7 @@ L1 0.01, L2 0.1, ``hist`` trees, seed 42. The objective is the α-quantile
 tokens-generated column, which the reference zeroes for TPOT anyway). Quantile models
 are calibrated on half of the held-out samples (a factor on their output, see
 :func:`calibration_scale`) and scored on the other half.
+Reference predictor: https://github.com/llm-d/llm-d-latency-predictor/blob/04e44cd8/training/training_server.py
 
 A :class:`ModelBundle` holds both boosters and what is known about them; it is immutable
 once built, so swapping a whole bundle by assignment is atomic for readers. It predicts

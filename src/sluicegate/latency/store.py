@@ -1,4 +1,4 @@
-"""The bounded, stratified window of training samples (anchors, section F).
+"""The bounded, stratified window of training samples (as the reference predictor keeps it).
 
 Each target (TTFT, TPOT) keeps its own :class:`SampleSet`. A sample lands in one of
 5 × 20 × 4 = 400 buckets keyed by its row at dispatch:
@@ -16,6 +16,8 @@ the model metrics; the same sample always goes the same way.
 Buckets are ring buffers of float32 feature vectors, allocated when first used: adding is
 O(1); a snapshot for training is O(buckets) and copies nothing on the adding thread (the
 rings copy on write), so training can read it from a worker thread.
+
+Reference: https://github.com/llm-d/llm-d-latency-predictor/blob/04e44cd8/training/training_server.py
 """
 
 from __future__ import annotations

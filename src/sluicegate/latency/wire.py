@@ -1,10 +1,11 @@
 """Rows and samples as JSON objects: the predictor services' bodies and the trace lines.
 
 A row is an object with the :class:`~sluicegate.latency.features.FeatureRow` fields by
-name. The fields the reference predictor also has (anchors, section F) carry the same
-names and meaning, so its clients' bodies are accepted as they are: ``kv_cache_percentage``,
-``input_token_length``, ``num_request_waiting``, ``num_request_running`` and
-``prefix_cache_score`` are required; ``prefill_tokens_in_flight``,
+name. The fields the reference predictor also has (its client's request body,
+https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/requestcontrol/dataproducer/predictedlatency/latencypredictorclient/types.go)
+carry the same names and meaning, so its clients' bodies are accepted as they are:
+``kv_cache_percentage``, ``input_token_length``, ``num_request_waiting``,
+``num_request_running`` and ``prefix_cache_score`` are required; ``prefill_tokens_in_flight``,
 ``decode_tokens_in_flight``, ``dispatched_since_scrape``, ``expected_output_tokens``,
 ``prompt_tokens_before_last_token``, ``prompt_tokens_after_last_token`` and
 ``token_interval_ms`` default to 0,

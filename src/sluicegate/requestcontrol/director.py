@@ -1,6 +1,7 @@
 """The director: one request's way from parsed body to chosen endpoint.
 
-Synchronous and free of I/O (reference anchors, section A, "Director order"):
+Synchronous and free of I/O, in the order of GIE's director (at 1748e829,
+https://github.com/kubernetes-sigs/gateway-api-inference-extension/blob/1748e829/pkg/epp/requestcontrol/director.go):
 
 1. :meth:`Director.admit` resolves the model — public name → pool, target model (weighted),
    priority — and builds the scheduling view of the request;
@@ -354,7 +355,7 @@ class Director:
         try:
             result = scheduler.schedule(request, state, candidates)
         except SchedulingError as exc:
-            # Every candidate was filtered out: a deliberate refusal (anchors A: 429).
+            # Every candidate was filtered out: a deliberate refusal (429, as GIE's director).
             raise shed(
                 f"failed to find target endpoint: {exc}", reason="rejected-no-endpoint"
             ) from None

@@ -9,7 +9,9 @@ an InferenceModel is sent as is to the only pool, if there is one.
 Priority (for shedding and flow control) comes from the request's objective header
 (``InferenceObjective.priority``, negative = sheddable), else from the InferenceModel's
 ``criticality``: Critical 100, Standard 0, Sheddable −10 (the values of llm-d-benchmark's
-``priority-mix`` objectives, reference anchors section K), else 0.
+``priority-mix`` objectives,
+https://github.com/llm-d/llm-d-benchmark/blob/8bc9f1dd/workload/profiles/priority-mix/priority_mix.yaml.in),
+else 0.
 """
 
 from __future__ import annotations

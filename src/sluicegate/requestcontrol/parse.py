@@ -31,7 +31,9 @@ from sluicegate.tokens import BYTES_PER_TOKEN, count_bytes_tokens
 
 RequestKind = Literal["completions", "chat"]
 
-# Header names (reference anchors, sections A and E). The first name of each pair is the
+# Header names as in ``pkg/epp/metadata/consts.go`` of GIE at 1748e829
+# (https://github.com/kubernetes-sigs/gateway-api-inference-extension) and of llm-d-router
+# at ebab6879 (https://github.com/llm-d/llm-d-router). The first name of each pair is the
 # current one; the second is kept as an alias.
 SLO_TTFT_HEADERS = ("x-llm-d-slo-ttft-ms", "x-slo-ttft-ms")
 SLO_TPOT_HEADERS = ("x-llm-d-slo-tpot-ms", "x-slo-tpot-ms")
@@ -39,8 +41,9 @@ OBJECTIVE_HEADERS = ("x-gateway-inference-objective", "x-llm-d-inference-objecti
 FAIRNESS_HEADERS = ("x-gateway-inference-fairness-id", "x-llm-d-inference-fairness-id")
 MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
 PREDICTION_BASED_HEADER = "x-prediction-based-scheduling"
-"""``true``/``false``: schedule this request on latency predictions or not (GIE v1.2,
-anchors E); absent = the ``latencyPredictor.predictionBasedSchedulingDefault`` setting."""
+"""``true``/``false``: schedule this request on latency predictions or not (GIE v1.2.0,
+``pkg/epp/scheduling/framework/plugins/profile/slo_aware_profile_handler.go``); absent =
+the ``latencyPredictor.predictionBasedSchedulingDefault`` setting."""
 REQUEST_ID_HEADER = "x-request-id"
 DEFAULT_FLOW = "default-flow"
 MAX_HEADER_ID_LENGTH = 256

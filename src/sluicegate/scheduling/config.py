@@ -1,6 +1,7 @@
 """Build a :class:`Scheduler` from an ``EndpointPickerConfig``.
 
-Defaults are injected the way the reference endpoint picker does (anchors, section B):
+Defaults are injected the way the reference endpoint picker does (llm-d-router,
+https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/config/loader/defaults.go):
 a ``single-profile-handler`` when there is one profile and no handler, a
 ``max-score-picker`` for a profile without a picker, weight 1.0 for an unweighted scorer,
 and any producer a plugin reads (``requires``) when the configuration lacks one. With no

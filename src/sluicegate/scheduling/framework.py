@@ -105,8 +105,10 @@ class LLMRequest:
 
     @property
     def expected_output_tokens(self) -> int:
-        """Output tokens to expect: ``max_tokens``, else 1.5 × the prompt (the reference's
-        in-flight load estimate, anchors section D), capped at 4,096."""
+        """Output tokens to expect: ``max_tokens``, else 1.5 × the prompt (the default
+        ``outputRatio`` of llm-d-router's ``inflight-load-producer``,
+        https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/requestcontrol/dataproducer/inflightload/producer.go),
+        capped at 4,096."""
         if self.max_tokens is not None:
             return self.max_tokens
         return min(4096, round(self.prompt_tokens * 1.5))

@@ -1,8 +1,9 @@
 """Hardware/model profiles: engine limits, KV capacity and the step-time function.
 
 A profile answers two questions for the engine model: how much fits (KV blocks, batch
-limits, LoRA slots) and how long one engine iteration takes. Step time follows the
-iteration model of reference/anchors.md section J::
+limits, LoRA slots) and how long one engine iteration takes. Step time follows vidur's
+iteration model (a sum of per-layer operation times; ``vidur/execution_time_predictor/`` in
+https://github.com/microsoft/vidur at 7d475133), reduced to four terms::
 
     step_ms = LIN(n)                                   linear ops (QKV, O, MLP, norms), table
             + layers * (attn_fixed_ms + ctx * kv_bytes_per_layer / bandwidth)   decode attention
@@ -178,13 +179,16 @@ def kv_blocks_for(
 
 
 # H100 80 GB as vLLM sees it (79.18 GiB) and the non-KV memory of an 8B model under vLLM:
-# weights 14.99 + activation peak 4.76 + non-torch 0.13 GiB (reference anchors, section J,
-# measured for Llama-3.1-8B). Llama-2-7B's weights are 12.55 GiB.
+# weights 14.99 + activation peak 4.76 + non-torch 0.13 GiB (measured for Llama-3.1-8B on
+# vLLM 0.11.0 by llm-d-benchmark,
+# https://github.com/llm-d/llm-d-benchmark/blob/87ab01be/config_explorer/empirical-vllm-memory-results.md).
+# Llama-2-7B's weights are 12.55 GiB.
 _H100_GIB = 79.18
 _ACTIVATION_AND_RUNTIME_GIB = 4.76 + 0.13
 _H100_BW = 2.7e12
 _H100_ATTN_FLOPS = 300e12
-# A100 80 GB: the same memory split, bandwidth from vidur's attention samples (anchors J);
+# A100 80 GB: the same memory split, bandwidth fitted to vidur's A100 attention samples
+# (``data/profiling/compute/a100/*/attention.csv``: ~1.6 TB/s effective);
 # attention FLOP rate assumed at the same ~30 % of dense bf16 peak as on H100.
 _A100_BW = 1.6e12
 _A100_40GB_GIB = 39.39
@@ -211,7 +215,8 @@ class _Gpu:
     attention_flops_per_s: float
     max_num_seqs: int
     """vLLM 0.32 `vllm serve` defaults: 1024 sequences and 8192 batched tokens on a
-    >= 70 GiB non-A100 GPU, 256 / 2048 on A100 and other GPUs (anchors J)."""
+    >= 70 GiB non-A100 GPU, 256 / 2048 on A100 and other GPUs
+    (https://github.com/vllm-project/vllm/blob/v0.32.0/vllm/engine/arg_utils.py)."""
     max_num_batched_tokens: int
 
 
@@ -253,8 +258,8 @@ def _builtin_profiles() -> dict[str, EngineProfile]:
         _profile("llama3-8b-h100", _LLAMA3_8B, _H100, "h100_llama3_8b_est_ms", (4.51, 21.21)),
         replace(
             _profile("llama3.1-8b-h100", _LLAMA3_8B, _H100, "h100_llama3_8b_est_ms", (4.51, 21.21)),
-            # Llama-3.1-8B: Llama-3-8B's architecture with a 128K context; the anchors'
-            # memory split was measured on it (with max-model-len 16000).
+            # Llama-3.1-8B: Llama-3-8B's architecture with a 128K context; the memory
+            # split above was measured on it (with max-model-len 16000).
             description="Llama-3.1-8B (128K context) on one H100 80GB, vLLM 0.32 defaults",
             model_name="meta-llama/Llama-3.1-8B",
             max_model_len=131_072,

@@ -9,8 +9,8 @@ A flow is the requests sharing a fairness id (``x-gateway-inference-fairness-id`
   deep queue cannot starve one with a shallow queue.
 
 Both offer the flows in order of preference; flow control dispatches the first head that has
-room, so one flow waiting for full endpoints does not hold back another (reference anchors,
-section G).
+room, so one flow waiting for full endpoints does not hold back another. The policies are
+llm-d-router's, https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/flowcontrol/fairness/README.md
 """
 
 from __future__ import annotations

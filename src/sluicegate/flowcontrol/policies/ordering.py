@@ -1,7 +1,7 @@
 """Ordering policies: which request of a flow goes first.
 
 Each gives a waiting request a sort key once, when it is queued; lower goes first, and
-arrival order breaks ties (reference anchors, section G).
+arrival order breaks ties (llm-d-router, https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/flowcontrol/ordering/README.md).
 
 - ``fcfs-ordering-policy``: by arrival at the gateway.
 - ``edf-ordering-policy``: earliest deadline first, the deadline being arrival plus the

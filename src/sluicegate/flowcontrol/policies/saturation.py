@@ -8,8 +8,10 @@ usage limit.
 
 ``utilization-detector`` (default) — inputs: each endpoint's waiting requests and KV-cache
 use (the gateway's estimates: the last scrape raised by what it dispatched since), and the
-scrape's age. Parameters (reference anchors, section G): ``queueDepthThreshold`` (5),
-``kvCacheUtilThreshold`` (0.8), ``metricsStalenessThreshold`` ("200ms"), ``headroom`` (0).
+scrape's age. Parameters (defaults of llm-d-router,
+https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/flowcontrol/saturationdetector/utilization/config.go):
+``queueDepthThreshold`` (5), ``kvCacheUtilThreshold`` (0.8), ``metricsStalenessThreshold``
+("200ms"), ``headroom`` (0).
 Formula: ``max(waiting / queueDepthThreshold, kv / kvCacheUtilThreshold)``; an endpoint
 with stale or no metrics is saturated (1.0). It has room while ``waiting <
 queueDepthThreshold·(1+headroom)``, ``kv < min(1, kvCacheUtilThreshold·(1+headroom))``

@@ -2,8 +2,8 @@
 
 ``static-usage-limit-policy`` — parameters: ``threshold`` (1.0). Every band may use the
 pool up to this saturation: requests are dispatched to endpoints whose saturation is below
-it, and sheddable requests are refused once the pool's saturation reaches it (reference
-anchors, section G).
+it, and sheddable requests are refused once the pool's saturation reaches it (llm-d-router,
+https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/flowcontrol/usagelimits/usagelimitpolicy.go).
 
 ``priority-holdback-policy`` — parameters: ``threshold`` (1.0), ``holdback`` (0.2),
 ``protectedPriority`` (1). Priorities ≥ ``protectedPriority`` get ``threshold``, the others

@@ -3,7 +3,7 @@
 Type: scorer (distribution). Inputs: each endpoint's in-flight requests r (count) — those
 this gateway dispatched and that have not completed (``inflight.requests``, updated at
 dispatch and completion, so it needs no scrape).
-Parameters (reference anchors, section D, give only the names and defaults):
+Parameters (names and defaults as in llm-d-router; the formula below is sluicegate's):
 
 - ``idleThreshold`` T (0): an endpoint with at most T requests in flight is idle.
 - ``maxBusyScore`` B (1.0, in [0, 1]): scale of the scores of busy endpoints.
@@ -14,8 +14,9 @@ Formula, with ``maxR`` the largest r among the candidates:
 - busy (``r > T``) → ``B · (maxR − r) / (maxR − T)``, which lies in [0, B): the busiest
   candidate scores 0 and a busy endpoint never reaches an idle one's 1.0.
 
-With the defaults this is llm-d's ``active-request-scorer``
-(``pkg/plugins/scorer/active_request.go``): 1.0 for no requests, else ``(maxR − r) / maxR``.
+With the defaults this is llm-d-router's ``active-request-scorer``
+(https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/scheduling/scorer/activerequest/active_request.go):
+1.0 for no requests, else ``(maxR − r) / maxR``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ dispatched since that scrape divided by the KV capacity in tokens (when the capa
 known), capped at 1 (:meth:`~sluicegate.datalayer.endpoint.Endpoint.kv_usage`). An endpoint
 that was never scraped counts as full. Parameters: none.
 
-Formula: ``score = 1 − usage``, clamped to [0, 1] (reference anchors, section D).
+Formula: ``score = 1 − usage``, clamped to [0, 1] (llm-d-router,
+https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/scheduling/scorer/kvcacheutilization/kvcache_utilization.go).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """``latency-scorer``: score endpoints by predicted latency and SLO headroom.
 
 Type: scorer (balance). Inputs: the predictions of ``predicted-latency-producer``; for the
-fallback, KV use, waiting requests and prefix scores. Parameters (reference anchors,
-section E): ``ttftWeight`` (0.8), ``tpotWeight`` (0.2), ``headroomSelectionStrategy``
+fallback, KV use, waiting requests and prefix scores. Parameters (llm-d-router,
+https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/scheduling/scorer/latency/plugin.go):
+``ttftWeight`` (0.8), ``tpotWeight`` (0.2), ``headroomSelectionStrategy``
 (``least`` — pack requests where the SLO is just met — or ``most``),
 ``compositeKVWeight``, ``compositeQueueWeight``, ``compositePrefixWeight`` (1 each).
 

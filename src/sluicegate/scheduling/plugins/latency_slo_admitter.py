@@ -4,12 +4,13 @@ Type: admitter. Inputs: the request's priority and SLO headers; the predictions 
 ``predicted-latency-producer``; each candidate's running requests and KV use.
 Parameters: none.
 
-Admits (reference anchors, section E) when the request is not sheddable (priority ≥ 0),
-carries no SLO header, has no predictions (the predictor is down or warming up: fail
-open), or when any candidate is predicted to meet its SLOs, is idle (no running request) or
-is cold (KV use < 2 %). Otherwise refuses with **429** ("no valid endpoint available to
-serve the request") and ``Retry-After`` — the reference surfaces this as 500, a decision
-sluicegate treats as what it is: shedding.
+Admits when the request is not sheddable (priority ≥ 0), carries no SLO header, has no
+predictions (the predictor is down or warming up: fail open), or when any candidate is
+predicted to meet its SLOs, is idle (no running request) or is cold (KV use < 2 %).
+Otherwise refuses with **429** ("no valid endpoint available to serve the request") and
+``Retry-After`` — the reference surfaces this as 500, a decision sluicegate treats as what
+it is: shedding. The rules are llm-d-router's ``latency-slo-admitter``:
+https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/requestcontrol/admitter/latencyslo/plugin.go
 """
 
 from __future__ import annotations

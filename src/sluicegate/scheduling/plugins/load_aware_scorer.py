@@ -6,9 +6,10 @@ gateway's own in-flight count implies
 (:attr:`~sluicegate.datalayer.endpoint.Endpoint.waiting`).
 Parameters: ``threshold`` T (128) — waiting requests (count) at which an endpoint scores 0.
 
-Formula (llm-d ``load-aware-scorer``; reference anchors, section D): ``q ≤ 0 → 0.5``;
+Formula (llm-d-router's ``load-aware-scorer``, source below): ``q ≤ 0 → 0.5``;
 ``q ≥ T → 0``; otherwise ``0.5 · (1 − q / T)``. Scores never exceed 0.5, so the scorer
 only separates loaded endpoints and leaves idle ones level with each other.
+Source: https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/scheduling/scorer/loadaware/load_aware.go
 """
 
 from __future__ import annotations

@@ -5,15 +5,16 @@ endpoint's last scrape of ``vllm:lora_requests_info`` — running adapters, wait
 and ``max_lora`` (adapters per batch; 0 when not reported) — and the adapters it lists in
 ``/v1/models``. Parameters: none.
 
-Formula, first match wins (reference anchors, section D; adapter counts are numbers of
-distinct adapters):
+Formula, first match wins (llm-d-router,
+https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/scheduling/scorer/loraaffinity/lora_affinity.go;
+adapter counts are numbers of distinct adapters):
 
 - the adapter is running, **or listed as loaded in** ``/v1/models`` → **1.0**;
 - ``|running adapters| + |waiting adapters| < max_lora`` (a free adapter slot) → **0.8**;
 - the adapter is waiting → **0.6**;
 - otherwise → **0**.
 
-Deviations from the anchor, both deliberate: a loaded but idle adapter scores like a
+Deviations from llm-d-router, both deliberate: a loaded but idle adapter scores like a
 running one (llm-d-inference-scheduler #2605: the metric only lists adapters with
 requests, so an idle loaded adapter looked absent and its load cost was paid again
 elsewhere); a request for a base model (``is_adapter`` false) scores 1.0 everywhere so the

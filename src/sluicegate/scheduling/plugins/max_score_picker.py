@@ -5,8 +5,9 @@ first; the extra ones are the proxy's first fallbacks (the director always appen
 other candidates, by combined score, whatever this number).
 
 Algorithm: shuffle the candidates, then stable-sort by score, highest first, so equal
-scores are ordered at random (reference anchors, section D). For one endpoint (the default)
+scores are ordered at random, as llm-d-router's picker does. For one endpoint (the default)
 the same choice is made in one pass: the best score, a uniformly random one among equals.
+Source: https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/scheduling/picker/maxscore/picker.go
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ prompt tokens and expected output, and its prefix-cache score; the latency predi
 the host's ``latency-predictor`` service (in-process XGBoost models, remote prediction
 servers, or the simulator's oracle). One batched prediction covers all candidates.
 
-Output per endpoint (reference anchors, section E, "Headroom"):
+Output per endpoint (llm-d-router's ``validatePrediction``,
+https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/requestcontrol/dataproducer/predictedlatency/prediction.go):
 ``ttftHeadroom = ttftSLO − predTTFT`` and ``ttftValid = predTTFT < ttftSLO``; in streaming
 mode ``bufTPOT = tpotSLO · sloBufferFactor``, lowered to the tightest TPOT SLO of the
 requests already running there (so a newcomer cannot break it), ``tpotHeadroom = bufTPOT −

@@ -2,7 +2,8 @@
 
 Type: filter. Inputs: the prefix-cache match of every candidate (from
 ``approx-prefix-cache-producer``), and an estimate of each candidate's TTFT.
-Parameters (reference anchors, section E; defaults of the current reference):
+Parameters (defaults of llm-d-router at ebab6879,
+https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/scheduling/filter/prefixcacheaffinity/plugin.go):
 ``affinityThreshold`` (0.80), ``explorationProbability`` (0), ``maxTTFTPenaltyMs``
 (18000), ``ttftSource`` (``prefillThroughput`` | ``latencyPredictor``),
 ``peakPrefillThroughput`` (15,928 tokens/s).

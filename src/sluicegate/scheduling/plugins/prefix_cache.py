@@ -8,14 +8,15 @@ blocks of ``blockSizeTokens`` built-in tokens (4 bytes each), hashes them as a c
 looks each candidate up in the :class:`~sluicegate.scheduling.prefix_index.PrefixIndex`.
 After scheduling it records the prompt's blocks for the chosen endpoint.
 
-Parameters (reference anchors, section D; defaults follow the current endpoint picker):
+Parameters (defaults follow llm-d-router's ``approx-prefix-cache-producer``,
+https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix/README.md):
 
 - ``blockSizeTokens`` (64): tokens per block. Smaller blocks match more finely but cost
-  more hashing and memory; 64 is the floor the anchor adopted after small blocks exhausted
-  memory.
+  more hashing and memory; 64 is the floor (``minBlockSizeTokens`` in that directory's
+  ``plugin.go``) llm-d-router adopted after small blocks exhausted memory.
 - ``maxPrefixTokensToMatch`` (131072): tokens of the prompt considered; 0 = whole prompt.
 - ``lruCapacityPerServer`` (31250): blocks remembered per endpoint when its KV capacity is
-  unknown (8B model on an 80 GB H100 with 16-token blocks, the anchor's assumption),
+  unknown (8B model on an 80 GB H100 with 16-token blocks, llm-d-router's assumption),
   rescaled to this block size.
 - ``autoTune`` (true): size each endpoint's memory from its scraped ``cache_config_info``
   (``num_gpu_blocks × block_size`` tokens).
@@ -54,7 +55,7 @@ from sluicegate.tokens import block_hashes, hash_seed
 
 PRODUCER_TYPE = "approx-prefix-cache-producer"
 
-# The anchor's default per-endpoint memory, in 16-token blocks.
+# llm-d-router's default ``lruCapacityPerServer`` per endpoint, in 16-token blocks.
 _DEFAULT_LRU_BLOCKS_16 = 31_250
 
 

@@ -6,7 +6,8 @@ Type: scorer (distribution). Inputs: each endpoint's waiting requests — the la
 Parameters: none.
 
 Formula: ``score = (maxQ − q) / (maxQ − minQ)`` over the candidates; 1.0 for every endpoint
-when all queues are equal (reference anchors, section D).
+when all queues are equal (llm-d-router,
+https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/scheduling/scorer/queuedepth/queue.go).
 """
 
 from __future__ import annotations

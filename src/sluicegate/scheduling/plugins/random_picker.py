@@ -5,9 +5,10 @@ return; the extra ones are the proxy's first fallbacks, in random order (the dir
 always appends the other candidates, by combined score, whatever this number).
 
 Algorithm: each candidate is the primary with probability 1/n; k > 1 draws a sample of
-``min(k, n)`` distinct candidates without replacement (reference anchors, section D). The
+``min(k, n)`` distinct candidates without replacement, as llm-d-router's picker does. The
 randomness is the plugin context's seeded RNG, so a seed reproduces the choices. Also the
 fallback of ``weighted-random-picker`` when no candidate has a positive score.
+Source: https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/scheduling/picker/random/picker.go
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Type: picker (a baseline: what a Kubernetes Service in round-robin mode gives; not a
 plugin of the reference endpoint picker — sluicegate's ``round-robin`` preset uses it).
 Inputs: the candidates' names; scores are ignored. Parameters: ``maxNumOfEndpoints`` (1) —
-how many endpoints to return (picker parameters as in reference anchors, section D).
+how many endpoints to return (picker parameters as in llm-d-router,
+https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/scheduling/picker/common.go).
 
 Algorithm: order the candidates by endpoint name; request number c (an internal counter
 starting at 0, advanced by one per pick) goes to candidate ``c mod n``, with the next

@@ -8,7 +8,8 @@ Parameters: none.
 
 Formula: ``score = (maxR − r) / (maxR − minR)`` over the candidates; 1.0 for every
 endpoint when all counts are equal — the queue-scorer's min-max inverse applied to running
-requests (reference anchors, section D).
+requests (llm-d-router,
+https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/scheduling/scorer/runningrequests/runningrequest.go).
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ never an error. Since it is a soft preference, a gone endpoint simply loses the 
 After scheduling it writes the chosen endpoint's token (URL-safe base64, unpadded) into the
 cycle state's :data:`~sluicegate.scheduling.framework.RESPONSE_HEADERS` (merged into the
 dict already there) so the gateway returns it to the client, which sends it back with the
-session's next request. Reference anchors, section D (``session-affinity-scorer``); the
-anchor encodes ``namespace/name``, sluicegate the endpoint's name.
+session's next request. As llm-d-router's ``session-affinity-scorer``
+(https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/scheduling/scorer/sessionaffinity/encoded_endpoint_header.go),
+except that llm-d-router encodes ``namespace/name``, sluicegate the endpoint's name.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """``single-profile-handler``: run the one configured profile once; its result is primary.
 
 Type: profile handler. Parameters: none. Added automatically when the configuration has a
-single scheduling profile and no handler (reference anchors, section B).
+single scheduling profile and no handler, as llm-d-router does
+(https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/config/loader/defaults.go).
 """
 
 from __future__ import annotations

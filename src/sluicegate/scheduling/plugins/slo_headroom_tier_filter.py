@@ -3,12 +3,13 @@
 Type: filter. Inputs: the predictions of ``predicted-latency-producer``.
 Parameters: ``epsilonExploreNeg`` (0.01).
 
-Algorithm (reference anchors, section E): the positive tier holds endpoints whose TTFT and
+Algorithm (llm-d-router's, source below): the positive tier holds endpoints whose TTFT and
 TPOT headroom are both ≥ 0; the rest (and endpoints without a prediction) form the negative
 tier. With both tiers non-empty, keep the positive one — or, with probability
 ``epsilonExploreNeg``, the negative one, so the models keep learning about busy endpoints.
 With one tier, keep it; with no predictions at all, keep everything. Without SLO headers
 every headroom is negative, so the filter keeps everything.
+Source: https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/scheduling/filter/sloheadroomtier/plugin.go
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ requests, as the gateway accounted them at dispatch
 Parameters: ``queueThresholdTokens`` T (4,194,304 tokens = 128 requests × 32K) — in-flight
 tokens at which an endpoint scores 0.
 
-Formula (reference anchors, section D): ``score = 1 − min(1, tokens / T)``.
+Formula (llm-d-router's): ``score = 1 − min(1, tokens / T)``.
+Source: https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/scheduling/scorer/tokenload/token_load.go
 """
 
 from __future__ import annotations

@@ -4,12 +4,13 @@ Type: picker. Inputs: the combined scores (Σ weight · score; not normalised).
 Parameters: ``maxNumOfEndpoints`` (1) — how many distinct endpoints to return, primary
 first.
 
-Algorithm A-Res (Efraimidis & Spirakis, weighted sampling without replacement; reference
-anchors, section D): every candidate with score w > 0 gets the key ``U^(1/w)`` with U drawn
-uniformly from [0, 1) by the context's seeded RNG (U = 0 is replaced by 1e-10); a candidate
-with w ≤ 0 gets key 0. The k largest keys win, so for k = 1 ``P(i) = w_i / Σ w``; ties
-(only zero keys in practice) keep the candidates' order. When no score is positive the
+Algorithm A-Res (Efraimidis & Spirakis, weighted sampling without replacement; as in
+llm-d-router, source below): every candidate with score w > 0 gets the key ``U^(1/w)`` with
+U drawn uniformly from [0, 1) by the context's seeded RNG (U = 0 is replaced by 1e-10); a
+candidate with w ≤ 0 gets key 0. The k largest keys win, so for k = 1 ``P(i) = w_i / Σ w``;
+ties (only zero keys in practice) keep the candidates' order. When no score is positive the
 choice is delegated to ``random-picker``'s uniform draw.
+Source: https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/scheduling/picker/weightedrandom/picker.go
 """
 
 from __future__ import annotations
