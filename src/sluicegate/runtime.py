@@ -20,6 +20,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from sluicegate.api.loader import Config
+from sluicegate.builtins import default_registry
 from sluicegate.clock import Clock, MonotonicClock
 from sluicegate.datalayer.collector import Collector, CollectorSettings
 from sluicegate.datalayer.datastore import Datastore
@@ -27,23 +28,24 @@ from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.datalayer.pools import EndpointsByPool, static_endpoints, sync_pools
 from sluicegate.errors import GatewayError
 from sluicegate.flowcontrol.config import FlowControlSetup, build_flow_control
-from sluicegate.flowcontrol.types import QueueItem
+from sluicegate.framework import (
+    PREDICTION_OUTCOME,
+    PREDICTIONS,
+    PREDICTOR_SERVICE,
+    PREFIX_MATCH,
+    PluginContext,
+    PredictionOutcome,
+    PrefixIndexer,
+    QueueItem,
+)
 from sluicegate.latency.host import PredictorHost
 from sluicegate.metrics import UNKNOWN_MODEL_LABEL, GatewayMetrics
-from sluicegate.plugin import PluginContext
 from sluicegate.requestcontrol.director import Director
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import ParsedRequest
 from sluicegate.requestcontrol.responses import Usage as Usage  # re-exported
 from sluicegate.scheduling.config import BuiltScheduler, build_scheduler
-from sluicegate.scheduling.plugins.predicted_latency import (
-    PREDICTION_OUTCOME,
-    PREDICTIONS,
-    PREDICTOR_SERVICE,
-    PredictionOutcome,
-)
-from sluicegate.scheduling.plugins.prefix_cache import PREFIX_MATCH, ApproxPrefixCacheProducer
 from sluicegate.upstream import UpstreamPool
 
 log = logging.getLogger("sluicegate.runtime")
@@ -74,6 +76,8 @@ class Runtime:
         self.config = config
         self.predictor: PredictorHost | None = None
         """The latency predictor, unless the options provide one."""
+        self.registry = default_registry()
+        """The plugin types schedulers and flow control are built from."""
         self._services = dict(self.options.services)
         if PREDICTOR_SERVICE not in self._services:
             self.predictor = PredictorHost(
@@ -113,10 +117,10 @@ class Runtime:
         return PluginContext(self.clock, self.options.seed, services=self._services)
 
     def _build_scheduler(self, config: Config) -> BuiltScheduler:
-        return build_scheduler(config.picker, self._context())
+        return build_scheduler(config.picker, self._context(), self.registry)
 
     def _build_flow(self, config: Config, built: BuiltScheduler) -> FlowControlSetup:
-        return build_flow_control(config.picker, built.plugins, self._context())
+        return build_flow_control(config.picker, built.plugins, self._context(), self.registry)
 
     async def start(self, upstream: UpstreamPool) -> None:
         """Start scraping every endpoint's metrics over ``upstream``, and the latency
@@ -356,9 +360,7 @@ class Runtime:
 
     def _prefix_index_size(self) -> int:
         return sum(
-            len(p.index)
-            for p in self.built.plugins.values()
-            if isinstance(p, ApproxPrefixCacheProducer)
+            p.indexed_blocks() for p in self.built.plugins.values() if isinstance(p, PrefixIndexer)
         )
 
     def _observe_prediction(self, dispatch: Dispatch, outcome: PredictionOutcome) -> None:

@@ -13,20 +13,20 @@ import orjson
 import pytest
 
 from sluicegate.api.loader import build_config
+from sluicegate.builtins import default_registry
 from sluicegate.clock import ManualClock
 from sluicegate.datalayer.datastore import Datastore, EndpointSpec
 from sluicegate.datalayer.endpoint import Endpoint, EngineMetrics, ServedModels
 from sluicegate.errors import GatewayError
 from sluicegate.flowcontrol.config import POOL_ANNOTATION, build_flow_control
-from sluicegate.flowcontrol.types import ItemState, QueueItem
-from sluicegate.plugin import PluginContext
+from sluicegate.framework import PREFIX_MATCH, ItemState, PluginContext, QueueItem, StateKey
 from sluicegate.requestcontrol.director import Director
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import parse_request
 from sluicegate.scheduling.config import build_scheduler, load_preset
-from sluicegate.scheduling.framework import StateKey
-from sluicegate.scheduling.plugins.prefix_cache import PREFIX_MATCH
+
+REGISTRY = default_registry()
 
 POOL = "pool"
 FAIRNESS = "x-gateway-inference-fairness-id"
@@ -100,8 +100,8 @@ class FlowEnv:
                 self.config.pools[name].metadata.annotations
             )
         context = PluginContext(self.clock, 0)
-        self.built = build_scheduler(self.config.picker, context)
-        flow = build_flow_control(self.config.picker, self.built.plugins, context)
+        self.built = build_scheduler(self.config.picker, context, REGISTRY)
+        flow = build_flow_control(self.config.picker, self.built.plugins, context, REGISTRY)
         self.director = Director(
             self.datastore, self.built, ModelTable(self.config), self.clock, 1.0, flow=flow
         )
@@ -495,6 +495,7 @@ def test_settings_change_keeps_waiting_requests() -> None:
             build_config([gated(flowControl={"defaultRequestTTL": "1s"})]).picker,
             env.built.plugins,
             context,
+            REGISTRY,
         )
     )
     assert env.waiting() == 1
@@ -511,7 +512,9 @@ def test_turning_flow_control_off_bypasses_the_queue_and_drains_it() -> None:
     env.saturate()
     waiting = env.queued("standard", "w")
     context = PluginContext(env.clock)
-    env.director.set_flow(build_flow_control(build_config([picker_doc()]).picker, {}, context))
+    env.director.set_flow(
+        build_flow_control(build_config([picker_doc()]).picker, {}, context, REGISTRY)
+    )
     # New requests are scheduled at once (the servers queue them), not queued behind "w".
     assert isinstance(env.submit("standard", "new"), Dispatch)
     assert env.waiting() == 1

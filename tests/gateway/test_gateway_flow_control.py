@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sluicegate.api.loader import build_config
 from sluicegate.flowcontrol.controller import FlowController
-from sluicegate.flowcontrol.types import ItemState, QueueItem
+from sluicegate.framework import ItemState, QueueItem
 from sluicegate.gateway.app import Gateway
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.parse import parse_request

@@ -20,11 +20,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluicegate.errors import GatewayError, shed
-from sluicegate.flowcontrol.policies.fairness import FairnessPolicy
-from sluicegate.flowcontrol.policies.ordering import OrderingPolicy
-from sluicegate.flowcontrol.queues import Band, BandLimits, FlowQueue
-from sluicegate.flowcontrol.types import ItemState, QueueItem
-from sluicegate.scheduling.framework import LLMRequest
+from sluicegate.framework import (
+    Band,
+    BandLimits,
+    FairnessPolicy,
+    FlowQueue,
+    ItemState,
+    LLMRequest,
+    OrderingPolicy,
+    QueueItem,
+)
 
 
 @dataclass(slots=True)

@@ -36,19 +36,19 @@ from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.errors import GatewayError, no_endpoint, shed, unknown_model
 from sluicegate.flowcontrol.config import FlowControlSetup, build_flow_control
 from sluicegate.flowcontrol.controller import FlowController
-from sluicegate.flowcontrol.types import QueueItem
-from sluicegate.plugin import PluginContext
-from sluicegate.requestcontrol.dispatch import Dispatch
-from sluicegate.requestcontrol.models import ModelTable
-from sluicegate.requestcontrol.parse import ParsedRequest
-from sluicegate.scheduling.config import BuiltScheduler
-from sluicegate.scheduling.framework import (
+from sluicegate.framework import (
     RESPONSE_HEADERS,
     Admitter,
     CycleState,
     LLMRequest,
+    PluginContext,
+    QueueItem,
     SchedulingError,
 )
+from sluicegate.requestcontrol.dispatch import Dispatch
+from sluicegate.requestcontrol.models import ModelTable
+from sluicegate.requestcontrol.parse import ParsedRequest
+from sluicegate.scheduling.config import BuiltScheduler
 
 
 @dataclass(slots=True)
@@ -100,7 +100,9 @@ class Director:
         self.clock = clock
         self.staleness_s = staleness_s
         self.admitters = list(admitters)
-        self.flow = flow or build_flow_control(None, scheduler.plugins, PluginContext(clock))
+        self.flow = flow or build_flow_control(
+            None, scheduler.plugins, PluginContext(clock), scheduler.registry
+        )
         self._controllers: dict[str, FlowController] = {}
         self.on_dispatch: DispatchHook = _no_hook
         self.on_reject: RejectHook = _no_hook

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sluicegate.plugin import register
-from sluicegate.scheduling.framework import (
+from sluicegate.framework import (
     CycleState,
     LLMRequest,
     ProfileHandler,
@@ -20,7 +19,6 @@ from sluicegate.scheduling.framework import (
 )
 
 
-@register()
 class SingleProfileHandler(ProfileHandler):
     type_name = "single-profile-handler"
 
