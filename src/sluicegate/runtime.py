@@ -51,6 +51,28 @@ from sluicegate.upstream import UpstreamPool
 log = logging.getLogger("sluicegate.runtime")
 
 
+class _Waiter:
+    """The ticket of a request waiting in flow control: its task awaits ``future``."""
+
+    __slots__ = ("future", "runtime")
+
+    def __init__(self, runtime: Runtime, future: asyncio.Future[Dispatch]) -> None:
+        self.runtime = runtime
+        self.future = future
+
+    def dispatched(self, item: QueueItem, dispatch: Dispatch) -> None:
+        self.runtime._observe_wait(item, "dispatched")
+        if self.future.done():  # its client left while it was being scheduled
+            dispatch.finish(self.runtime.clock.now(), ok=False)
+        else:
+            self.future.set_result(dispatch)
+
+    def rejected(self, item: QueueItem, error: GatewayError) -> None:
+        self.runtime._observe_wait(item, error.reason)
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
 @dataclass(slots=True)
 class RuntimeOptions:
     """How the picker runs, beyond what the configuration says."""
@@ -99,8 +121,6 @@ class Runtime:
             flow=self._build_flow(config, self.built),
             prediction_default=config.gateway.latency_predictor.prediction_based_scheduling_default,
         )
-        self.director.on_dispatch = self._on_dispatch
-        self.director.on_reject = self._on_reject
         self.metrics = GatewayMetrics(
             self.datastore, self.clock, self.staleness_s, self._prefix_index_size, self._flow_state
         )
@@ -221,7 +241,7 @@ class Runtime:
             admitted = self.director.admit(parsed, request_id, headers, subset)
             state = await self.director.prefetch(admitted) if self.built.fetchers else None
             waiter: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()
-            result = self.director.submit(admitted, waiter, state)
+            result = self.director.submit(admitted, _Waiter(self, waiter), state)
             if isinstance(result, QueueItem):
                 at_once = waiter.done()  # dispatched without waiting (or refused)
                 dispatch = await self._wait(result, waiter)
@@ -301,20 +321,6 @@ class Runtime:
                 waiter.result().finish(self.clock.now(), ok=False)
                 self.director.pump()
             raise
-
-    def _on_dispatch(self, item: QueueItem, dispatch: Dispatch) -> None:
-        waiter: asyncio.Future[Dispatch] = item.payload
-        self._observe_wait(item, "dispatched")
-        if waiter.done():  # its client left while it was being scheduled
-            dispatch.finish(self.clock.now(), ok=False)
-        else:
-            waiter.set_result(dispatch)
-
-    def _on_reject(self, item: QueueItem, error: GatewayError) -> None:
-        waiter: asyncio.Future[Dispatch] = item.payload
-        self._observe_wait(item, error.reason)
-        if not waiter.done():
-            waiter.set_exception(error)
 
     def _observe_wait(self, item: QueueItem, outcome: str) -> None:
         self.metrics.queue_wait.labels(str(item.priority), outcome).observe(

@@ -181,6 +181,23 @@ def _pool_config(spec: ClusterSpec) -> Config:
     return config
 
 
+class _Queued:
+    """The ticket of a request waiting in the simulated gateway's flow control."""
+
+    __slots__ = ("cluster", "raw", "record")
+
+    def __init__(self, cluster: ClusterSimulation, record: RequestRecord, raw: bytes) -> None:
+        self.cluster = cluster
+        self.record = record
+        self.raw = raw
+
+    def dispatched(self, item: QueueItem, dispatch: Dispatch) -> None:
+        self.cluster._left_queue(self.record, self.raw, dispatch)
+
+    def rejected(self, item: QueueItem, error: GatewayError) -> None:
+        self.cluster._refused_from_queue(self.record, item.request.request_id, error)
+
+
 class ClusterSimulation:
     """One run: a workload against a simulated pool behind the director."""
 
@@ -214,8 +231,6 @@ class ClusterSimulation:
             spec.staleness_s,
             flow=build_flow_control(config.picker, built.plugins, context, registry),
         )
-        self.director.on_dispatch = self._on_dispatch
-        self.director.on_reject = self._on_reject
         self._expiry_at: float | None = None
         self._queued = 0
         """Requests waiting in flow control."""
@@ -331,7 +346,7 @@ class ClusterSimulation:
         try:
             parsed = parse_request(spec.kind, raw, headers)
             admitted = self.director.admit(parsed, request_id, headers)
-            result = self.director.submit(admitted, payload=(record, raw))
+            result = self.director.submit(admitted, _Queued(self, record, raw))
         except GatewayError as exc:
             self._bodies.pop(request_id, None)
             self._refused(record, exc, now)
@@ -346,14 +361,14 @@ class ClusterSimulation:
         record.status, record.reason = error.status, error.reason
         self._follow(record, now, None)
 
-    def _on_dispatch(self, item: QueueItem, dispatch: Dispatch) -> None:
-        record, raw = item.payload
+    def _left_queue(self, record: RequestRecord, raw: bytes, dispatch: Dispatch) -> None:
         self._queued -= 1
         self._start(record, raw, dispatch, self.clock.now())
 
-    def _on_reject(self, item: QueueItem, error: GatewayError) -> None:
-        record, _ = item.payload
-        self._bodies.pop(item.request.request_id, None)
+    def _refused_from_queue(
+        self, record: RequestRecord, request_id: str, error: GatewayError
+    ) -> None:
+        self._bodies.pop(request_id, None)
         self._queued -= 1
         self._refused(record, error, self.clock.now())
 

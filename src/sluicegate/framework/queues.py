@@ -15,7 +15,6 @@ import enum
 import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from sluicegate.framework.scheduling import LLMRequest
 
@@ -37,16 +36,8 @@ class QueueItem:
     """When it expires (TTL); None waits until dispatched or cancelled."""
     seq: int
     """Arrival order, the final tie-breaker everywhere."""
-    payload: Any = None
-    """The caller's: what it needs to answer the request later."""
     state: ItemState = ItemState.QUEUED
     sort_key: tuple[float, ...] = field(default_factory=tuple)
-    admitted: Any = None
-    """The director's: the admitted request (pool, parsed body) to schedule later."""
-    candidates: list[Any] = field(default_factory=list)
-    """The endpoints with room found when it was last considered for dispatch."""
-    cycle_state: Any = None
-    """The director's: the scheduling state from admission (what was prefetched for it)."""
 
     @property
     def size_bytes(self) -> int:
@@ -64,8 +55,8 @@ class QueueItem:
 _COMPACT_MIN = 8
 """Dead entries a flow tolerates before compaction is considered. Rebuilding only when the
 dead outnumber the live already makes it amortised O(1); this minimum just spares tiny
-heaps. It is per flow, so it must stay small: dead entries hold whole requests (body,
-waiter), and with 64 a thousand one-request flows could pin 64,000 cancelled ones."""
+heaps. It is per flow, so it must stay small: dead entries hold whole requests (prompt
+and all), and with 64 a thousand one-request flows could pin 64,000 cancelled ones."""
 
 
 class FlowQueue:
