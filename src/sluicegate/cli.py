@@ -85,10 +85,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from sluicegate.api.loader import ConfigError, load_config
+    from sluicegate.framework import PluginConfigError
     from sluicegate.gateway.app import GatewayOptions
     from sluicegate.gateway.run import ServeOptions, serve
     from sluicegate.latency.trace import TraceError
-    from sluicegate.plugin import PluginConfigError
     from sluicegate.runtime import Runtime
     from sluicegate.scheduling.config import load_preset
 
@@ -133,8 +133,8 @@ def _cmd_extproc(args: argparse.Namespace) -> int:
     from sluicegate.extproc.run import RunOptions, run_extproc
     from sluicegate.extproc.server import ExtProcOptions
     from sluicegate.extproc.stream import StreamSettings
+    from sluicegate.framework import PluginConfigError
     from sluicegate.latency.trace import TraceError
-    from sluicegate.plugin import PluginConfigError
     from sluicegate.runtime import Runtime
     from sluicegate.scheduling.config import load_preset
 

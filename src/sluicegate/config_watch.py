@@ -22,7 +22,7 @@ from pathlib import Path
 
 from sluicegate.api.loader import Config, ConfigError, load_config
 from sluicegate.api.resources import EndpointPickerConfig
-from sluicegate.plugin import PluginConfigError
+from sluicegate.framework import PluginConfigError
 
 log = logging.getLogger("sluicegate.config")
 

@@ -20,6 +20,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from sluicegate.api.loader import Config
+from sluicegate.builtins import default_registry
 from sluicegate.clock import Clock, MonotonicClock
 from sluicegate.datalayer.collector import Collector, CollectorSettings
 from sluicegate.datalayer.datastore import Datastore
@@ -27,26 +28,49 @@ from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.datalayer.pools import EndpointsByPool, static_endpoints, sync_pools
 from sluicegate.errors import GatewayError
 from sluicegate.flowcontrol.config import FlowControlSetup, build_flow_control
-from sluicegate.flowcontrol.types import QueueItem
+from sluicegate.framework import (
+    PREDICTION_OUTCOME,
+    PREDICTIONS,
+    PREDICTOR_SERVICE,
+    PREFIX_MATCH,
+    PluginContext,
+    PredictionOutcome,
+    PrefixIndexer,
+    QueueItem,
+)
 from sluicegate.latency.host import PredictorHost
 from sluicegate.metrics import UNKNOWN_MODEL_LABEL, GatewayMetrics
-from sluicegate.plugin import PluginContext
 from sluicegate.requestcontrol.director import Director
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import ParsedRequest
 from sluicegate.requestcontrol.responses import Usage as Usage  # re-exported
 from sluicegate.scheduling.config import BuiltScheduler, build_scheduler
-from sluicegate.scheduling.plugins.predicted_latency import (
-    PREDICTION_OUTCOME,
-    PREDICTIONS,
-    PREDICTOR_SERVICE,
-    PredictionOutcome,
-)
-from sluicegate.scheduling.plugins.prefix_cache import PREFIX_MATCH, ApproxPrefixCacheProducer
 from sluicegate.upstream import UpstreamPool
 
 log = logging.getLogger("sluicegate.runtime")
+
+
+class _Waiter:
+    """The ticket of a request waiting in flow control: its task awaits ``future``."""
+
+    __slots__ = ("future", "runtime")
+
+    def __init__(self, runtime: Runtime, future: asyncio.Future[Dispatch]) -> None:
+        self.runtime = runtime
+        self.future = future
+
+    def dispatched(self, item: QueueItem, dispatch: Dispatch) -> None:
+        self.runtime._observe_wait(item, "dispatched")
+        if self.future.done():  # its client left while it was being scheduled
+            dispatch.finish(self.runtime.clock.now(), ok=False)
+        else:
+            self.future.set_result(dispatch)
+
+    def rejected(self, item: QueueItem, error: GatewayError) -> None:
+        self.runtime._observe_wait(item, error.reason)
+        if not self.future.done():
+            self.future.set_exception(error)
 
 
 @dataclass(slots=True)
@@ -74,6 +98,8 @@ class Runtime:
         self.config = config
         self.predictor: PredictorHost | None = None
         """The latency predictor, unless the options provide one."""
+        self.registry = default_registry()
+        """The plugin types schedulers and flow control are built from."""
         self._services = dict(self.options.services)
         if PREDICTOR_SERVICE not in self._services:
             self.predictor = PredictorHost(
@@ -95,8 +121,6 @@ class Runtime:
             flow=self._build_flow(config, self.built),
             prediction_default=config.gateway.latency_predictor.prediction_based_scheduling_default,
         )
-        self.director.on_dispatch = self._on_dispatch
-        self.director.on_reject = self._on_reject
         self.metrics = GatewayMetrics(
             self.datastore, self.clock, self.staleness_s, self._prefix_index_size, self._flow_state
         )
@@ -113,10 +137,10 @@ class Runtime:
         return PluginContext(self.clock, self.options.seed, services=self._services)
 
     def _build_scheduler(self, config: Config) -> BuiltScheduler:
-        return build_scheduler(config.picker, self._context())
+        return build_scheduler(config.picker, self._context(), self.registry)
 
     def _build_flow(self, config: Config, built: BuiltScheduler) -> FlowControlSetup:
-        return build_flow_control(config.picker, built.plugins, self._context())
+        return build_flow_control(config.picker, built.plugins, self._context(), self.registry)
 
     async def start(self, upstream: UpstreamPool) -> None:
         """Start scraping every endpoint's metrics over ``upstream``, and the latency
@@ -217,7 +241,7 @@ class Runtime:
             admitted = self.director.admit(parsed, request_id, headers, subset)
             state = await self.director.prefetch(admitted) if self.built.fetchers else None
             waiter: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()
-            result = self.director.submit(admitted, waiter, state)
+            result = self.director.submit(admitted, _Waiter(self, waiter), state)
             if isinstance(result, QueueItem):
                 at_once = waiter.done()  # dispatched without waiting (or refused)
                 dispatch = await self._wait(result, waiter)
@@ -298,20 +322,6 @@ class Runtime:
                 self.director.pump()
             raise
 
-    def _on_dispatch(self, item: QueueItem, dispatch: Dispatch) -> None:
-        waiter: asyncio.Future[Dispatch] = item.payload
-        self._observe_wait(item, "dispatched")
-        if waiter.done():  # its client left while it was being scheduled
-            dispatch.finish(self.clock.now(), ok=False)
-        else:
-            waiter.set_result(dispatch)
-
-    def _on_reject(self, item: QueueItem, error: GatewayError) -> None:
-        waiter: asyncio.Future[Dispatch] = item.payload
-        self._observe_wait(item, error.reason)
-        if not waiter.done():
-            waiter.set_exception(error)
-
     def _observe_wait(self, item: QueueItem, outcome: str) -> None:
         self.metrics.queue_wait.labels(str(item.priority), outcome).observe(
             self.clock.now() - item.enqueued_at
@@ -356,9 +366,7 @@ class Runtime:
 
     def _prefix_index_size(self) -> int:
         return sum(
-            len(p.index)
-            for p in self.built.plugins.values()
-            if isinstance(p, ApproxPrefixCacheProducer)
+            p.indexed_blocks() for p in self.built.plugins.values() if isinstance(p, PrefixIndexer)
         )
 
     def _observe_prediction(self, dispatch: Dispatch, outcome: PredictionOutcome) -> None:

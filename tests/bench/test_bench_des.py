@@ -28,11 +28,9 @@ from sluicegate.bench.workloads import (
 )
 from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.errors import shed
+from sluicegate.framework import LLMRequest
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.scheduling.config import load_preset
-from sluicegate.scheduling.framework import (
-    LLMRequest,
-)
 from sluicegate.sim.profiles import get_profile
 
 TINY = get_profile("tiny")

@@ -12,15 +12,21 @@ from collections.abc import Callable
 
 import pytest
 
+from sluicegate.builtins import default_registry
 from sluicegate.clock import ManualClock
 from sluicegate.errors import GatewayError
 from sluicegate.flowcontrol.controller import BandPolicy, FlowController, FlowControlSettings
-from sluicegate.flowcontrol.policies.fairness import FairnessPolicy
-from sluicegate.flowcontrol.policies.ordering import OrderingPolicy
-from sluicegate.flowcontrol.queues import BandLimits
-from sluicegate.flowcontrol.types import ItemState, QueueItem
-from sluicegate.plugin import PluginContext, create_plugin
-from sluicegate.scheduling.framework import LLMRequest
+from sluicegate.framework import (
+    BandLimits,
+    FairnessPolicy,
+    ItemState,
+    LLMRequest,
+    OrderingPolicy,
+    PluginContext,
+    QueueItem,
+)
+
+REGISTRY = default_registry()
 
 FCFS, EDF, SLO = "fcfs-ordering-policy", "edf-ordering-policy", "slo-deadline-ordering-policy"
 STRICT, RR = "global-strict-fairness-policy", "round-robin-fairness-policy"
@@ -30,13 +36,13 @@ _ids = itertools.count()
 
 
 def ordering(name: str) -> OrderingPolicy:
-    plugin = create_plugin(name, name, None, _CTX)
+    plugin = REGISTRY.create(name, name, None, _CTX)
     assert isinstance(plugin, OrderingPolicy)
     return plugin
 
 
 def fairness(name: str) -> FairnessPolicy:
-    plugin = create_plugin(name, name, None, _CTX)
+    plugin = REGISTRY.create(name, name, None, _CTX)
     assert isinstance(plugin, FairnessPolicy)
     return plugin
 

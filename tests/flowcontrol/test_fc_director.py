@@ -13,20 +13,27 @@ import orjson
 import pytest
 
 from sluicegate.api.loader import build_config
+from sluicegate.builtins import default_registry
 from sluicegate.clock import ManualClock
 from sluicegate.datalayer.datastore import Datastore, EndpointSpec
 from sluicegate.datalayer.endpoint import Endpoint, EngineMetrics, ServedModels
 from sluicegate.errors import GatewayError
 from sluicegate.flowcontrol.config import POOL_ANNOTATION, build_flow_control
-from sluicegate.flowcontrol.types import ItemState, QueueItem
-from sluicegate.plugin import PluginContext
+from sluicegate.framework import (
+    PREFIX_MATCH,
+    CycleState,
+    ItemState,
+    PluginContext,
+    QueueItem,
+    StateKey,
+)
 from sluicegate.requestcontrol.director import Director
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import parse_request
 from sluicegate.scheduling.config import build_scheduler, load_preset
-from sluicegate.scheduling.framework import StateKey
-from sluicegate.scheduling.plugins.prefix_cache import PREFIX_MATCH
+
+REGISTRY = default_registry()
 
 POOL = "pool"
 FAIRNESS = "x-gateway-inference-fairness-id"
@@ -73,6 +80,22 @@ def gated(**fields: Any) -> dict[str, Any]:
     return picker_doc(featureGates=["flowControl"], **fields)
 
 
+class _Recorder:
+    """A ticket that records how its request left the queue."""
+
+    def __init__(self, env: FlowEnv, name: str) -> None:
+        self.env = env
+        self.name = name
+
+    def dispatched(self, item: QueueItem, dispatch: Dispatch) -> None:
+        self.env.names_of[item] = self.name
+        self.env.dispatched.append((item, dispatch))
+
+    def rejected(self, item: QueueItem, error: GatewayError) -> None:
+        self.env.names_of[item] = self.name
+        self.env.rejected.append((item, error))
+
+
 class FlowEnv:
     def __init__(
         self,
@@ -100,15 +123,14 @@ class FlowEnv:
                 self.config.pools[name].metadata.annotations
             )
         context = PluginContext(self.clock, 0)
-        self.built = build_scheduler(self.config.picker, context)
-        flow = build_flow_control(self.config.picker, self.built.plugins, context)
+        self.built = build_scheduler(self.config.picker, context, REGISTRY)
+        flow = build_flow_control(self.config.picker, self.built.plugins, context, REGISTRY)
         self.director = Director(
             self.datastore, self.built, ModelTable(self.config), self.clock, 1.0, flow=flow
         )
         self.dispatched: list[tuple[QueueItem, Dispatch]] = []
         self.rejected: list[tuple[QueueItem, GatewayError]] = []
-        self.director.on_dispatch = lambda item, d: self.dispatched.append((item, d))
-        self.director.on_reject = lambda item, e: self.rejected.append((item, e))
+        self.names_of: dict[QueueItem, str] = {}
         self.direct: list[Dispatch] = []
         self._ids = itertools.count()
         for e in self.datastore.all_endpoints():
@@ -129,13 +151,18 @@ class FlowEnv:
             e.inflight.scraped()
 
     def submit(
-        self, model: str, name: str | None = None, headers: Mapping[str, str] | None = None
+        self,
+        model: str,
+        name: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        state: CycleState | None = None,
     ) -> Dispatch | QueueItem:
         name = name or f"req-{next(self._ids)}"
         headers = dict(headers or {})
         body = {"model": model, "prompt": f"prompt of {name}", "max_tokens": 8}
         parsed = parse_request("completions", orjson.dumps(body), headers)
-        result = self.director.submit(self.director.admit(parsed, name, headers), payload=name)
+        admitted = self.director.admit(parsed, name, headers)
+        result = self.director.submit(admitted, _Recorder(self, name), state)
         if isinstance(result, Dispatch):
             self.direct.append(result)
         return result
@@ -169,7 +196,7 @@ class FlowEnv:
         assert self.waiting() == 0
 
     def names(self, start: int = 0) -> list[str]:
-        return [item.payload for item, _ in self.dispatched[start:]]
+        return [self.names_of[item] for item, _ in self.dispatched[start:]]
 
     def finish(self, dispatch: Dispatch) -> None:
         dispatch.finish(self.clock.now())
@@ -495,6 +522,7 @@ def test_settings_change_keeps_waiting_requests() -> None:
             build_config([gated(flowControl={"defaultRequestTTL": "1s"})]).picker,
             env.built.plugins,
             context,
+            REGISTRY,
         )
     )
     assert env.waiting() == 1
@@ -511,7 +539,9 @@ def test_turning_flow_control_off_bypasses_the_queue_and_drains_it() -> None:
     env.saturate()
     waiting = env.queued("standard", "w")
     context = PluginContext(env.clock)
-    env.director.set_flow(build_flow_control(build_config([picker_doc()]).picker, {}, context))
+    env.director.set_flow(
+        build_flow_control(build_config([picker_doc()]).picker, {}, context, REGISTRY)
+    )
     # New requests are scheduled at once (the servers queue them), not queued behind "w".
     assert isinstance(env.submit("standard", "new"), Dispatch)
     assert env.waiting() == 1
@@ -530,9 +560,12 @@ def test_a_queued_request_keeps_its_admission_state() -> None:
     the state it is scheduled with when it leaves the queue."""
     env = FlowEnv(gated())
     env.saturate()
-    item = env.queued("standard", "w")
     marker: StateKey[str] = StateKey("test-marker")
-    item.cycle_state.put(marker, "fetched at admission")
+    fetched = CycleState()
+    fetched.put(marker, "fetched at admission")
+    item = env.submit("standard", "w", state=fetched)
+    assert isinstance(item, QueueItem)
+    assert item.state is ItemState.QUEUED
     env.scrape_as_running()
     env.director.pump()
     (_, dispatch), *_ = [(i, d) for i, d in env.dispatched if i is item]

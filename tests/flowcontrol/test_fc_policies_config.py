@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from sluicegate.api.loader import ConfigError, parse_config
+from sluicegate.builtins import default_registry
 from sluicegate.clock import ManualClock
 from sluicegate.datalayer.endpoint import Endpoint, EngineMetrics
 from sluicegate.flowcontrol.config import (
@@ -17,29 +18,23 @@ from sluicegate.flowcontrol.config import (
     build_flow_control,
 )
 from sluicegate.flowcontrol.policies.fairness import GlobalStrictFairness, RoundRobinFairness
-from sluicegate.flowcontrol.policies.ordering import (
-    EdfOrdering,
-    FcfsOrdering,
-    SloDeadlineOrdering,
-)
-from sluicegate.flowcontrol.policies.saturation import (
-    ConcurrencyDetector,
-    SaturationDetector,
-    UtilizationDetector,
-)
+from sluicegate.flowcontrol.policies.ordering import EdfOrdering, FcfsOrdering, SloDeadlineOrdering
+from sluicegate.flowcontrol.policies.saturation import ConcurrencyDetector, UtilizationDetector
 from sluicegate.flowcontrol.policies.usage_limit import (
     PriorityHoldbackPolicy,
     StaticUsageLimitPolicy,
 )
-from sluicegate.plugin import PluginConfigError, PluginContext, create_plugin, plugin_types
+from sluicegate.framework import PluginConfigError, PluginContext, SaturationDetector
 from sluicegate.scheduling.config import build_scheduler, load_preset
+
+REGISTRY = default_registry()
 
 NOW = 1000.0
 CTX = PluginContext(ManualClock(NOW))
 
 
 def detector(type_name: str, **params: Any) -> SaturationDetector:
-    plugin = create_plugin(type_name, type_name, params, CTX)
+    plugin = REGISTRY.create(type_name, type_name, params, CTX)
     assert isinstance(plugin, SaturationDetector)
     return plugin
 
@@ -172,7 +167,7 @@ def test_utilization_parameters_are_validated() -> None:
         {"noSuchThing": 1},
     ):
         with pytest.raises(PluginConfigError):
-            create_plugin("utilization-detector", "d", params, CTX)
+            REGISTRY.create("utilization-detector", "d", params, CTX)
 
 
 # ================================================================= concurrency-detector
@@ -228,21 +223,21 @@ def test_concurrency_pool_saturation_is_total_over_capacity() -> None:
 
 
 def test_static_usage_limit() -> None:
-    default = create_plugin("static-usage-limit-policy", "u", None, CTX)
+    default = REGISTRY.create("static-usage-limit-policy", "u", None, CTX)
     assert isinstance(default, StaticUsageLimitPolicy)
     assert [default.ceiling(p) for p in (-10, 0, 100)] == [1.0, 1.0, 1.0]
-    strict = create_plugin("static-usage-limit-policy", "u", {"threshold": 0.8}, CTX)
+    strict = REGISTRY.create("static-usage-limit-policy", "u", {"threshold": 0.8}, CTX)
     assert isinstance(strict, StaticUsageLimitPolicy)
     assert strict.ceiling(100) == 0.8
     with pytest.raises(PluginConfigError):
-        create_plugin("static-usage-limit-policy", "u", {"threshold": 0}, CTX)
+        REGISTRY.create("static-usage-limit-policy", "u", {"threshold": 0}, CTX)
 
 
 def test_priority_holdback_policy() -> None:
-    default = create_plugin("priority-holdback-policy", "h", None, CTX)
+    default = REGISTRY.create("priority-holdback-policy", "h", None, CTX)
     assert isinstance(default, PriorityHoldbackPolicy)
     assert [default.ceiling(p) for p in (100, 1, 0, -10)] == pytest.approx([1.0, 1.0, 0.8, 0.8])
-    custom = create_plugin(
+    custom = REGISTRY.create(
         "priority-holdback-policy",
         "h",
         {"threshold": 0.9, "holdback": 0.5, "protectedPriority": 100},
@@ -253,13 +248,13 @@ def test_priority_holdback_policy() -> None:
     assert custom.ceiling(99) == pytest.approx(0.45)
     for bad in ({"holdback": 1.0}, {"holdback": -0.1}, {"threshold": 0}):
         with pytest.raises(PluginConfigError):
-            create_plugin("priority-holdback-policy", "h", bad, CTX)
+            REGISTRY.create("priority-holdback-policy", "h", bad, CTX)
 
 
 def test_priority_isolation_preset_builds() -> None:
     picker = load_preset("priority-isolation")
-    built = build_scheduler(picker, CTX)
-    setup = build_flow_control(picker, built.plugins, CTX)
+    built = build_scheduler(picker, CTX, REGISTRY)
+    setup = build_flow_control(picker, built.plugins, CTX, REGISTRY)
     assert isinstance(setup.detector, UtilizationDetector)
     assert setup.detector.params.queue_depth_threshold == 1
     assert isinstance(setup.usage_limit, PriorityHoldbackPolicy)
@@ -269,7 +264,7 @@ def test_priority_isolation_preset_builds() -> None:
 
 
 def test_policies_are_registered_under_their_reference_names() -> None:
-    types = plugin_types()
+    types = REGISTRY.types()
     expected = {
         "utilization-detector": UtilizationDetector,
         "concurrency-detector": ConcurrencyDetector,
@@ -318,8 +313,8 @@ def picker_text(plugins: str = "", rest: str = "", gates: str = "") -> str:
 
 def setup_from(text: str) -> tuple[FlowControlSetup, dict[str, Any]]:
     config = parse_config(text)
-    built = build_scheduler(config.picker, CTX)
-    return build_flow_control(config.picker, built.plugins, CTX), dict(built.plugins)
+    built = build_scheduler(config.picker, CTX, REGISTRY)
+    return build_flow_control(config.picker, built.plugins, CTX, REGISTRY), dict(built.plugins)
 
 
 FULL = picker_text(
@@ -395,7 +390,7 @@ def test_build_flow_control_from_yaml() -> None:
 
 def test_defaults_without_configuration() -> None:
     for setup in (
-        build_flow_control(None, {}, CTX),
+        build_flow_control(None, {}, CTX, REGISTRY),
         setup_from(picker_text())[0],
     ):
         assert not setup.enabled
@@ -515,7 +510,7 @@ def test_pool_annotation_turns_flow_control_on_for_that_pool() -> None:
             """
         )
     )
-    setup = build_flow_control(config.picker, {}, CTX)
+    setup = build_flow_control(config.picker, {}, CTX, REGISTRY)
     assert not setup.enabled
     assert setup.enabled_for(config.pools["queued"].metadata.annotations)
     assert not setup.enabled_for(config.pools["plain"].metadata.annotations)

@@ -31,10 +31,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sluicegate.api.loader import build_config
 from sluicegate.flowcontrol.controller import FlowController
-from sluicegate.flowcontrol.types import ItemState, QueueItem
+from sluicegate.framework import ItemState, QueueItem
 from sluicegate.gateway.app import Gateway
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.parse import parse_request
+from sluicegate.runtime import _Waiter
 from sluicegate.sim.server import SimCluster
 
 BASE = "tiny-llama"
@@ -228,17 +229,20 @@ async def test_critical_overtakes_a_standard_backlog_and_sheddable_is_refused(
     # no request of a higher priority may still be waiting (every request here can use
     # every endpoint, so "no room for it" would mean "no room for anyone").
     violations: list[tuple[int, list[tuple[int, int]]]] = []
-    dispatch_hook = gw.director.on_dispatch
+    observe_wait = gw.runtime._observe_wait
 
-    def watch(item: QueueItem, dispatch: Dispatch) -> None:
-        above = [
-            (b.priority, b.requests) for b in controller(gw).bands() if b.priority > item.priority
-        ]
-        if any(n for _, n in above):
-            violations.append((item.priority, above))
-        dispatch_hook(item, dispatch)
+    def watch(item: QueueItem, outcome: str) -> None:
+        if outcome == "dispatched":
+            above = [
+                (b.priority, b.requests)
+                for b in controller(gw).bands()
+                if b.priority > item.priority
+            ]
+            if any(n for _, n in above):
+                violations.append((item.priority, above))
+        observe_wait(item, outcome)
 
-    gw.director.on_dispatch = watch
+    gw.runtime._observe_wait = watch  # type: ignore[method-assign]
 
     started: set[int] = set()  # standard requests that have their first token
     standard = [
@@ -366,7 +370,7 @@ async def test_dispatched_just_as_the_client_leaves_is_released() -> None:
     def submit(name: str) -> tuple[QueueItem, asyncio.Future[Dispatch]]:
         parsed = parse_request("completions", b'{"model": "m", "prompt": "x"}', {})
         waiter: asyncio.Future[Dispatch] = loop.create_future()
-        item = director.submit(director.admit(parsed, name, {}), payload=waiter)
+        item = director.submit(director.admit(parsed, name, {}), _Waiter(gw.runtime, waiter))
         assert isinstance(item, QueueItem)
         return item, waiter
 

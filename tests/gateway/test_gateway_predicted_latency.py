@@ -18,16 +18,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sluicegate.api.resources import LatencyPredictorSettings
 from sluicegate.clock import MonotonicClock
+from sluicegate.framework import PREDICTOR_SERVICE
 from sluicegate.gateway.proxy import upstream_headers
 from sluicegate.latency.features import FeatureRow, Sample
 from sluicegate.latency.host import PredictorHost, remote_urls
 from sluicegate.latency.predictor import Predictions
 from sluicegate.requestcontrol.parse import CONTROL_HEADERS
 from sluicegate.runtime import RuntimeOptions
-from sluicegate.scheduling.plugins.predicted_latency import (
-    PREDICTOR_SERVICE,
-    PredictedLatencyProducer,
-)
+from sluicegate.scheduling.plugins.predicted_latency import PredictedLatencyProducer
 
 MODEL = "tiny-llama"
 

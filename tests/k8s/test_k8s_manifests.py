@@ -27,11 +27,12 @@ import yaml
 from kubernetes_validate.utils import SchemaNotFoundError, ValidationError, latest_version
 
 from sluicegate.api.loader import build_config, parse_config
+from sluicegate.builtins import default_registry
 from sluicegate.clock import MonotonicClock
+from sluicegate.framework import PluginContext
 from sluicegate.k8s.assemble import assemble
 from sluicegate.k8s.kinds import ALL_KINDS, PODS, POOLS_V1, ResourceKind
 from sluicegate.k8s.objects import project_custom, project_pod
-from sluicegate.plugin import PluginContext
 from sluicegate.scheduling.config import build_scheduler
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -322,7 +323,7 @@ def _builds(text: str) -> None:
     config = parse_config(text, source="ConfigMap")
     assert config.picker is not None
     assert config.pools == {}
-    build_scheduler(config.picker, PluginContext(MonotonicClock(), 0))
+    build_scheduler(config.picker, PluginContext(MonotonicClock(), 0), default_registry())
 
 
 def test_rbac_grants_read_only_access_to_what_is_watched() -> None:

@@ -22,17 +22,18 @@ import orjson
 import pytest
 
 from sluicegate.api.loader import build_config
+from sluicegate.builtins import default_registry
 from sluicegate.clock import ManualClock
 from sluicegate.datalayer.datastore import Datastore, EndpointSpec
 from sluicegate.datalayer.endpoint import Endpoint, EngineMetrics, ServedModels
-from sluicegate.plugin import (
-    PluginContext,
-)
+from sluicegate.framework import PluginContext
 from sluicegate.requestcontrol.director import Director
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import RequestKind, parse_request
 from sluicegate.scheduling.config import build_scheduler, load_preset
+
+REGISTRY = default_registry()
 
 POOL = "pool"
 
@@ -93,7 +94,9 @@ class RouteEnv:
         self.datastore.set_endpoints(
             POOL, [EndpointSpec(f"ep-{i}", "10.0.0.1", 8000 + i) for i in range(endpoints)]
         )
-        self.built = build_scheduler(load_preset("default"), PluginContext(self.clock, seed))
+        self.built = build_scheduler(
+            load_preset("default"), PluginContext(self.clock, seed), REGISTRY
+        )
         self.models = ModelTable(self.config)
         self.director = Director(self.datastore, self.built, self.models, self.clock, 1.0)
         self._ids = 0

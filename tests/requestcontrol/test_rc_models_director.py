@@ -11,20 +11,17 @@ import orjson
 import pytest
 
 from sluicegate.api.loader import build_config
+from sluicegate.builtins import default_registry
 from sluicegate.datalayer.datastore import EndpointSpec
 from sluicegate.errors import GatewayError
-from sluicegate.plugin import (
-    PluginContext,
-    create_plugin,
-)
+from sluicegate.framework import Filter, PluginContext
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.models import CRITICALITY_PRIORITY, ModelRoute, ModelTable
 from sluicegate.scheduling.config import BuiltScheduler
-from sluicegate.scheduling.framework import (
-    Filter,
-)
 from sluicegate.scheduling.plugins.prefix_cache import ApproxPrefixCacheProducer
 from sluicegate.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
+
+REGISTRY = default_registry()
 
 OBJECTIVE = "x-gateway-inference-objective"
 REWRITE = "x-gateway-model-name-rewrite"
@@ -719,12 +716,12 @@ def test_fallbacks_respect_the_profiles_filters(route_env: Any) -> None:
     context = PluginContext(env.clock, 0)
     profile = SchedulerProfile(
         "p",
-        picker=create_plugin("max-score-picker", "picker", None, context),
+        picker=REGISTRY.create("max-score-picker", "picker", None, context),
         filters=[_DropEvenEndpoints("odd", context)],
-        scorers=[WeightedScorer(create_plugin("queue-scorer", "q", None, context), 1.0)],
+        scorers=[WeightedScorer(REGISTRY.create("queue-scorer", "q", None, context), 1.0)],
     )
-    handler = create_plugin("single-profile-handler", "h", None, context)
-    env.director.built = BuiltScheduler(Scheduler(handler, {"p": profile}), {})
+    handler = REGISTRY.create("single-profile-handler", "h", None, context)
+    env.director.built = BuiltScheduler(Scheduler(handler, {"p": profile}), {}, REGISTRY)
     d = env.route({"model": "base", "prompt": "x" * 100})
     tried = [d.endpoint.name]
     while (nxt := d.retry_next()) is not None:

@@ -16,17 +16,12 @@ from typing import Any, Protocol
 
 import pytest
 
+from sluicegate.builtins import default_registry
 from sluicegate.clock import ManualClock
 from sluicegate.datalayer.endpoint import Endpoint, EngineMetrics
-from sluicegate.plugin import (
-    Plugin,
-    PluginContext,
-    create_plugin,
-)
-from sluicegate.scheduling.framework import (
-    LLMRequest,
-    ScoredEndpoint,
-)
+from sluicegate.framework import LLMRequest, Plugin, PluginContext, ScoredEndpoint
+
+REGISTRY = default_registry()
 
 _SCRAPED: Any = object()
 
@@ -106,7 +101,7 @@ def ctx() -> PluginContext:
 @pytest.fixture
 def make_plugin(ctx: PluginContext) -> PluginFactory:
     def make(type_name: str, **parameters: Any) -> Plugin:
-        return create_plugin(type_name, type_name, parameters, ctx)
+        return REGISTRY.create(type_name, type_name, parameters, ctx)
 
     return make
 

@@ -8,16 +8,11 @@ from typing import Any
 
 import pytest
 
+from sluicegate.builtins import default_registry
 from sluicegate.clock import ManualClock
-from sluicegate.plugin import (
-    PluginConfigError,
-    PluginContext,
-    create_plugin,
-)
-from sluicegate.scheduling.framework import (
-    CycleState,
-    LLMRequest,
-)
+from sluicegate.framework import CycleState, LLMRequest, PluginConfigError, PluginContext
+
+REGISTRY = default_registry()
 
 PICKERS = [
     "max-score-picker",
@@ -40,7 +35,7 @@ def _pick_many(picker: Any, candidates: list[Any], n: int = DRAWS) -> Counter[st
 
 def _seeded(type_name: str, seed: int, **parameters: Any) -> Any:
     context = PluginContext(clock=ManualClock(), seed=seed)
-    return create_plugin(type_name, type_name, parameters, context)
+    return REGISTRY.create(type_name, type_name, parameters, context)
 
 
 # --------------------------------------------------------------------------- all pickers
@@ -228,7 +223,7 @@ def test_weighted_random_zero_draw_replaced(
     make_endpoint: Any, make_request: Any, make_scored: Any
 ) -> None:
     context = PluginContext(clock=ManualClock())
-    picker: Any = create_plugin("weighted-random-picker", "w", None, context)
+    picker: Any = REGISTRY.create("weighted-random-picker", "w", None, context)
     picker.rng = _ZeroRandom(0)
     endpoints = [make_endpoint(i) for i in range(3)]
     # U = 1e-10 for everyone: key = 1e-10^(1/w) is largest for the largest score.

@@ -9,23 +9,24 @@ from typing import Any
 import numpy as np
 import pytest
 
+from sluicegate.builtins import default_registry
 from sluicegate.clock import ManualClock
-from sluicegate.latency.calibration import LatencyCalibration, QuantileTracker
-from sluicegate.latency.features import FeatureRow, Sample
-from sluicegate.latency.predictor import Predictions
-from sluicegate.plugin import PluginContext, create_plugin
-from sluicegate.scheduling.framework import (
+from sluicegate.framework import (
+    PREDICTION_OUTCOME,
+    PREDICTIONS,
+    PREDICTOR_SERVICE,
     CycleState,
+    PluginContext,
     ProfileResult,
     ResponseOutcome,
     SchedulingResult,
 )
-from sluicegate.scheduling.plugins.predicted_latency import (
-    PREDICTION_OUTCOME,
-    PREDICTIONS,
-    PREDICTOR_SERVICE,
-    PredictedLatencyProducer,
-)
+from sluicegate.latency.calibration import LatencyCalibration, QuantileTracker
+from sluicegate.latency.features import FeatureRow, Sample
+from sluicegate.latency.predictor import Predictions
+from sluicegate.scheduling.plugins.predicted_latency import PredictedLatencyProducer
+
+REGISTRY = default_registry()
 
 PREDICT_S = 0.003
 """How long the stub's prediction takes on the manual clock."""
@@ -72,7 +73,7 @@ class StubRemote:
 
 def producer(service: Any, clock: ManualClock) -> PredictedLatencyProducer:
     context = PluginContext(clock, 0, services={PREDICTOR_SERVICE: service})
-    plugin = create_plugin("predicted-latency-producer", "p", {}, context)
+    plugin = REGISTRY.create("predicted-latency-producer", "p", {}, context)
     assert isinstance(plugin, PredictedLatencyProducer)
     return plugin
 
@@ -219,7 +220,7 @@ def test_opted_out_requests_are_scored_by_the_composite_fallback(
 ) -> None:
     clock = ManualClock()
     plugin = producer(StubPredictor(clock), clock)
-    scorer = create_plugin("latency-scorer", "s", {}, PluginContext(clock))
+    scorer = REGISTRY.create("latency-scorer", "s", {}, PluginContext(clock))
     # ep-0 has the lowest predicted TTFT but the longest queue: predictions favour it,
     # the composite (KV, queue, prefix) does not.
     loaded = [

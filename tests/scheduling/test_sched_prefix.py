@@ -8,12 +8,7 @@ from typing import Any
 
 import pytest
 
-from sluicegate.scheduling.framework import (
-    CycleState,
-    ProfileResult,
-    SchedulingResult,
-)
-from sluicegate.scheduling.plugins.prefix_cache import PREFIX_MATCH
+from sluicegate.framework import PREFIX_MATCH, CycleState, ProfileResult, SchedulingResult
 from sluicegate.scheduling.prefix_index import PrefixIndex
 
 BLOCK_CHARS = 64 * 4

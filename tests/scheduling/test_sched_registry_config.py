@@ -6,13 +6,14 @@ from typing import Any
 
 import pytest
 
-from sluicegate import plugin as registry
 from sluicegate.api.resources import EndpointPickerConfig
-from sluicegate.plugin import (
+from sluicegate.builtins import default_registry
+from sluicegate.framework import (
+    CycleState,
     PluginConfigError,
     PluginContext,
-    create_plugin,
-    plugin_types,
+    PluginRegistry,
+    Scorer,
 )
 from sluicegate.scheduling.config import (
     BuiltScheduler,
@@ -20,13 +21,11 @@ from sluicegate.scheduling.config import (
     load_preset,
     preset_names,
 )
-from sluicegate.scheduling.framework import (
-    CycleState,
-    Scorer,
-)
 from sluicegate.scheduling.plugins.max_score_picker import MaxScorePicker
 from sluicegate.scheduling.plugins.prefix_cache import ApproxPrefixCacheProducer
 from sluicegate.scheduling.plugins.single_profile_handler import SingleProfileHandler
+
+REGISTRY = default_registry()
 
 BUILTIN_TYPES = {
     "active-request-scorer",
@@ -63,7 +62,7 @@ def _config(plugins: list[dict[str, Any]], profiles: list[dict[str, Any]]) -> En
 
 
 def test_builtin_types_registered() -> None:
-    types = plugin_types()
+    types = REGISTRY.types()
     assert set(types) >= BUILTIN_TYPES
     for name, cls in types.items():
         assert cls.type_name == name
@@ -74,14 +73,14 @@ def test_builtin_types_registered() -> None:
 
 def test_unknown_type_lists_known_ones(ctx: PluginContext) -> None:
     with pytest.raises(PluginConfigError, match="unknown plugin type 'nope'") as info:
-        create_plugin("nope", "x", None, ctx)
+        REGISTRY.create("nope", "x", None, ctx)
     for name in ("queue-scorer", "round-robin", "weighted-random-picker"):
         assert name in str(info.value)
 
 
 def test_bad_parameter_value_names_plugin_and_field(ctx: PluginContext) -> None:
     with pytest.raises(PluginConfigError) as info:
-        create_plugin("load-aware-scorer", "my-load", {"threshold": "many"}, ctx)
+        REGISTRY.create("load-aware-scorer", "my-load", {"threshold": "many"}, ctx)
     message = str(info.value)
     assert "'my-load'" in message
     assert "load-aware-scorer" in message
@@ -101,50 +100,65 @@ def test_out_of_range_parameters_rejected(
     type_name: str, parameters: dict[str, Any], field: str, ctx: PluginContext
 ) -> None:
     with pytest.raises(PluginConfigError, match=field):
-        create_plugin(type_name, "p", parameters, ctx)
+        REGISTRY.create(type_name, "p", parameters, ctx)
 
 
 def test_unknown_parameter_key_rejected(ctx: PluginContext) -> None:
     with pytest.raises(PluginConfigError, match="thresold"):
-        create_plugin("load-aware-scorer", "p", {"thresold": 3}, ctx)
+        REGISTRY.create("load-aware-scorer", "p", {"thresold": 3}, ctx)
     with pytest.raises(PluginConfigError, match="anything"):
-        create_plugin("queue-scorer", "p", {"anything": 1}, ctx)
+        REGISTRY.create("queue-scorer", "p", {"anything": 1}, ctx)
 
 
 def test_parameters_by_camel_or_snake_name(ctx: PluginContext) -> None:
-    camel = create_plugin("token-load-scorer", "a", {"queueThresholdTokens": 7}, ctx)
-    snake = create_plugin("token-load-scorer", "b", {"queue_threshold_tokens": 7}, ctx)
-    default = create_plugin("token-load-scorer", "c", None, ctx)
+    camel = REGISTRY.create("token-load-scorer", "a", {"queueThresholdTokens": 7}, ctx)
+    snake = REGISTRY.create("token-load-scorer", "b", {"queue_threshold_tokens": 7}, ctx)
+    default = REGISTRY.create("token-load-scorer", "c", None, ctx)
     assert camel.params == snake.params
     assert default.params.queue_threshold_tokens == 4_194_304  # type: ignore[attr-defined]
 
 
-def test_register_aliases_and_conflicts(
-    monkeypatch: pytest.MonkeyPatch, ctx: PluginContext
-) -> None:
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    monkeypatch.setattr(registry, "_ALIASES", dict(registry._ALIASES))
+def test_register_aliases_and_conflicts(ctx: PluginContext) -> None:
+    registry = PluginRegistry()
 
-    @registry.register("old-name")
     class Probe(Scorer):
         type_name = "probe-scorer"
+        aliases = ("old-name",)
 
         def score(self, request: Any, state: CycleState, endpoints: Any) -> list[float]:
             return [0.5] * len(endpoints)
 
-    assert type(create_plugin("old-name", "p", None, ctx)) is Probe
+    registry.register(Probe)
+    registry.register(Probe)  # the same class again: nothing changes
+    assert type(registry.create("old-name", "p", None, ctx)) is Probe
+    assert list(registry.types()) == ["probe-scorer"]
 
     class Clash(Probe):
         pass
 
-    with pytest.raises(TypeError, match="registered twice"):
-        registry.register()(Clash)
+    with pytest.raises(TypeError, match="already registered by Probe"):
+        registry.register(Clash)
 
     class Nameless(Probe):
         type_name = ""
 
     with pytest.raises(TypeError, match="no type_name"):
-        registry.register()(Nameless)
+        registry.register(Nameless)
+
+    class Squatter(Probe):
+        type_name = "squatter"
+        aliases = ("old-name",)
+
+    with pytest.raises(TypeError, match="alias 'old-name' is already taken"):
+        registry.register(Squatter)
+    with pytest.raises(TypeError, match="not a Plugin subclass"):
+        registry.register(int)  # type: ignore[arg-type]
+
+
+def test_registries_are_independent(ctx: PluginContext) -> None:
+    """A registry is an object, not a process-wide table: what one holds, another need not."""
+    assert "queue-scorer" not in PluginRegistry().types()
+    assert "queue-scorer" in REGISTRY.types()
 
 
 # --------------------------------------------------------------------------- builder
@@ -155,7 +169,7 @@ def _weights(built: BuiltScheduler, profile: str = "default") -> list[tuple[str,
 
 
 def test_default_preset_wiring(ctx: PluginContext) -> None:
-    built = build_scheduler(None, ctx)
+    built = build_scheduler(None, ctx, REGISTRY)
     scheduler = built.scheduler
     assert list(scheduler.profiles) == ["default"]
     assert _weights(built) == [
@@ -181,7 +195,7 @@ def test_producer_auto_created_for_prefix_scorer(ctx: PluginContext) -> None:
         [{"type": "prefix-cache-scorer", "name": "prefix"}],
         [{"name": "p", "plugins": [{"pluginRef": "prefix"}]}],
     )
-    built = build_scheduler(config, ctx)
+    built = build_scheduler(config, ctx, REGISTRY)
     assert [type(p) for p in built.scheduler.producers] == [ApproxPrefixCacheProducer]
     assert _weights(built, "p") == [("prefix-cache-scorer", 1.0)]  # unweighted → 1.0
 
@@ -198,7 +212,7 @@ def test_configured_producer_is_not_duplicated(ctx: PluginContext) -> None:
         ],
         [{"name": "p", "plugins": [{"pluginRef": "prefix-cache-scorer", "weight": 3}]}],
     )
-    built = build_scheduler(config, ctx)
+    built = build_scheduler(config, ctx, REGISTRY)
     (producer,) = built.scheduler.producers
     assert producer is built.plugins["my-producer"]
     assert producer.params.block_size_tokens == 128  # type: ignore[attr-defined]
@@ -208,7 +222,7 @@ def test_picker_auto_created(ctx: PluginContext) -> None:
     config = _config(
         [{"type": "queue-scorer"}], [{"name": "p", "plugins": [{"pluginRef": "queue-scorer"}]}]
     )
-    built = build_scheduler(config, ctx)
+    built = build_scheduler(config, ctx, REGISTRY)
     picker = built.scheduler.profiles["p"].picker
     assert isinstance(picker, MaxScorePicker)
     assert built.plugins["p-max-score-picker"] is picker
@@ -220,7 +234,7 @@ def test_weight_on_non_scorer_rejected(ctx: PluginContext) -> None:
         [{"name": "p", "plugins": [{"pluginRef": "random-picker", "weight": 2}]}],
     )
     with pytest.raises(PluginConfigError, match="not a scorer"):
-        build_scheduler(config, ctx)
+        build_scheduler(config, ctx, REGISTRY)
 
 
 def test_two_pickers_in_a_profile_rejected(ctx: PluginContext) -> None:
@@ -229,7 +243,7 @@ def test_two_pickers_in_a_profile_rejected(ctx: PluginContext) -> None:
         [{"name": "p", "plugins": [{"pluginRef": "random-picker"}, {"pluginRef": "round-robin"}]}],
     )
     with pytest.raises(PluginConfigError, match="more than one picker"):
-        build_scheduler(config, ctx)
+        build_scheduler(config, ctx, REGISTRY)
 
 
 def test_multiple_profiles_need_a_handler(ctx: PluginContext) -> None:
@@ -241,12 +255,12 @@ def test_multiple_profiles_need_a_handler(ctx: PluginContext) -> None:
         ],
     )
     with pytest.raises(PluginConfigError, match="profile handler"):
-        build_scheduler(config, ctx)
+        build_scheduler(config, ctx, REGISTRY)
 
 
 def test_no_profiles_rejected(ctx: PluginContext) -> None:
     with pytest.raises(PluginConfigError, match="no schedulingProfiles"):
-        build_scheduler(_config([{"type": "queue-scorer"}], []), ctx)
+        build_scheduler(_config([{"type": "queue-scorer"}], []), ctx, REGISTRY)
 
 
 def test_bad_plugin_in_config_names_it(ctx: PluginContext) -> None:
@@ -255,7 +269,7 @@ def test_bad_plugin_in_config_names_it(ctx: PluginContext) -> None:
         [{"name": "p", "plugins": [{"pluginRef": "la"}]}],
     )
     with pytest.raises(PluginConfigError, match=r"'la'.*threshold"):
-        build_scheduler(config, ctx)
+        build_scheduler(config, ctx, REGISTRY)
 
 
 def test_unknown_preset_lists_known_ones() -> None:
@@ -271,7 +285,7 @@ def test_shipped_presets() -> None:
 def test_every_preset_builds_and_schedules(
     name: str, ctx: PluginContext, make_endpoint: Any, make_request: Any
 ) -> None:
-    built = build_scheduler(load_preset(name), ctx)
+    built = build_scheduler(load_preset(name), ctx, REGISTRY)
     endpoints = [make_endpoint(i, waiting=i) for i in range(3)]
     request, state = make_request("hello " * 100), CycleState()
     built.scheduler.prepare(request, state, endpoints)

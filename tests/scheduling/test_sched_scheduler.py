@@ -8,24 +8,25 @@ from typing import Any
 import pytest
 
 from sluicegate.api.resources import EndpointPickerConfig
+from sluicegate.builtins import default_registry
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.plugin import (
-    PluginContext,
-)
-from sluicegate.scheduling.config import build_scheduler
-from sluicegate.scheduling.framework import (
+from sluicegate.framework import (
     RESPONSE_HEADERS,
     CycleState,
     Filter,
     LLMRequest,
+    PluginContext,
     SchedulingError,
     Scorer,
 )
+from sluicegate.scheduling.config import build_scheduler
 from sluicegate.scheduling.plugins.session_affinity_scorer import (
     SESSION_HEADER,
     encode_session_token,
 )
 from sluicegate.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
+
+REGISTRY = default_registry()
 
 
 class FixedScorer(Scorer):
@@ -123,7 +124,7 @@ def _build(ctx: PluginContext, plugins: list[dict[str, Any]], refs: list[dict[st
             "schedulingProfiles": [{"name": "default", "plugins": refs}],
         }
     )
-    return build_scheduler(config, ctx).scheduler
+    return build_scheduler(config, ctx, REGISTRY).scheduler
 
 
 def _run(scheduler: Scheduler, request: LLMRequest, endpoints: list[Endpoint]) -> Any:
@@ -137,7 +138,7 @@ def _run(scheduler: Scheduler, request: LLMRequest, endpoints: list[Endpoint]) -
 def test_default_preset_prefers_idle_then_sticks_to_cached_prefix(
     ctx: PluginContext, make_endpoint: Any, make_request: Any
 ) -> None:
-    scheduler = build_scheduler(None, ctx).scheduler
+    scheduler = build_scheduler(None, ctx, REGISTRY).scheduler
     endpoints = [
         make_endpoint(0, waiting=4, kv_usage=0.6),
         make_endpoint(1, waiting=0, kv_usage=0.1),

@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 
 from sluicegate.datalayer.endpoint import EngineMetrics, ServedModels
-from sluicegate.plugin import PluginConfigError
-from sluicegate.scheduling.framework import (
+from sluicegate.framework import (
     RESPONSE_HEADERS,
     CycleState,
+    PluginConfigError,
     ProfileResult,
     SchedulingResult,
 )
-from sluicegate.scheduling.plugins.queue_scorer import min_max_inverse
+from sluicegate.framework.helpers import min_max_inverse
 from sluicegate.scheduling.plugins.session_affinity_scorer import (
     SESSION_HEADER,
     decode_session_token,

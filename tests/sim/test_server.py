@@ -673,7 +673,7 @@ async def test_client_disconnect_mid_stream_aborts_the_request(
     assert metrics.value("vllm:request_success", finished_reason="abort") == 1
     assert metrics.value("vllm:num_requests_running") == 0
     assert metrics.value("vllm:kv_cache_usage_perc") == 0
-    await wait_for(lambda: not replica._handles and not replica._transports)
+    await wait_for(lambda: not replica.driver.handles and not replica._transports)
     assert not replica.metrics._last_token_time  # no per-request state left behind
 
 

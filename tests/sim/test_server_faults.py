@@ -56,7 +56,7 @@ def assert_idle(replica: Replica) -> None:
     """Nothing of any request is left in the engine or the server."""
     assert replica.engine.num_requests == 0
     assert replica.engine.pool.usage == 0
-    assert not replica._handles
+    assert not replica.driver.handles
     assert not replica.metrics._last_token_time
 
 

@@ -34,26 +34,28 @@ from sluicegate.api.loader import Config, build_config
 from sluicegate.api.resources import EndpointPickerConfig
 from sluicegate.bench.oracle import OraclePredictor
 from sluicegate.bench.workloads import RequestSpec, Timed, Workload
+from sluicegate.builtins import default_registry
 from sluicegate.clock import ManualClock
 from sluicegate.datalayer.datastore import Datastore, EndpointSpec
 from sluicegate.datalayer.endpoint import EngineMetrics, ServedModels
 from sluicegate.errors import GatewayError
 from sluicegate.flowcontrol.config import POOL_ANNOTATION, build_flow_control
-from sluicegate.flowcontrol.types import QueueItem
+from sluicegate.framework import (
+    PREDICTION_OUTCOME,
+    PREDICTOR_SERVICE,
+    LLMRequest,
+    PluginContext,
+    QueueItem,
+)
 from sluicegate.latency.calibration import LatencyCalibration
 from sluicegate.latency.features import FeatureRow, Sample
 from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings
 from sluicegate.latency.predictor import Predictions
-from sluicegate.plugin import (
-    PluginContext,
-)
 from sluicegate.requestcontrol.director import Director
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import parse_request
 from sluicegate.scheduling.config import build_scheduler
-from sluicegate.scheduling.framework import LLMRequest
-from sluicegate.scheduling.plugins.predicted_latency import PREDICTOR_SERVICE
 from sluicegate.sim.api import ApiError, parse_generate
 from sluicegate.sim.engine import Engine, Sequence, StepResult, new_sequence
 from sluicegate.sim.profiles import EngineProfile
@@ -99,6 +101,9 @@ class RequestRecord:
     reason: str = ""
     prompt_bytes: bytes = b""
     reply: str = ""
+    fell_back: bool = False
+    """Scheduled on the heuristic fallback although predictions were wanted (models warming
+    up, or no usable prediction)."""
 
     @property
     def completed(self) -> bool:
@@ -176,6 +181,23 @@ def _pool_config(spec: ClusterSpec) -> Config:
     return config
 
 
+class _Queued:
+    """The ticket of a request waiting in the simulated gateway's flow control."""
+
+    __slots__ = ("cluster", "raw", "record")
+
+    def __init__(self, cluster: ClusterSimulation, record: RequestRecord, raw: bytes) -> None:
+        self.cluster = cluster
+        self.record = record
+        self.raw = raw
+
+    def dispatched(self, item: QueueItem, dispatch: Dispatch) -> None:
+        self.cluster._left_queue(self.record, self.raw, dispatch)
+
+    def rejected(self, item: QueueItem, error: GatewayError) -> None:
+        self.cluster._refused_from_queue(self.record, item.request.request_id, error)
+
+
 class ClusterSimulation:
     """One run: a workload against a simulated pool behind the director."""
 
@@ -198,7 +220,8 @@ class ClusterSimulation:
         self._bodies: dict[str, tuple[bytes, bool]] = {}
         """Bodies of requests the director is deciding about (for the oracle)."""
         context = PluginContext(self.clock, spec.seed, services=self._services(spec))
-        built = build_scheduler(config.picker, context)
+        registry = default_registry()
+        built = build_scheduler(config.picker, context, registry)
         self.datastore.pools[POOL].annotations = dict(config.pools[POOL].metadata.annotations)
         self.director = Director(
             self.datastore,
@@ -206,10 +229,8 @@ class ClusterSimulation:
             ModelTable(config),
             self.clock,
             spec.staleness_s,
-            flow=build_flow_control(config.picker, built.plugins, context),
+            flow=build_flow_control(config.picker, built.plugins, context, registry),
         )
-        self.director.on_dispatch = self._on_dispatch
-        self.director.on_reject = self._on_reject
         self._expiry_at: float | None = None
         self._queued = 0
         """Requests waiting in flow control."""
@@ -325,7 +346,7 @@ class ClusterSimulation:
         try:
             parsed = parse_request(spec.kind, raw, headers)
             admitted = self.director.admit(parsed, request_id, headers)
-            result = self.director.submit(admitted, payload=(record, raw))
+            result = self.director.submit(admitted, _Queued(self, record, raw))
         except GatewayError as exc:
             self._bodies.pop(request_id, None)
             self._refused(record, exc, now)
@@ -340,14 +361,14 @@ class ClusterSimulation:
         record.status, record.reason = error.status, error.reason
         self._follow(record, now, None)
 
-    def _on_dispatch(self, item: QueueItem, dispatch: Dispatch) -> None:
-        record, raw = item.payload
+    def _left_queue(self, record: RequestRecord, raw: bytes, dispatch: Dispatch) -> None:
         self._queued -= 1
         self._start(record, raw, dispatch, self.clock.now())
 
-    def _on_reject(self, item: QueueItem, error: GatewayError) -> None:
-        record, _ = item.payload
-        self._bodies.pop(item.request.request_id, None)
+    def _refused_from_queue(
+        self, record: RequestRecord, request_id: str, error: GatewayError
+    ) -> None:
+        self._bodies.pop(request_id, None)
         self._queued -= 1
         self._refused(record, error, self.clock.now())
 
@@ -376,6 +397,8 @@ class ClusterSimulation:
             self._follow(record, now, None)
             return
         record.endpoint = index
+        outcome = dispatch.state.get(PREDICTION_OUTCOME)
+        record.fell_back = outcome is not None and outcome.fallback
         record.prompt_tokens = seq.prompt_tokens
         record.prompt_bytes = seq.prompt
         self._inflight[request_id] = (dispatch, record)

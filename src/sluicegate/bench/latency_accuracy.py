@@ -48,7 +48,6 @@ from sluicegate.latency.calibration import LatencyCalibration
 from sluicegate.latency.features import TOKEN_TIMING_CAP_MS, FeatureRow, Sample
 from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings
 from sluicegate.latency.predictor import Predictions
-from sluicegate.scheduling.plugins.predicted_latency import PredictedLatencyProducer
 from sluicegate.sim.profiles import get_profile
 
 GOAL_MAPE = 0.10
@@ -305,9 +304,6 @@ def run_level(case: Case, qps: float, plan: Plan) -> LevelResult:
     result = sim.run(workload, horizon_s=plan.duration_s * 2.0)
     wall = time.perf_counter() - started
     scorer = holder[0]
-    producers = [
-        p for p in sim.director.built.plugins.values() if isinstance(p, PredictedLatencyProducer)
-    ]
     data = np.array(scorer.scored, dtype=np.float64).reshape(-1, _COLUMNS)
     return LevelResult(
         case=case,
@@ -315,7 +311,7 @@ def run_level(case: Case, qps: float, plan: Plan) -> LevelResult:
         requests=len(result.records),
         ttft=score(data[:, 0], data[:, 4], data[:, 2], data[:, 6]),
         tpot=score(data[:, 1], data[:, 5], data[:, 3], data[:, 7]),
-        fallbacks=sum(p.fallbacks for p in producers),
+        fallbacks=sum(1 for r in result.records if r.fell_back),
         unscored=scorer.unscored,
         ready_at_s=scorer.ready_at,
         trainings=scorer.routing.trainings,

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from sluicegate.framework import LLMRequest
 from sluicegate.latency.features import FeatureRow, Sample
 from sluicegate.latency.predictor import Predictions
-from sluicegate.scheduling.framework import LLMRequest
 from sluicegate.sim.engine import Engine
 from sluicegate.sim.engine import Sequence as EngineSequence
 

@@ -16,12 +16,11 @@ from dataclasses import dataclass
 import orjson
 
 from sluicegate.api.loader import build_config
+from sluicegate.builtins import default_registry
 from sluicegate.clock import MonotonicClock
 from sluicegate.datalayer.datastore import Datastore, EndpointSpec
 from sluicegate.datalayer.endpoint import EngineMetrics, ServedModels
-from sluicegate.plugin import (
-    PluginContext,
-)
+from sluicegate.framework import PluginContext
 from sluicegate.requestcontrol.director import Director
 from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import parse_request
@@ -76,7 +75,7 @@ def _director(endpoints: int, preset: str, seed: int) -> Director:
             num_gpu_blocks=27_118,
         )
         e.models = ServedModels(frozenset({MODEL}), frozenset(), now)
-    built = build_scheduler(load_preset(preset), PluginContext(clock, seed))
+    built = build_scheduler(load_preset(preset), PluginContext(clock, seed), default_registry())
     return Director(datastore, built, ModelTable(config), clock, staleness_s=7200.0)
 
 

@@ -21,12 +21,17 @@ from typing import Any
 
 from sluicegate.api.resources import EndpointPickerConfig, FlowControlSpec, PriorityBandSpec
 from sluicegate.flowcontrol.controller import BandPolicy, FlowControlSettings
-from sluicegate.flowcontrol.policies.fairness import FairnessPolicy
-from sluicegate.flowcontrol.policies.ordering import OrderingPolicy
-from sluicegate.flowcontrol.policies.saturation import SaturationDetector
-from sluicegate.flowcontrol.policies.usage_limit import UsageLimitPolicy
-from sluicegate.flowcontrol.queues import BandLimits
-from sluicegate.plugin import Plugin, PluginConfigError, PluginContext, create_plugin
+from sluicegate.framework import (
+    BandLimits,
+    FairnessPolicy,
+    OrderingPolicy,
+    Plugin,
+    PluginConfigError,
+    PluginContext,
+    PluginRegistry,
+    SaturationDetector,
+    UsageLimitPolicy,
+)
 
 FEATURE_GATE = "flowControl"
 POOL_ANNOTATION = "inference-epp-env.networking.x-k8s.io/experimental-use-queueing"
@@ -54,9 +59,12 @@ class FlowControlSetup:
 class _Resolver:
     """Finds a plugin by name among the configured ones, or creates one by type."""
 
-    def __init__(self, plugins: Mapping[str, Plugin], context: PluginContext) -> None:
+    def __init__(
+        self, plugins: Mapping[str, Plugin], context: PluginContext, registry: PluginRegistry
+    ) -> None:
         self.plugins = plugins
         self.context = context
+        self.registry = registry
         self._created: dict[str, Plugin] = {}
 
     def get(self, ref: str, kind: Any, what: str) -> Any:
@@ -64,7 +72,7 @@ class _Resolver:
         (typed ``Any``: the kinds are abstract classes)."""
         plugin = self.plugins.get(ref) or self._created.get(ref)
         if plugin is None:
-            plugin = self._created[ref] = create_plugin(ref, ref, None, self.context)
+            plugin = self._created[ref] = self.registry.create(ref, ref, None, self.context)
         if not isinstance(plugin, kind):
             raise PluginConfigError(
                 f"{what} {ref!r} is a {type(plugin).type_name}, not a {kind.__name__}"
@@ -73,10 +81,14 @@ class _Resolver:
 
 
 def build_flow_control(
-    config: EndpointPickerConfig | None, plugins: Mapping[str, Plugin], context: PluginContext
+    config: EndpointPickerConfig | None,
+    plugins: Mapping[str, Plugin],
+    context: PluginContext,
+    registry: PluginRegistry,
 ) -> FlowControlSetup:
-    """Flow control for ``config``; ``plugins`` are the instances built from its list."""
-    resolve = _Resolver(plugins, context)
+    """Flow control for ``config``; ``plugins`` are the instances built from its list, and
+    policies it names by type are created from ``registry``."""
+    resolve = _Resolver(plugins, context, registry)
     detector_ref = (
         config.saturation_detector.plugin_ref
         if config is not None and config.saturation_detector

@@ -18,14 +18,18 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from sluicegate.errors import GatewayError, shed
-from sluicegate.flowcontrol.policies.fairness import FairnessPolicy
-from sluicegate.flowcontrol.policies.ordering import OrderingPolicy
-from sluicegate.flowcontrol.queues import Band, BandLimits, FlowQueue
-from sluicegate.flowcontrol.types import ItemState, QueueItem
-from sluicegate.scheduling.framework import LLMRequest
+from sluicegate.framework import (
+    Band,
+    BandLimits,
+    FairnessPolicy,
+    FlowQueue,
+    ItemState,
+    LLMRequest,
+    OrderingPolicy,
+    QueueItem,
+)
 
 
 @dataclass(slots=True)
@@ -72,7 +76,7 @@ class FlowController:
 
     # ------------------------------------------------------------------ queueing
 
-    def enqueue(self, request: LLMRequest, now: float, payload: Any = None) -> QueueItem:
+    def enqueue(self, request: LLMRequest, now: float) -> QueueItem:
         """Queue ``request``; raises a 429 GatewayError when a capacity bound is reached."""
         s = self.settings
         size = request.body_bytes
@@ -88,7 +92,7 @@ class FlowController:
         if limits.max_bytes is not None and band.bytes + size > limits.max_bytes:
             raise capacity_exceeded(f"the queue of priority {request.priority} is full (bytes)")
         ttl = s.default_ttl_s
-        item = QueueItem(request, now, None if ttl is None else now + ttl, next(self._seq), payload)
+        item = QueueItem(request, now, None if ttl is None else now + ttl, next(self._seq))
         item.sort_key = policy.ordering.sort_key(item)
         band.flow(request.fairness_id).push(item)
         band.requests += 1

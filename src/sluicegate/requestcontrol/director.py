@@ -16,18 +16,18 @@ https://github.com/kubernetes-sigs/gateway-api-inference-extension/blob/1748e829
 4. data producers, the scheduler (filters → scorers → picker), pre-request hooks, in-flight
    accounting, and the body rewritten for the target model: a :class:`Dispatch`.
 
-Requests that wait are handed back through :attr:`Director.on_dispatch` when they leave the
-queue, or :attr:`Director.on_reject` when they cannot be served (time to live, no
-endpoint); :meth:`Director.pump` must be called whenever room may have appeared (a
-request finished, fresh metrics arrived) and :meth:`Director.expire` at
+A request that waits is handed back through the :class:`Ticket` it was submitted with:
+``dispatched`` when it leaves the queue, ``rejected`` when it cannot be served (time to
+live, no endpoint). :meth:`Director.pump` must be called whenever room may have appeared
+(a request finished, fresh metrics arrived) and :meth:`Director.expire` at
 :meth:`Director.next_deadline`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from sluicegate.clock import Clock
 from sluicegate.datalayer.datastore import Datastore, Pool
@@ -35,20 +35,20 @@ from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.errors import GatewayError, no_endpoint, shed, unknown_model
 from sluicegate.flowcontrol.config import FlowControlSetup, build_flow_control
 from sluicegate.flowcontrol.controller import FlowController
-from sluicegate.flowcontrol.types import QueueItem
-from sluicegate.plugin import PluginContext
+from sluicegate.framework import (
+    RESPONSE_HEADERS,
+    Admitter,
+    CycleState,
+    LLMRequest,
+    PluginContext,
+    QueueItem,
+    SchedulingError,
+)
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.jsonbytes import replace_top_level_string
 from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import ParsedRequest
 from sluicegate.scheduling.config import BuiltScheduler
-from sluicegate.scheduling.framework import (
-    RESPONSE_HEADERS,
-    Admitter,
-    CycleState,
-    LLMRequest,
-    SchedulingError,
-)
 
 
 @dataclass(slots=True)
@@ -69,12 +69,28 @@ class Admitted:
     event-loop step) and then dropped: later calls look again."""
 
 
-DispatchHook = Callable[[QueueItem, Dispatch], None]
-RejectHook = Callable[[QueueItem, GatewayError], None]
+class Ticket(Protocol):
+    """Whoever waits for a queued request: told exactly once how it went."""
+
+    def dispatched(self, item: QueueItem, dispatch: Dispatch) -> None:
+        """``item`` left the queue with an endpoint; the dispatch is the ticket holder's."""
+        ...
+
+    def rejected(self, item: QueueItem, error: GatewayError) -> None:
+        """``item`` cannot be served (its time to live ran out, no endpoint is left)."""
+        ...
 
 
-def _no_hook(item: QueueItem, outcome: Any) -> None:
-    raise RuntimeError("flow control is on but no on_dispatch/on_reject hook was set")
+@dataclass(slots=True)
+class _Waiting:
+    """What the director keeps for a queued request until it leaves the queue."""
+
+    admitted: Admitted
+    ticket: Ticket
+    state: CycleState | None
+    """The scheduling state from admission (what was prefetched for it)."""
+    candidates: list[Endpoint] = field(default_factory=list)
+    """The endpoints with room found when it was last considered for dispatch."""
 
 
 class Director:
@@ -100,10 +116,12 @@ class Director:
         self.clock = clock
         self.staleness_s = staleness_s
         self.admitters = list(admitters)
-        self.flow = flow or build_flow_control(None, scheduler.plugins, PluginContext(clock))
+        self.flow = flow or build_flow_control(
+            None, scheduler.plugins, PluginContext(clock), scheduler.registry
+        )
         self._controllers: dict[str, FlowController] = {}
-        self.on_dispatch: DispatchHook = _no_hook
-        self.on_reject: RejectHook = _no_hook
+        self._waiting: dict[QueueItem, _Waiting] = {}
+        """Queued requests: removed as each leaves the queue, whichever way."""
         datastore.on_removed(self._forget_endpoint)
 
     def _forget_endpoint(self, endpoint: Endpoint) -> None:
@@ -174,10 +192,11 @@ class Director:
         return Admitted(request, pool, parsed, by_config, allowed, serving or [])
 
     def submit(
-        self, admitted: Admitted, payload: Any = None, state: CycleState | None = None
+        self, admitted: Admitted, ticket: Ticket | None = None, state: CycleState | None = None
     ) -> Dispatch | QueueItem:
-        """Schedule now (a Dispatch), or queue (a QueueItem, reported later through the
-        hooks — possibly before this returns); raises GatewayError when refused.
+        """Schedule now (a Dispatch), or queue (a QueueItem, reported later to ``ticket`` —
+        possibly before this returns); raises GatewayError when refused. A pool with flow
+        control needs a ``ticket``.
 
         ``state`` carries what the scheduler's fetchers prefetched (see
         :meth:`prefetch`); the data producers run again over it.
@@ -200,9 +219,10 @@ class Director:
                 # an adapter the client was never told of).
                 raise no_endpoint(f"no ready endpoint serves model '{request.model}'")
             return self.schedule(admitted, candidates, state)
-        item = controller.enqueue(request, now, payload)
-        item.admitted = admitted
-        item.cycle_state = state
+        if ticket is None:
+            raise RuntimeError(f"pool '{pool.name}' queues requests: submit() needs a ticket")
+        item = controller.enqueue(request, now)
+        self._waiting[item] = _Waiting(admitted, ticket, state)
         self.pump(now)
         return item
 
@@ -263,13 +283,17 @@ class Director:
         flow = self.flow
         left = 0
 
+        waiting = self._waiting
+
         def room(item: QueueItem) -> bool:
-            admitted: Admitted = item.admitted
+            entry = waiting[item]
             ceiling = flow.usage_limit.ceiling(item.priority)
-            item.candidates = [
-                e for e in self.candidates(admitted, now) if flow.detector.has_room(e, now, ceiling)
+            entry.candidates = [
+                e
+                for e in self.candidates(entry.admitted, now)
+                if flow.detector.has_room(e, now, ceiling)
             ]
-            return bool(item.candidates)
+            return bool(entry.candidates)
 
         for controller in self._controllers.values():
             while controller.requests:
@@ -277,18 +301,18 @@ class Director:
                 if item is None:
                     break
                 left += 1
+                entry = waiting.pop(item)
                 # The producers run again over the endpoints with room now; what was
                 # prefetched at admission (remote predictions) stays in the state.
-                state: CycleState | None = item.cycle_state
-                item.cycle_state = None
+                state = entry.state
                 if state is not None:
-                    self.built.scheduler.prepare(item.request, state, item.candidates)
+                    self.built.scheduler.prepare(item.request, state, entry.candidates)
                 try:
-                    dispatch = self.schedule(item.admitted, item.candidates, state)
+                    dispatch = self.schedule(entry.admitted, entry.candidates, state)
                 except GatewayError as exc:
-                    self.on_reject(item, exc)
+                    entry.ticket.rejected(item, exc)
                 else:
-                    self.on_dispatch(item, dispatch)
+                    entry.ticket.dispatched(item, dispatch)
         return left
 
     def expire(self, now: float | None = None) -> int:
@@ -298,7 +322,7 @@ class Director:
         for controller in self._controllers.values():
             for item in controller.expire(now):
                 count += 1
-                self.on_reject(
+                self._waiting.pop(item).ticket.rejected(
                     item,
                     GatewayError(
                         503,
@@ -311,9 +335,20 @@ class Director:
         return count
 
     def cancel(self, item: QueueItem) -> bool:
-        """Forget a waiting request whose client went away."""
-        controller = self._controllers.get(item.admitted.pool.name)
-        return controller is not None and controller.cancel(item)
+        """Forget a waiting request whose client went away (its ticket is not told);
+        False when it already left the queue."""
+        entry = self._waiting.get(item)
+        if entry is None:
+            return False
+        controller = self._controllers.get(entry.admitted.pool.name)
+        if controller is None or not controller.cancel(item):
+            return False
+        del self._waiting[item]
+        return True
+
+    def waiting_requests(self) -> int:
+        """Requests queued in every pool (each leaves through its ticket or a cancel)."""
+        return len(self._waiting)
 
     def next_deadline(self) -> float | None:
         """The clock time of the next queue expiry, if any request waits with a TTL."""
@@ -407,4 +442,4 @@ def _rewritten_body(parsed: ParsedRequest, target: str) -> bytes | None:
     return replace_top_level_string(parsed.raw, "model", target)
 
 
-__all__ = ["Admitted", "Director", "Dispatch", "GatewayError"]
+__all__ = ["Admitted", "Director", "Dispatch", "GatewayError", "Ticket"]

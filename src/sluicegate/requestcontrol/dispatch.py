@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 
 from sluicegate.datalayer.datastore import Pool
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.scheduling.framework import (
+from sluicegate.framework import (
+    PREFIX_MATCH,
     CycleState,
     LLMRequest,
     ResponseObserver,
     ResponseOutcome,
 )
-from sluicegate.scheduling.plugins.prefix_cache import PREFIX_MATCH
 
 
 @dataclass(slots=True, eq=False)

@@ -21,20 +21,17 @@ from importlib import resources
 import yaml
 
 from sluicegate.api.resources import EndpointPickerConfig
-from sluicegate.plugin import (
-    Plugin,
-    PluginConfigError,
-    PluginContext,
-    create_plugin,
-    resolve_type,
-)
-from sluicegate.scheduling.framework import (
+from sluicegate.framework import (
     Admitter,
     AsyncDataProducer,
     DataProducer,
     EndpointObserver,
     Filter,
     Picker,
+    Plugin,
+    PluginConfigError,
+    PluginContext,
+    PluginRegistry,
     PreRequest,
     ProfileHandler,
     ResponseObserver,
@@ -67,9 +64,13 @@ def load_preset(name: str) -> EndpointPickerConfig:
 class BuiltScheduler:
     """A scheduler plus every plugin instance it was built from, by role."""
 
-    def __init__(self, scheduler: Scheduler, plugins: dict[str, Plugin]) -> None:
+    def __init__(
+        self, scheduler: Scheduler, plugins: dict[str, Plugin], registry: PluginRegistry
+    ) -> None:
         self.scheduler = scheduler
         self.plugins = plugins
+        self.registry = registry
+        """The plugin types it was built from (flow control resolves its policies there)."""
         self.observers = [p for p in plugins.values() if isinstance(p, EndpointObserver)]
         """Plugins to tell when an endpoint leaves the pool."""
         self.response_observers = [p for p in plugins.values() if isinstance(p, ResponseObserver)]
@@ -81,14 +82,17 @@ class BuiltScheduler:
         """Producers whose data needs I/O; the host awaits their prefetch before submit."""
 
 
-def build_scheduler(config: EndpointPickerConfig | None, context: PluginContext) -> BuiltScheduler:
-    """Instantiate and wire the plugins of ``config`` (the default preset if None)."""
+def build_scheduler(
+    config: EndpointPickerConfig | None, context: PluginContext, registry: PluginRegistry
+) -> BuiltScheduler:
+    """Instantiate and wire the plugins of ``config`` (the default preset if None), their
+    types looked up in ``registry``."""
     if config is None:
         config = load_preset(DEFAULT_PRESET)
     plugins: dict[str, Plugin] = {}
     context = replace(context, lookup=plugins)
     for plugin_spec in config.plugins:
-        plugins[plugin_spec.ref] = create_plugin(
+        plugins[plugin_spec.ref] = registry.create(
             plugin_spec.type, plugin_spec.ref, plugin_spec.parameters, context
         )
 
@@ -97,9 +101,9 @@ def build_scheduler(config: EndpointPickerConfig | None, context: PluginContext)
     auto: list[Plugin] = []
     for plugin in list(plugins.values()):
         for needed in plugin.requires:
-            canonical = resolve_type(needed).type_name
+            canonical = registry.resolve(needed).type_name
             if canonical not in present:
-                created = create_plugin(canonical, canonical, None, context)
+                created = registry.create(canonical, canonical, None, context)
                 plugins[canonical] = created
                 auto.append(created)
                 present.add(canonical)
@@ -129,7 +133,7 @@ def build_scheduler(config: EndpointPickerConfig | None, context: PluginContext)
                 picker = plugin
         if picker is None:
             name = f"{spec.name}-max-score-picker"
-            created_picker = create_plugin("max-score-picker", name, None, context)
+            created_picker = registry.create("max-score-picker", name, None, context)
             assert isinstance(created_picker, Picker)
             plugins[name] = picker = created_picker
         profiles[spec.name] = SchedulerProfile(spec.name, picker, filters, scorers)
@@ -140,7 +144,7 @@ def build_scheduler(config: EndpointPickerConfig | None, context: PluginContext)
     if handlers:
         handler = handlers[0]
     elif len(profiles) == 1:
-        created_handler = create_plugin(
+        created_handler = registry.create(
             "single-profile-handler", "single-profile-handler", None, context
         )
         assert isinstance(created_handler, ProfileHandler)
@@ -149,13 +153,15 @@ def build_scheduler(config: EndpointPickerConfig | None, context: PluginContext)
         raise PluginConfigError("several schedulingProfiles need a profile handler plugin")
 
     ordered = auto + [p for p in plugins.values() if p not in auto]
-    producers = _dependency_order([p for p in ordered if isinstance(p, DataProducer)])
+    producers = _dependency_order([p for p in ordered if isinstance(p, DataProducer)], registry)
     pre_request = [p for p in ordered if isinstance(p, PreRequest)]
     scheduler = Scheduler(handler, profiles, producers, pre_request)
-    return BuiltScheduler(scheduler, plugins)
+    return BuiltScheduler(scheduler, plugins, registry)
 
 
-def _dependency_order(producers: list[DataProducer]) -> list[DataProducer]:
+def _dependency_order(
+    producers: list[DataProducer], registry: PluginRegistry
+) -> list[DataProducer]:
     """Producers ordered so each runs after the producer types it ``requires``."""
     by_type = {type(p).type_name: p for p in producers}
     ordered: list[DataProducer] = []
@@ -169,7 +175,7 @@ def _dependency_order(producers: list[DataProducer]) -> list[DataProducer]:
             raise PluginConfigError(f"producers depend on each other in a cycle at {name!r}")
         visiting.add(name)
         for needed in producer.requires:
-            dependency = by_type.get(resolve_type(needed).type_name)
+            dependency = by_type.get(registry.resolve(needed).type_name)
             if dependency is not None:
                 visit(dependency)
         visiting.discard(name)

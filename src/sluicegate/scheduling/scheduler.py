@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.scheduling.framework import (
+from sluicegate.framework import (
     CycleState,
     DataProducer,
     Filter,

@@ -1,8 +1,8 @@
 """The vLLM-compatible HTTP server: ``sluicegate sim``.
 
-Each :class:`Replica` is one simulated model server ("pod") on its own port: an
-:class:`~sluicegate.sim.engine.Engine` driven in real time (optionally scaled) by an
-asyncio task, behind vLLM's routes. A :class:`SimCluster` runs several in one process.
+Each :class:`Replica` is one simulated model server ("pod") on its own port: vLLM's routes
+in front of an :class:`~sluicegate.sim.driver.EngineDriver`, which steps the engine in real
+time (optionally scaled). A :class:`SimCluster` runs several in one process.
 
 Time: the engine runs on simulated seconds; ``time_scale`` wall seconds pass per simulated
 second (1.0 = real time, 0.1 = ten times faster). Every latency the server reports, in
@@ -23,6 +23,7 @@ import orjson
 from aiohttp import web
 
 from sluicegate.sim import api
+from sluicegate.sim.driver import EngineDriver, Handle
 from sluicegate.sim.engine import Engine, Sequence, new_sequence
 from sluicegate.sim.faults import Faults
 from sluicegate.sim.metrics import EngineMetrics
@@ -33,7 +34,6 @@ from sluicegate.tokens import count_bytes_tokens
 log = logging.getLogger("sluicegate.sim")
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
-_MIN_SLEEP_S = 0.001
 SIM_VERSION = "0.32.0+sluicegate.sim"
 
 
@@ -55,32 +55,8 @@ class ReplicaOptions:
     """How long ``/metrics`` may reuse its histograms' text, in wall seconds (0: never)."""
 
 
-class _Handle:
-    """Wakes a request's handler whenever its sequence produced tokens or ended.
-
-    The engine runs a step ahead of the wall clock: a step's tokens are in the sequence as
-    soon as the driver computes it, but only due once its duration has passed. ``visible``
-    and ``done`` are what the driver has published so far; handlers read those, never the
-    sequence's live state.
-    """
-
-    __slots__ = ("done", "event", "seq", "visible")
-
-    def __init__(self, seq: Sequence) -> None:
-        self.seq = seq
-        self.event = asyncio.Event()
-        self.visible = 0
-        self.done = False
-
-    def publish(self) -> None:
-        """Make the sequence's tokens so far (and whether it ended) visible to the handler."""
-        self.visible = self.seq.num_output
-        self.done = self.seq.finished
-        self.event.set()
-
-
 class Replica:
-    """One simulated vLLM server: engine, driver task and HTTP routes on one port."""
+    """One simulated vLLM server: HTTP routes on one port in front of an engine driver."""
 
     def __init__(self, index: int, options: ReplicaOptions, faults: Faults | None = None) -> None:
         self.index = index
@@ -92,16 +68,19 @@ class Replica:
         self.port = 0
         self._rng = random.Random(options.seed * 1_000_003 + index)
         self._ids = itertools.count()
-        self._handles: dict[str, _Handle] = {}
         self._transports: set[asyncio.Transport] = set()
         self._frozen_metrics: bytes | None = None
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
-        self._driver: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
-        self._t0 = 0.0
-        self._engine_now = 0.0
-        self._reset_engine()
+        self.driver = EngineDriver(
+            options.profile,
+            self.model_name,
+            time_scale=options.time_scale,
+            enable_prefix_caching=options.enable_prefix_caching,
+            lora_enabled=self.lora_enabled,
+            legacy_metric_names=options.legacy_metric_names,
+            histogram_max_age_s=options.histogram_max_age_s,
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -113,21 +92,16 @@ class Replica:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def _reset_engine(self) -> None:
-        self.engine = Engine(self.options.profile, self.options.enable_prefix_caching)
-        self.metrics = EngineMetrics(
-            self.engine,
-            self.model_name,
-            lora_enabled=self.lora_enabled,
-            legacy_names=self.options.legacy_metric_names,
-            histogram_max_age_s=self.options.histogram_max_age_s,
-        )
+    @property
+    def engine(self) -> Engine:
+        return self.driver.engine
+
+    @property
+    def metrics(self) -> EngineMetrics:
+        return self.driver.metrics
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         """Listen on ``host:port`` (0 = any free port) and start the engine."""
-        loop = asyncio.get_running_loop()
-        self._t0 = loop.time()
-        self._engine_now = 0.0
         app = self._build_app()
         self._runner = web.AppRunner(
             app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0
@@ -138,23 +112,14 @@ class Replica:
         # An asyncio.Server, or uvloop's look-alike under uvloop.
         server = cast(asyncio.Server, self._site._server)
         self.port = server.sockets[0].getsockname()[1]
-        self._driver = asyncio.create_task(self._drive(), name=f"sim-engine-{self.index}")
+        self.driver.start(f"sim-engine-{self.index}")
 
     async def stop(self) -> None:
         """Die like a crashed server: close the port, cut every connection, drop all work."""
         if self._site is not None:
             await self._site.stop()  # no new connections from here on
             self._site = None
-        if self._driver is not None:
-            self._driver.cancel()
-            await asyncio.gather(self._driver, return_exceptions=True)
-            self._driver = None
-        now = self._sim_now()
-        for request_id in list(self._handles):
-            self.engine.abort(request_id, now)
-        for handle in self._handles.values():
-            handle.publish()
-        self._handles.clear()
+        await self.driver.stop()
         for transport in list(self._transports):
             transport.abort()
         self._transports.clear()
@@ -167,55 +132,8 @@ class Replica:
         port = self.port
         await self.stop()
         self.loras = dict(self.options.lora_modules)  # adapters loaded at run time are gone
-        self._reset_engine()
+        self.driver.reset(self.lora_enabled)
         await self.start(host, port)
-
-    # ------------------------------------------------------------------ engine driver
-
-    def _sim_now(self) -> float:
-        return (asyncio.get_running_loop().time() - self._t0) / self.options.time_scale
-
-    async def _drive(self) -> None:
-        loop = asyncio.get_running_loop()
-        scale = self.options.time_scale
-        engine = self.engine
-        busy = False
-        while True:
-            if not engine.has_work():
-                busy = False
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            # Back-to-back steps keep the absolute schedule (timer lateness is not carried
-            # into the engine's clock); after idling, or when far behind, resynchronise.
-            sim_now = self._sim_now()
-            if busy and sim_now - self._engine_now < 0.005 / scale:
-                now = self._engine_now
-            else:
-                now = max(self._engine_now, sim_now)
-            result = engine.step(now)
-            if result.idle:
-                busy = False
-                # Nothing can be scheduled until a request arrives or leaves.
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            busy = True
-            done_at = now + result.duration
-            delay = self._t0 + done_at * scale - loop.time()
-            # Yield even when behind the clock: a driver that never yields would starve the
-            # HTTP handlers (and the whole process) whenever steps cost more than they last.
-            # Waits under a millisecond are not slept: the event loop's timers round them up
-            # to a whole millisecond, and the schedule is absolute, so the next wait makes up
-            # for a skipped one.
-            await asyncio.sleep(delay if delay >= _MIN_SLEEP_S else 0.0)
-            self._engine_now = done_at
-            self.metrics.observe_step(result)
-            handles = self._handles
-            for seq in result.emitted:
-                handle = handles.get(seq.request_id)
-                if handle is not None:
-                    handle.publish()
 
     # ------------------------------------------------------------------ HTTP
 
@@ -290,20 +208,13 @@ class Replica:
             raise api.ApiError(faults.error_status, "injected fault")
         params = api.parse_generate(await request.read(), chat)
         lora = self._resolve_model(params.model)
-        seq = self._admit(params, lora)
-        handle = _Handle(seq)
-        self._handles[seq.request_id] = handle
-        self._wake.set()
+        handle = self.driver.submit(self._sequence(params, lora))
         try:
             if params.stream:
                 return await self._stream(request, handle, params)
             return await self._respond_whole(request, handle, params)
         finally:
-            self._handles.pop(seq.request_id, None)
-            if not seq.finished:
-                self.engine.abort(seq.request_id, self._sim_now())
-                self.metrics.forget(seq.request_id)
-                self._wake.set()
+            self.driver.release(handle)
 
     def _resolve_model(self, model: str) -> str | None:
         if model == self.model_name:
@@ -312,7 +223,8 @@ class Replica:
             return model
         raise api.ApiError(404, f"The model `{model}` does not exist.", "model")
 
-    def _admit(self, params: api.GenerateRequest, lora: str | None) -> Sequence:
+    def _sequence(self, params: api.GenerateRequest, lora: str | None) -> Sequence:
+        """The engine sequence for a request; a 400 when it does not fit the context."""
         profile = self.options.profile
         prompt_tokens = count_bytes_tokens(params.prompt)
         limit = min(profile.max_model_len, profile.kv_capacity_tokens)
@@ -327,10 +239,10 @@ class Replica:
                 "max_tokens" if params.max_tokens is not None else None,
             )
         prefix = "chatcmpl" if params.chat else "cmpl"
-        seq = new_sequence(
+        return new_sequence(
             f"{prefix}-{self.index}-{next(self._ids)}",
             params.prompt,
-            arrival=max(self._engine_now, self._sim_now()),
+            arrival=self.driver.arrival_time(),
             max_tokens=params.max_tokens,
             ignore_eos=params.ignore_eos,
             max_model_len=limit,
@@ -339,8 +251,6 @@ class Replica:
             cache_salt=params.cache_salt,
             seed=self.options.seed,
         )
-        self.engine.add(seq)
-        return seq
 
     def _cut_connection(self, request: web.Request) -> web.StreamResponse:
         """Drop the client's connection (a fault); returns a response that is never sent.
@@ -353,7 +263,7 @@ class Replica:
         return web.Response(status=500)
 
     async def _respond_whole(
-        self, request: web.Request, handle: _Handle, params: api.GenerateRequest
+        self, request: web.Request, handle: Handle, params: api.GenerateRequest
     ) -> web.StreamResponse:
         seq = handle.seq
         reset_after = self.faults.reset_after_tokens
@@ -374,7 +284,7 @@ class Replica:
         return web.Response(body=body, content_type="application/json", headers=self._headers())
 
     async def _stream(
-        self, request: web.Request, handle: _Handle, params: api.GenerateRequest
+        self, request: web.Request, handle: Handle, params: api.GenerateRequest
     ) -> web.StreamResponse:
         seq = handle.seq
         response = web.StreamResponse(

@@ -1,8 +1,2 @@
-"""Built-in flow-control plugins. Importing this package registers all of them."""
-
-from sluicegate.flowcontrol.policies import (  # noqa: F401
-    fairness,
-    ordering,
-    saturation,
-    usage_limit,
-)
+"""The built-in flow-control policies (saturation detectors, usage limits, fairness and
+ordering); :mod:`sluicegate.builtins` registers them."""

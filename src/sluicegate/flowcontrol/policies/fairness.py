@@ -15,24 +15,11 @@ llm-d-router's, https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/fram
 
 from __future__ import annotations
 
-import abc
 from collections.abc import Iterator
 
-from sluicegate.flowcontrol.queues import Band, FlowQueue
-from sluicegate.plugin import Plugin, register
+from sluicegate.framework import Band, FairnessPolicy, FlowQueue
 
 
-class FairnessPolicy(Plugin):
-    @abc.abstractmethod
-    def order(self, band: Band) -> Iterator[FlowQueue]:
-        """The band's non-empty flows, most deserving first."""
-
-    def dispatched(self, band: Band, queue: FlowQueue) -> None:
-        """``queue``'s head was just dispatched."""
-        return
-
-
-@register()
 class GlobalStrictFairness(FairnessPolicy):
     type_name = "global-strict-fairness-policy"
 
@@ -46,7 +33,6 @@ class GlobalStrictFairness(FairnessPolicy):
         return (queue for _, _, queue in heads)
 
 
-@register()
 class RoundRobinFairness(FairnessPolicy):
     type_name = "round-robin-fairness-policy"
 

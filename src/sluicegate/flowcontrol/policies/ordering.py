@@ -12,20 +12,11 @@ arrival order breaks ties (llm-d-router, https://github.com/llm-d/llm-d-router/b
 
 from __future__ import annotations
 
-import abc
 import math
 
-from sluicegate.flowcontrol.types import QueueItem
-from sluicegate.plugin import Plugin, register
+from sluicegate.framework import OrderingPolicy, QueueItem
 
 
-class OrderingPolicy(Plugin):
-    @abc.abstractmethod
-    def sort_key(self, item: QueueItem) -> tuple[float, ...]:
-        """The item's key; smaller is served first."""
-
-
-@register()
 class FcfsOrdering(OrderingPolicy):
     type_name = "fcfs-ordering-policy"
 
@@ -33,7 +24,6 @@ class FcfsOrdering(OrderingPolicy):
         return (item.request.arrival,)
 
 
-@register()
 class EdfOrdering(OrderingPolicy):
     type_name = "edf-ordering-policy"
 
@@ -42,7 +32,6 @@ class EdfOrdering(OrderingPolicy):
         return (deadline, item.request.arrival)
 
 
-@register()
 class SloDeadlineOrdering(OrderingPolicy):
     type_name = "slo-deadline-ordering-policy"
 

@@ -25,7 +25,6 @@ in-flight / limit; room while in-flight < limit·(1+headroom).
 
 from __future__ import annotations
 
-import abc
 from collections.abc import Sequence
 from typing import Literal
 
@@ -33,38 +32,9 @@ from pydantic import Field
 
 from sluicegate.api.units import Seconds
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.plugin import Plugin, PluginParameters, register
+from sluicegate.framework import PluginParameters, SaturationDetector
 
 
-class SaturationDetector(Plugin):
-    """How full endpoints are, from 0 (idle) to 1.0 (full) and beyond."""
-
-    @abc.abstractmethod
-    def endpoint_saturation(self, endpoint: Endpoint, now: float) -> float:
-        """Saturation of one endpoint at clock time ``now`` (seconds)."""
-
-    def usable(self, endpoint: Endpoint, now: float) -> bool:
-        """Whether the detector can judge ``endpoint`` at all (e.g. its metrics are fresh)."""
-        return True
-
-    @property
-    def headroom(self) -> float:
-        return 0.0
-
-    def has_room(self, endpoint: Endpoint, now: float, ceiling: float = 1.0) -> bool:
-        """Whether ``endpoint`` can take another request under the usage ``ceiling``."""
-        return self.usable(endpoint, now) and self.endpoint_saturation(endpoint, now) < ceiling * (
-            1.0 + self.headroom
-        )
-
-    def saturation(self, endpoints: Sequence[Endpoint], now: float) -> float:
-        """Mean saturation of ``endpoints``; 1.0 when there are none."""
-        if not endpoints:
-            return 1.0
-        return sum(self.endpoint_saturation(e, now) for e in endpoints) / len(endpoints)
-
-
-@register()
 class UtilizationDetector(SaturationDetector):
     type_name = "utilization-detector"
 
@@ -103,7 +73,6 @@ class UtilizationDetector(SaturationDetector):
         )
 
 
-@register()
 class ConcurrencyDetector(SaturationDetector):
     type_name = "concurrency-detector"
 

@@ -14,22 +14,11 @@ parameters; these are sluicegate's.)
 
 from __future__ import annotations
 
-import abc
-
 from pydantic import Field
 
-from sluicegate.plugin import Plugin, PluginParameters, register
+from sluicegate.framework import PluginParameters, UsageLimitPolicy
 
 
-class UsageLimitPolicy(Plugin):
-    """The saturation ceiling of each priority."""
-
-    @abc.abstractmethod
-    def ceiling(self, priority: int) -> float:
-        """Saturation above which requests of ``priority`` wait (or are shed)."""
-
-
-@register()
 class StaticUsageLimitPolicy(UsageLimitPolicy):
     type_name = "static-usage-limit-policy"
 
@@ -42,7 +31,6 @@ class StaticUsageLimitPolicy(UsageLimitPolicy):
         return self.params.threshold
 
 
-@register()
 class PriorityHoldbackPolicy(UsageLimitPolicy):
     """``priority-holdback-policy``: keep room for important requests.
 

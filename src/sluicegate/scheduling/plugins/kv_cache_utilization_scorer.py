@@ -15,15 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.plugin import register
-from sluicegate.scheduling.framework import (
-    CycleState,
-    LLMRequest,
-    Scorer,
-)
+from sluicegate.framework import CycleState, LLMRequest, Scorer
 
 
-@register()
 class KVCacheUtilizationScorer(Scorer):
     type_name = "kv-cache-utilization-scorer"
     category = "distribution"

@@ -34,15 +34,19 @@ from typing import Literal
 from pydantic import Field
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.plugin import PluginParameters, register
-from sluicegate.scheduling.framework import CycleState, LLMRequest, Scorer
-from sluicegate.scheduling.plugins.predicted_latency import PREDICTIONS, EndpointPrediction
-from sluicegate.scheduling.plugins.prefix_cache import PREFIX_MATCH
+from sluicegate.framework import (
+    PREDICTIONS,
+    PREFIX_MATCH,
+    CycleState,
+    EndpointPrediction,
+    LLMRequest,
+    PluginParameters,
+    Scorer,
+)
 
 _FLAT = 1e-9
 
 
-@register()
 class LatencyScorer(Scorer):
     type_name = "latency-scorer"
     category = "balance"

@@ -19,14 +19,11 @@ from collections.abc import Sequence
 
 from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.errors import shed
-from sluicegate.plugin import register
-from sluicegate.scheduling.framework import Admitter, CycleState, LLMRequest
-from sluicegate.scheduling.plugins.predicted_latency import PREDICTIONS
+from sluicegate.framework import PREDICTIONS, Admitter, CycleState, LLMRequest
 
 _COLD_KV = 0.02
 
 
-@register()
 class LatencySloAdmitter(Admitter):
     type_name = "latency-slo-admitter"
 

@@ -16,21 +16,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.plugin import register
-from sluicegate.scheduling.framework import (
-    CycleState,
-    LLMRequest,
-    Picker,
-    ScoredEndpoint,
-)
-from sluicegate.scheduling.plugins.max_score_picker import PickerParameters
+from sluicegate.framework import CycleState, LLMRequest, Picker, PickerParameters, ScoredEndpoint
 
 
 def _requests(s: ScoredEndpoint) -> int:
     return s.endpoint.inflight.requests
 
 
-@register()
 class LeastRequestPicker(Picker):
     type_name = "least-request"
     Parameters = PickerParameters

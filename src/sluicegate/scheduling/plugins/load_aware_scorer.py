@@ -19,18 +19,9 @@ from collections.abc import Sequence
 from pydantic import Field
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.plugin import (
-    PluginParameters,
-    register,
-)
-from sluicegate.scheduling.framework import (
-    CycleState,
-    LLMRequest,
-    Scorer,
-)
+from sluicegate.framework import CycleState, LLMRequest, PluginParameters, Scorer
 
 
-@register()
 class LoadAwareScorer(Scorer):
     type_name = "load-aware-scorer"
     category = "distribution"

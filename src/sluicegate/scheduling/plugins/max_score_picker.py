@@ -14,26 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydantic import Field
-
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.plugin import (
-    PluginParameters,
-    register,
-)
-from sluicegate.scheduling.framework import (
-    CycleState,
-    LLMRequest,
-    Picker,
-    ScoredEndpoint,
-)
+from sluicegate.framework import CycleState, LLMRequest, Picker, PickerParameters, ScoredEndpoint
 
 
-class PickerParameters(PluginParameters):
-    max_num_of_endpoints: int = Field(1, ge=1)
-
-
-@register()
 class MaxScorePicker(Picker):
     type_name = "max-score-picker"
     Parameters = PickerParameters

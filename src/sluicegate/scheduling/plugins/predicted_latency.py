@@ -47,13 +47,34 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
 
 from pydantic import Field
 
 from sluicegate.api.units import Seconds
 from sluicegate.datalayer.endpoint import Endpoint
+from sluicegate.framework import (
+    PREDICTION_OUTCOME,
+    PREDICTIONS,
+    PREDICTOR_SERVICE,
+    PREFIX_MATCH,
+    PREFIX_PRODUCER_TYPE,
+    AsyncDataProducer,
+    CycleState,
+    DataProducer,
+    EndpointObserver,
+    EndpointPrediction,
+    LLMRequest,
+    PluginContext,
+    PluginParameters,
+    PredictionOutcome,
+    PredictionStatus,
+    PrefixMatch,
+    PreRequest,
+    ResponseObserver,
+    ResponseOutcome,
+    SchedulingResult,
+    StateKey,
+)
 from sluicegate.latency.calibration import LatencyCalibration
 from sluicegate.latency.features import (
     REUSE_DISTANCE_CAP_TOKENS,
@@ -67,67 +88,7 @@ from sluicegate.latency.predictor import (
     RemoteLatencyPredictor,
     RequestAwarePredictor,
 )
-from sluicegate.plugin import PluginContext, PluginParameters, register
-from sluicegate.scheduling.framework import (
-    AsyncDataProducer,
-    CycleState,
-    DataProducer,
-    EndpointObserver,
-    LLMRequest,
-    PreRequest,
-    ResponseObserver,
-    ResponseOutcome,
-    SchedulingResult,
-    StateKey,
-)
-from sluicegate.scheduling.plugins.prefix_cache import PREFIX_MATCH, PRODUCER_TYPE, PrefixMatch
 
-PREDICTOR_SERVICE = "latency-predictor"
-
-
-@dataclass(frozen=True, slots=True)
-class EndpointPrediction:
-    """Predicted latency of a request on one endpoint, and its SLO headroom (ms)."""
-
-    ttft_ms: float
-    tpot_ms: float
-    ttft_valid: bool
-    tpot_valid: bool
-    ttft_headroom: float
-    tpot_headroom: float
-    dispatched: int
-    """Requests this gateway has in flight on the endpoint."""
-
-    @property
-    def valid(self) -> bool:
-        return self.ttft_valid and self.tpot_valid
-
-
-PredictionStatus = Literal["predicted", "warming-up", "unavailable", "opted-out"]
-"""``predicted``; ``warming-up`` (no model yet); ``unavailable`` (the predictor answered
-nothing: a remote failure or timeout, or no usable prediction); ``opted-out`` (the request
-asked not to be scheduled on predictions)."""
-
-
-@dataclass(frozen=True, slots=True)
-class PredictionOutcome:
-    """How the latest scheduling pass of a request went, as far as predictions go."""
-
-    status: PredictionStatus
-    duration_s: float = 0.0
-    """Time the one batched prediction call took (TTFT and TPOT together), in clock
-    seconds; 0 unless ``status`` is ``predicted``."""
-
-    @property
-    def fallback(self) -> bool:
-        """Scheduled on the heuristic composite although predictions were wanted."""
-        return self.status in ("warming-up", "unavailable")
-
-
-PREDICTION_OUTCOME: StateKey[PredictionOutcome] = StateKey("latency-prediction-outcome")
-"""Set by every ``produce`` of the producer (the last one is the one scheduled on)."""
-PREDICTIONS: StateKey[dict[str, EndpointPrediction]] = StateKey("latency-predictions")
-"""Predictions by endpoint name; absent when no prediction could be made."""
 _ROWS: StateKey[dict[str, FeatureRow]] = StateKey("latency-feature-rows")
 _CHOSEN: StateKey[tuple[str, FeatureRow]] = StateKey("latency-chosen-row")
 _SCALES: StateKey[tuple[float, float]] = StateKey("latency-calibration-scales")
@@ -174,12 +135,11 @@ def feature_row(
     )
 
 
-@register()
 class PredictedLatencyProducer(
     AsyncDataProducer, DataProducer, PreRequest, ResponseObserver, EndpointObserver
 ):
     type_name = "predicted-latency-producer"
-    requires = (PRODUCER_TYPE,)
+    requires = (PREFIX_PRODUCER_TYPE,)
 
     class Parameters(PluginParameters):
         slo_buffer_factor: float = Field(1.0, gt=0.0)

@@ -26,16 +26,20 @@ from typing import Literal
 from pydantic import Field
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.plugin import PluginParameters, register
-from sluicegate.scheduling.framework import CycleState, Filter, LLMRequest
-from sluicegate.scheduling.plugins.predicted_latency import PREDICTIONS
-from sluicegate.scheduling.plugins.prefix_cache import PREFIX_MATCH, PRODUCER_TYPE
+from sluicegate.framework import (
+    PREDICTIONS,
+    PREFIX_MATCH,
+    PREFIX_PRODUCER_TYPE,
+    CycleState,
+    Filter,
+    LLMRequest,
+    PluginParameters,
+)
 
 
-@register()
 class PrefixCacheAffinityFilter(Filter):
     type_name = "prefix-cache-affinity-filter"
-    requires = (PRODUCER_TYPE,)
+    requires = (PREFIX_PRODUCER_TYPE,)
 
     class Parameters(PluginParameters):
         affinity_threshold: float = Field(0.80, le=1.0)

@@ -30,73 +30,34 @@ default w = 0 this is the share of the prompt's blocks the endpoint holds.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from pydantic import Field
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.plugin import (
-    PluginContext,
-    PluginParameters,
-    register,
-)
-from sluicegate.scheduling.framework import (
+from sluicegate.framework import (
+    PREFIX_MATCH,
+    PREFIX_PRODUCER_TYPE,
     CycleState,
     DataProducer,
     EndpointObserver,
     LLMRequest,
+    PluginContext,
+    PluginParameters,
+    PrefixIndexer,
+    PrefixMatch,
     PreRequest,
     SchedulingResult,
     Scorer,
-    StateKey,
 )
 from sluicegate.scheduling.prefix_index import PrefixIndex
 from sluicegate.tokens import block_hashes, hash_seed
-
-PRODUCER_TYPE = "approx-prefix-cache-producer"
 
 # llm-d-router's default ``lruCapacityPerServer`` per endpoint, in 16-token blocks.
 _DEFAULT_LRU_BLOCKS_16 = 31_250
 
 
-@dataclass(slots=True)
-class PrefixMatch:
-    """How much of a request's prompt each candidate probably has cached."""
-
-    hashes: list[int]
-    block_tokens: int
-    matched_blocks: dict[str, int]
-    """Leading blocks recorded per endpoint name."""
-    index: PrefixIndex | None = None
-    """The index matched against (for :meth:`reuse_distance_tokens`)."""
-
-    @property
-    def total_blocks(self) -> int:
-        return len(self.hashes)
-
-    def score(self, endpoint: str) -> float:
-        """Share of the prompt's blocks the endpoint holds, 0..1 (0 for an empty prompt)."""
-        total = len(self.hashes)
-        return self.matched_blocks.get(endpoint, 0) / total if total else 0.0
-
-    def reuse_distance_tokens(self, endpoint: str) -> int | None:
-        """Prompt tokens (whole blocks, a partial last block counted whole) recorded on
-        ``endpoint`` since the deepest block of this prompt it holds was last sent there:
-        the further, the likelier the server has evicted it. None when it holds none. See
-        :meth:`PrefixIndex.distance`."""
-        blocks = self.matched_blocks.get(endpoint, 0)
-        if not blocks or self.index is None:
-            return None
-        distance = self.index.distance(endpoint, self.hashes[blocks - 1])
-        return None if distance is None else distance * self.block_tokens
-
-
-PREFIX_MATCH: StateKey[PrefixMatch] = StateKey("prefix-match")
-
-
-@register()
-class ApproxPrefixCacheProducer(DataProducer, PreRequest, EndpointObserver):
-    type_name = PRODUCER_TYPE
+class ApproxPrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, PrefixIndexer):
+    type_name = PREFIX_PRODUCER_TYPE
 
     class Parameters(PluginParameters):
         block_size_tokens: int = Field(64, ge=1)
@@ -142,15 +103,17 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest, EndpointObserver):
         target = result.targets[0]
         self.index.insert(target.name, match.hashes, self.capacity_blocks(target))
 
+    def indexed_blocks(self) -> int:
+        return len(self.index)
+
     def forget_endpoint(self, endpoint: Endpoint) -> None:
         self.index.remove_endpoint(endpoint.name)
 
 
-@register()
 class PrefixCacheScorer(Scorer):
     type_name = "prefix-cache-scorer"
     category = "affinity"
-    requires = (PRODUCER_TYPE,)
+    requires = (PREFIX_PRODUCER_TYPE,)
 
     class Parameters(PluginParameters):
         match_length_weight: float = Field(0.0, ge=0.0, le=1.0)

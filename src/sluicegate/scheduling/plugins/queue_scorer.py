@@ -15,27 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.plugin import register
-from sluicegate.scheduling.framework import (
-    CycleState,
-    LLMRequest,
-    Scorer,
-)
+from sluicegate.framework import CycleState, LLMRequest, Scorer
+from sluicegate.framework.helpers import min_max_inverse
 
 
-def min_max_inverse(values: Sequence[float]) -> list[float]:
-    """``(max − v) / (max − min)`` per value, in [0, 1]; all 1.0 when the values are equal
-    (and ``[]`` for no values). Shared by the scorers that rank endpoints by a load count."""
-    if not values:
-        return []
-    lo, hi = min(values), max(values)
-    if hi == lo:
-        return [1.0] * len(values)
-    span = hi - lo
-    return [(hi - v) / span for v in values]
-
-
-@register()
 class QueueScorer(Scorer):
     type_name = "queue-scorer"
     category = "distribution"

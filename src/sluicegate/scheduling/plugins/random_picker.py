@@ -13,31 +13,13 @@ Source: https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/pl
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.plugin import register
-from sluicegate.scheduling.framework import (
-    CycleState,
-    LLMRequest,
-    Picker,
-    ScoredEndpoint,
-)
-from sluicegate.scheduling.plugins.max_score_picker import PickerParameters
+from sluicegate.framework import CycleState, LLMRequest, Picker, PickerParameters, ScoredEndpoint
+from sluicegate.framework.helpers import uniform_sample
 
 
-def uniform_sample(rng: random.Random, scored: Sequence[ScoredEndpoint], k: int) -> list[Endpoint]:
-    """``min(k, n)`` distinct endpoints of ``scored`` in uniformly random order."""
-    n = len(scored)
-    if n == 0:
-        return []
-    if k == 1:
-        return [scored[rng.randrange(n)].endpoint]
-    return [s.endpoint for s in rng.sample(scored, min(k, n))]
-
-
-@register()
 class RandomPicker(Picker):
     type_name = "random-picker"
     Parameters = PickerParameters

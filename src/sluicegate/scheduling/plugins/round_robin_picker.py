@@ -18,25 +18,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.plugin import (
-    PluginContext,
-    PluginParameters,
-    register,
-)
-from sluicegate.scheduling.framework import (
+from sluicegate.framework import (
     CycleState,
     LLMRequest,
     Picker,
+    PickerParameters,
+    PluginContext,
+    PluginParameters,
     ScoredEndpoint,
 )
-from sluicegate.scheduling.plugins.max_score_picker import PickerParameters
 
 
 def _name(s: ScoredEndpoint) -> str:
     return s.endpoint.name
 
 
-@register()
 class RoundRobinPicker(Picker):
     type_name = "round-robin"
     Parameters = PickerParameters

@@ -17,16 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.plugin import register
-from sluicegate.scheduling.framework import (
-    CycleState,
-    LLMRequest,
-    Scorer,
-)
-from sluicegate.scheduling.plugins.queue_scorer import min_max_inverse
+from sluicegate.framework import CycleState, LLMRequest, Scorer
+from sluicegate.framework.helpers import min_max_inverse
 
 
-@register()
 class RunningRequestsSizeScorer(Scorer):
     type_name = "running-requests-size-scorer"
     category = "distribution"

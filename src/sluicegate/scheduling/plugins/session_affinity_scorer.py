@@ -13,7 +13,7 @@ header is absent, is not valid base64 or UTF-8, or names no candidate — a bad 
 never an error. Since it is a soft preference, a gone endpoint simply loses the session.
 
 After scheduling it writes the chosen endpoint's token (URL-safe base64, unpadded) into the
-cycle state's :data:`~sluicegate.scheduling.framework.RESPONSE_HEADERS` (merged into the
+cycle state's :data:`~sluicegate.framework.scheduling.RESPONSE_HEADERS` (merged into the
 dict already there) so the gateway returns it to the client, which sends it back with the
 session's next request. As llm-d-router's ``session-affinity-scorer``
 (https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/scheduling/scorer/sessionaffinity/encoded_endpoint_header.go),
@@ -27,14 +27,11 @@ from collections.abc import Sequence
 from typing import Literal
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.plugin import (
-    PluginParameters,
-    register,
-)
-from sluicegate.scheduling.framework import (
+from sluicegate.framework import (
     RESPONSE_HEADERS,
     CycleState,
     LLMRequest,
+    PluginParameters,
     PreRequest,
     SchedulingResult,
     Scorer,
@@ -59,7 +56,6 @@ def decode_session_token(token: str) -> str | None:
         return None
 
 
-@register()
 class SessionAffinityScorer(Scorer, PreRequest):
     type_name = "session-affinity-scorer"
     category = "affinity"

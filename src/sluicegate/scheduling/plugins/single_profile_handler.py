@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sluicegate.plugin import register
-from sluicegate.scheduling.framework import (
+from sluicegate.framework import (
     CycleState,
     LLMRequest,
     ProfileHandler,
@@ -21,7 +20,6 @@ from sluicegate.scheduling.framework import (
 )
 
 
-@register()
 class SingleProfileHandler(ProfileHandler):
     type_name = "single-profile-handler"
 

@@ -19,12 +19,9 @@ from collections.abc import Sequence
 from pydantic import Field
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.plugin import PluginParameters, register
-from sluicegate.scheduling.framework import CycleState, Filter, LLMRequest
-from sluicegate.scheduling.plugins.predicted_latency import PREDICTIONS
+from sluicegate.framework import PREDICTIONS, CycleState, Filter, LLMRequest, PluginParameters
 
 
-@register()
 class SloHeadroomTierFilter(Filter):
     type_name = "slo-headroom-tier-filter"
 

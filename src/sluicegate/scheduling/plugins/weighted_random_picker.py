@@ -19,21 +19,13 @@ import heapq
 from collections.abc import Sequence
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.plugin import register
-from sluicegate.scheduling.framework import (
-    CycleState,
-    LLMRequest,
-    Picker,
-    ScoredEndpoint,
-)
-from sluicegate.scheduling.plugins.max_score_picker import PickerParameters
-from sluicegate.scheduling.plugins.random_picker import uniform_sample
+from sluicegate.framework import CycleState, LLMRequest, Picker, PickerParameters, ScoredEndpoint
+from sluicegate.framework.helpers import uniform_sample
 
 _MIN_U = 1e-10
 """Replaces a uniform draw of exactly 0, whose key would be 0 for every weight."""
 
 
-@register()
 class WeightedRandomPicker(Picker):
     type_name = "weighted-random-picker"
     Parameters = PickerParameters

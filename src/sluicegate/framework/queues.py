@@ -1,4 +1,6 @@
-"""Per-flow queues and priority bands, bounded and free of dead entries.
+"""What flow control queues: waiting requests, per-flow queues and priority bands.
+
+A :class:`QueueItem` is one request waiting for room, and its fate.
 
 A :class:`FlowQueue` is a heap ordered by each item's ``sort_key`` (set by the band's
 ordering policy). Items leave three ways: dispatched from the head, or expired/cancelled
@@ -9,17 +11,52 @@ follows the live queue, whatever the churn.
 
 from __future__ import annotations
 
+import enum
 import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from sluicegate.flowcontrol.types import ItemState, QueueItem
+from sluicegate.framework.scheduling import LLMRequest
+
+
+class ItemState(enum.Enum):
+    QUEUED = "queued"
+    DISPATCHED = "dispatched"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+@dataclass(slots=True, eq=False)
+class QueueItem:
+    """A request waiting in a flow's queue. Times are clock seconds; sizes bytes."""
+
+    request: LLMRequest
+    enqueued_at: float
+    deadline: float | None
+    """When it expires (TTL); None waits until dispatched or cancelled."""
+    seq: int
+    """Arrival order, the final tie-breaker everywhere."""
+    state: ItemState = ItemState.QUEUED
+    sort_key: tuple[float, ...] = field(default_factory=tuple)
+
+    @property
+    def size_bytes(self) -> int:
+        return self.request.body_bytes
+
+    @property
+    def priority(self) -> int:
+        return self.request.priority
+
+    @property
+    def flow_id(self) -> str:
+        return self.request.fairness_id
+
 
 _COMPACT_MIN = 8
 """Dead entries a flow tolerates before compaction is considered. Rebuilding only when the
 dead outnumber the live already makes it amortised O(1); this minimum just spares tiny
-heaps. It is per flow, so it must stay small: dead entries hold whole requests (body,
-waiter), and with 64 a thousand one-request flows could pin 64,000 cancelled ones."""
+heaps. It is per flow, so it must stay small: dead entries hold whole requests (prompt
+and all), and with 64 a thousand one-request flows could pin 64,000 cancelled ones."""
 
 
 class FlowQueue:
@@ -118,3 +155,6 @@ class Band:
         """Forget an idle flow, so flows of one-off tenants do not accumulate."""
         if not queue.live and not queue.entries:
             self.flows.pop(queue.flow_id, None)
+
+
+__all__ = ["Band", "BandLimits", "FlowQueue", "ItemState", "QueueItem"]

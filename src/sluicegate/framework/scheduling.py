@@ -14,8 +14,9 @@ PreRequest hooks learn the decision (for example to record the prompt as cached 
 chosen endpoint). Plugins never do I/O and never read the wall clock: they get time and
 randomness from the :class:`PluginContext` they were built with.
 
-Each plugin type is one module under ``scheduling/plugins/`` whose docstring states its
-inputs, parameters with defaults, and formula.
+Each built-in plugin type is one module under ``scheduling/plugins/`` whose docstring
+states its inputs, parameters with defaults, and formula; plugins import only this
+framework layer (and the data layer's :class:`~sluicegate.datalayer.endpoint.Endpoint`).
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
+from pydantic import Field
+
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.plugin import Plugin
+from sluicegate.framework.plugin import Plugin, PluginParameters
 
 T = TypeVar("T")
 
@@ -183,6 +186,13 @@ class Picker(Plugin):
         """At least one endpoint when ``scored`` is non-empty."""
 
 
+class PickerParameters(PluginParameters):
+    """The parameters every built-in picker takes."""
+
+    max_num_of_endpoints: int = Field(1, ge=1)
+    """Endpoints to return, best first; the extra ones are the proxy's first fallbacks."""
+
+
 class PreRequest(Plugin):
     """Learns the scheduling decision before the request is sent."""
 
@@ -225,6 +235,14 @@ class Admitter(Plugin):
     @abc.abstractmethod
     def admit(self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]) -> None:
         """Raise :class:`sluicegate.errors.GatewayError` to refuse the request."""
+
+
+class PrefixIndexer(Plugin):
+    """A plugin that keeps a prefix index, reported as the prefix-indexer size metric."""
+
+    @abc.abstractmethod
+    def indexed_blocks(self) -> int:
+        """Block hashes the index holds now, over all endpoints."""
 
 
 class EndpointObserver(Plugin):
@@ -283,3 +301,29 @@ class SchedulerProfileLike(abc.ABC):
 
 class SchedulingError(Exception):
     """No endpoint can take the request (every candidate was filtered out)."""
+
+
+__all__ = [
+    "RESPONSE_HEADERS",
+    "Admitter",
+    "AsyncDataProducer",
+    "CycleState",
+    "DataProducer",
+    "EndpointObserver",
+    "Filter",
+    "LLMRequest",
+    "Picker",
+    "PickerParameters",
+    "PreRequest",
+    "PrefixIndexer",
+    "ProfileHandler",
+    "ProfileResult",
+    "ResponseObserver",
+    "ResponseOutcome",
+    "SchedulerProfileLike",
+    "SchedulingError",
+    "SchedulingResult",
+    "ScoredEndpoint",
+    "Scorer",
+    "StateKey",
+]
