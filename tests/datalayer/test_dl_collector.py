@@ -333,7 +333,7 @@ async def test_connection_refused_from_the_start(
     assert "ClientConnectorError" in ep.health.last_error or "Connect" in ep.health.last_error
 
 
-async def test_record_failure_and_success_from_proxy(
+async def test_record_scrape_failure_and_success(
     datastore: Datastore, make_collector: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     (ep,) = add(datastore, ("127.0.0.1", 1))
@@ -350,8 +350,24 @@ async def test_record_failure_and_success_from_proxy(
     assert not ep.health.ejected
     assert ep.health.consecutive_failures == 0
     messages = [r.getMessage() for r in caplog.records]
-    assert sum("ejected after 2 failures" in m for m in messages) == 1  # logged once
-    assert any("is back" in m for m in messages)
+    assert sum("ejected after 2 failed scrapes" in m for m in messages) == 1  # logged once
+    assert any("answers its scrapes again" in m for m in messages)
+
+
+async def test_a_good_scrape_does_not_end_a_request_failure_ejection(
+    datastore: Datastore, make_collector: Any
+) -> None:
+    (ep,) = add(datastore, ("127.0.0.1", 1))
+    collector = make_collector(CollectorSettings(eject_after=2))
+    ep.health.ejected_until = 100.0  # the outlier detector's
+    ep.health.consecutive_gateway_failures = 2
+    ep.health.sync()
+    collector.record_failure(ep, "scrape: refused")
+    collector.record_failure(ep, "scrape: refused")
+    collector.record_success(ep)
+    assert ep.health.ejected
+    assert not ep.health.scrape_ejected
+    assert ep.health.consecutive_gateway_failures == 2
 
 
 async def test_unknown_engine_type_is_not_scraped(

@@ -38,6 +38,10 @@ Route = Callable[[Request, Responder, str], Awaitable[None]]
 _JSON = ("content-type", "application/json")
 
 
+def _seconds(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1000.0
+
+
 def send_error(responder: Responder, error: GatewayError, request_id: str | None = None) -> None:
     """The client's answer for a decision the gateway made itself."""
     headers = error.headers()
@@ -128,9 +132,15 @@ class Gateway:
         assert self.runtime.collector is not None
         self.proxy = Proxy(
             self.upstream,
-            self.runtime.collector,
+            self.runtime.report,
             self.metrics,
-            ProxySettings(max_retries=settings.max_retries),
+            ProxySettings(
+                max_retries=settings.max_retries,
+                first_byte_timeout_s=_seconds(settings.first_byte_timeout_ms),
+                non_streaming_first_byte_timeout_s=_seconds(
+                    settings.non_streaming_first_byte_timeout_ms
+                ),
+            ),
             self.clock,
         )
         # The body limit is fixed for the server's life (a reload cannot change it).

@@ -38,6 +38,9 @@ class Dispatch:
     dispatched_at: float
     response_headers: dict[str, str] = field(default_factory=dict)
     attempts: int = 1
+    reported_attempt: int = 0
+    """The last attempt whose result was reported to the outlier detector (each attempt is
+    reported once: by the proxy, or, for hosts without one, by ``Runtime.release``)."""
     first_byte_at: float | None = None
     finished_at: float | None = None
     _charged_prompt: int = 0

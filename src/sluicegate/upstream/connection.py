@@ -18,6 +18,7 @@ import httptools
 
 from sluicegate.upstream.errors import (
     UpstreamDroppedError,
+    UpstreamFirstByteTimeoutError,
     UpstreamProtocolError,
     UpstreamTimeoutError,
 )
@@ -80,6 +81,7 @@ class UpstreamResponse:
         "_buffered",
         "_chunks",
         "_complete",
+        "_deadline",
         "_error",
         "_headers_done",
         "_loop",
@@ -124,6 +126,9 @@ class UpstreamResponse:
         self._received_any = False
         self._error: Exception | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._deadline: float | None = None
+        """Event-loop time by which the first byte must have been read (see
+        :meth:`first_byte_by`); None once it was, or when unbounded."""
         connection.exchange = self
 
     # ------------------------------------------------------------- reading (the proxy)
@@ -143,6 +148,12 @@ class UpstreamResponse:
         """True when the whole body has been read."""
         return self._complete and not self._chunks
 
+    def first_byte_by(self, deadline: float | None) -> None:
+        """Bound the wait for the status and headers and the first body chunk read by
+        event-loop time ``deadline`` (s): past it, :class:`UpstreamFirstByteTimeoutError`.
+        Later reads have the read timeout each."""
+        self._deadline = deadline
+
     async def start(self) -> None:
         """Wait for the status line and headers."""
         while not self._headers_done:
@@ -158,6 +169,7 @@ class UpstreamResponse:
         chunks = self._chunks
         data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
         chunks.clear()
+        self._deadline = None
         self._buffered = 0
         if self._paused:
             self._paused = False
@@ -196,7 +208,13 @@ class UpstreamResponse:
             raise self._error
         waiter = self._loop.create_future()
         self._waiter = waiter
-        timer = self._loop.call_later(self._read_timeout_s, _expire, waiter, self._read_timeout_s)
+        after = self._read_timeout_s
+        error: type[UpstreamTimeoutError] = UpstreamTimeoutError
+        if self._deadline is not None:
+            left = self._deadline - self._loop.time()
+            if left < after:
+                after, error = max(0.0, left), UpstreamFirstByteTimeoutError
+        timer = self._loop.call_later(after, _expire, waiter, error, after)
         try:
             await waiter
         finally:
@@ -274,9 +292,11 @@ class UpstreamResponse:
         self._wake()
 
 
-def _expire(waiter: asyncio.Future[None], after_s: float) -> None:
+def _expire(
+    waiter: asyncio.Future[None], error: type[UpstreamTimeoutError], after_s: float
+) -> None:
     if not waiter.done():
-        waiter.set_exception(UpstreamTimeoutError(f"no byte from the server within {after_s:g} s"))
+        waiter.set_exception(error(f"no byte from the server within {after_s:g} s"))
 
 
 __all__ = ["MAX_BUFFER_BYTES", "Connection", "UpstreamResponse"]
