@@ -83,8 +83,9 @@ class InFlight:
     requests_since_scrape: int = 0
     prompt_tokens_since_scrape: int = 0
     tokens_since_scrape: int = field(default=0, compare=False)
-    """Token bursts (first bytes and streamed chunks) relayed from the endpoint since the
-    last believable scrape: when some were, its token counter must have moved."""
+    """Pieces of successful answers (first bytes and streamed chunks: generated tokens)
+    relayed from the endpoint since its last believable scrape: when some were, its token
+    counter must have moved (see ``Dispatch.mark_first_byte``)."""
     prompt_tokens_before_last_token: int = 0
     """Prompt tokens (cached or not) of requests dispatched before the first token of the
     endpoint's last burst and not answered yet: prefills in the iteration in progress, or
@@ -108,7 +109,6 @@ class InFlight:
         gateway spread over more than that), and the interval is measured from it."""
         last = self.last_token_at
         self.last_token_at = now
-        self.tokens_since_scrape += 1
         if last is not None and now - last < SAME_ITERATION_S:
             return  # the same burst: the next iteration began at its first chunk
         if last is not None:

@@ -170,7 +170,7 @@ class OutlierDetector:
             reason = CONSECUTIVE_5XX
         else:
             return
-        self._eject(endpoint, reason, f"{result.value} {detail}".strip())
+        self._eject(endpoint, reason, detail or result.value)
 
     def tick(self) -> None:
         """Return endpoints whose ejection is over; run the interval's statistical tests

@@ -237,8 +237,8 @@ class Proxy:
             data = await upstream.read()
         except UpstreamError as exc:
             raise self._before_first_byte(dispatch, exc) from None
-        dispatch.mark_first_byte(self.clock.now())
         outcome.status = upstream.status
+        dispatch.mark_first_byte(self.clock.now(), 200 <= upstream.status < 300)
         self.report(dispatch, classify_status(upstream.status), f"status {upstream.status}")
         payload = json_or_none(data)
         outcome.observe_json(payload)
@@ -265,8 +265,9 @@ class Proxy:
         except UpstreamError as exc:
             raise self._before_first_byte(dispatch, exc) from None
         responder.stream(upstream.status, _client_headers(upstream.headers, dispatch))
+        generated = 200 <= upstream.status < 300  # tokens, not an error body
         if first:
-            dispatch.mark_first_byte(self.clock.now())
+            dispatch.mark_first_byte(self.clock.now(), generated)
         chunk = first
         last = b""  # the final piece, written with the end of the stream
         try:
@@ -279,7 +280,7 @@ class Proxy:
                 await responder.write(piece)
                 chunk = await upstream.read_chunk()
                 if chunk:  # the engine just ended an iteration: a latency-model feature
-                    dispatch.mark_token(self.clock.now())
+                    dispatch.mark_token(self.clock.now(), generated)
         except UpstreamError as exc:
             outcome.error = f"stream: {type(exc).__name__}"
             timeout = isinstance(exc, UpstreamTimeoutError)
