@@ -111,7 +111,7 @@ class UpstreamPool:
         connection = self._take_idle(key, now)
         if connection is not None:
             response = self._send(connection, loop, head, body)
-            response.first_byte_by(deadline)
+            response.first_byte_by(deadline, first_byte_timeout_s or 0.0)
             try:
                 await response.start()
             except UpstreamDroppedError:
@@ -125,7 +125,7 @@ class UpstreamPool:
                 return response
         connection = await self._connect(key, authority, loop)
         response = self._send(connection, loop, head, body)
-        response.first_byte_by(deadline)
+        response.first_byte_by(deadline, first_byte_timeout_s or 0.0)
         try:
             await response.start()
         except BaseException:
