@@ -239,6 +239,18 @@ def test_scrape_ejected_endpoints_count_against_the_cap() -> None:
     assert not env.ep(0).health.ejected  # the only endpoint left
 
 
+def test_an_endpoint_out_for_its_scrapes_can_still_be_ejected_for_its_requests() -> None:
+    env = Env(n=2)
+    health = env.ep(0).health
+    health.scrape_ejected = True
+    health.sync()
+    env.fail(0, Result.RESET, times=3)
+    assert health.ejected_until is not None  # so a good scrape alone will not bring it back
+    health.scrape_ejected = False
+    health.sync()
+    assert health.ejected
+
+
 def success_rate_env(n: int) -> Env:
     return Env(
         n=n,

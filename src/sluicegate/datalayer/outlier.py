@@ -226,7 +226,8 @@ class OutlierDetector:
         if pool is None or endpoint not in pool.endpoints:
             return False
         size = len(pool.endpoints)
-        out = sum(1 for e in pool.endpoints if e.health.ejected)
+        # Out already for failed scrapes, it leaves no one else's place: count the others.
+        out = sum(1 for e in pool.endpoints if e.health.ejected and e is not endpoint)
         cap = max(1, math.floor(size * self.settings.max_ejection_percent / 100.0))
         return out + 1 <= cap and out + 1 < size
 
