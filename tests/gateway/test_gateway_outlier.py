@@ -129,6 +129,21 @@ async def test_a_hung_server_costs_a_few_attempts_and_is_ejected(
     await settle(gw)
 
 
+async def test_every_server_hung_is_a_504_within_the_first_byte_timeouts(
+    sim_cluster: Any, gateway: GatewayFactory, http: aiohttp.ClientSession
+) -> None:
+    cluster = await sim_cluster(replicas=2, faults=Faults(hang=True))
+    gw = await gateway(cluster, settings={"firstByteTimeoutMs": 150, **outlier()})
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    status, text = await stream(http, gw, 0)
+    assert status == 504
+    assert orjson.loads(text)["error"]["code"] == "upstream_timeout"
+    assert loop.time() - started < 2.0  # two attempts of 150 ms, not requestTimeoutMs
+    assert gw.metrics.retries.value == 1
+    await settle(gw)
+
+
 async def test_a_5xx_storm_ejects_and_the_server_returns_when_healthy(
     sim_cluster: Any, gateway: GatewayFactory, http: aiohttp.ClientSession
 ) -> None:

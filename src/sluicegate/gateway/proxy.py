@@ -14,7 +14,8 @@
   of work by then costs one attempt, which is abandoned (the connection is closed, so the
   server drops it) and sent elsewhere. For a non-streaming request that duplicates the
   work done so far — the price of not waiting on a hung server. A later timeout (no byte
-  within the read timeout) is a 504 and is not retried.
+  within the read timeout) is a 504 and is not retried; so is a first-byte timeout on the
+  last endpoint tried.
 - Every attempt's result goes to the outlier detector once (``report``: success, 5xx,
   connect error, reset, timeout; 429 counts as neither).
 - A client disconnect cancels the handler, which closes the upstream connection so the
@@ -217,6 +218,8 @@ class Proxy:
             self.report(dispatch, result, failure)
             self.metrics.upstream_failures.labels(endpoint.name, failure.split(":")[0]).inc()
             if retries_left <= 0 or dispatch.retry_next() is None:
+                if result is Result.TIMEOUT:
+                    raise _upstream_timeout()
                 raise GatewayError(
                     502,
                     f"upstream {endpoint.address} failed: {failure}",
