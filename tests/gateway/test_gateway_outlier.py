@@ -178,6 +178,8 @@ async def test_a_5xx_storm_ejects_and_the_server_returns_when_healthy(
         if second.health.ejected:
             break
     assert statuses == {200: statuses[200], 500: 5}
+    assert second.health.ejected_until is not None
+    assert second.health.ejected_until - gw.clock.now() > 50.0  # the reloaded base time
     assert ejections(gw, second, CONSECUTIVE_5XX) == 1
     assert ejected_gauge(gw) == 1
     await settle(gw)
