@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -169,7 +170,12 @@ async def test_a_5xx_storm_ejects_and_the_server_returns_when_healthy(
     pods = Counter([pod for _, pod in [await whole(http, gw, i, 1) for i in range(3)]])
     assert pods[cluster.replicas[0].pod_name] == 1
     assert not first.health.on_probation  # a success ended it
-    # A 500 storm on another replica: not retried, so its clients see 500 until it is out.
+    # A reload makes ejections longer (the test must not see the next one end)...
+    spec = gw.config.gateway.outlier_detection.model_copy(update={"base_ejection_time_ms": 6e4})
+    settings = gw.config.gateway.model_copy(update={"outlier_detection": spec})
+    gw.apply_config(replace(gw.config, gateway=settings))
+    # ...and a 500 storm on another replica: not retried, so its clients see 500 until it
+    # is out.
     cluster.replicas[1].faults.update({"error_rate": 1.0, "error_status": 500})
     statuses: Counter[int] = Counter()
     for i in range(30):
