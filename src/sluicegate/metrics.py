@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from sluicegate.clock import Clock
 from sluicegate.datalayer.datastore import Datastore
+from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.instruments import (
     Counter,
     CounterSeries,
@@ -263,6 +264,14 @@ class GatewayMetrics:
             ("endpoint", "kind"),
             registry=r,
         )
+        self.ejections = Counter(
+            "sluicegate_endpoint_ejections",
+            "Endpoints taken out of scheduling, by reason (consecutive-5xx, "
+            "consecutive-gateway-failure, success-rate, failure-percentage, "
+            "probation-failure, scrape-failure).",
+            ("pool", "endpoint", "reason"),
+            registry=r,
+        )
         self.queue_wait = Histogram(
             "inference_extension_flow_control_request_queue_duration_seconds",
             "Time requests waited in flow control, by priority and outcome (dispatched, "
@@ -285,6 +294,10 @@ class GatewayMetrics:
         r.register(_PoolCollector(datastore, clock, staleness_s, prefix_index_size))
         if flow is not None:
             r.register(_FlowCollector(flow))
+
+    def endpoint_ejected(self, endpoint: Endpoint, reason: str) -> None:
+        """Count an ejection (the outlier detector's and the collector's listener)."""
+        self.ejections.labels(endpoint.pool, endpoint.name, reason).inc()
 
     def _define_prediction_metrics(self, r: CollectorRegistry) -> None:
         """Predicted latency of the chosen endpoint, prediction time, SLO violations and
@@ -532,6 +545,11 @@ class _PoolCollector(Collector):
         ready = GaugeMetricFamily(
             "inference_pool_ready_pods", "Endpoints neither ejected nor stale.", labels=["name"]
         )
+        ejected = GaugeMetricFamily(
+            "sluicegate_endpoints_ejected",
+            "Endpoints out of scheduling now (failed requests or scrapes).",
+            labels=["pool"],
+        )
         per_pod = GaugeMetricFamily(
             "inference_pool_per_pod_queue_size",
             "Waiting requests per endpoint.",
@@ -553,10 +571,11 @@ class _PoolCollector(Collector):
             queue.add_metric([pool.name], sum(e.waiting for e in fresh) / n if n else 0.0)
             running.add_metric([pool.name], sum(e.running for e in fresh) / n if n else 0.0)
             ready.add_metric([pool.name], n)
+            ejected.add_metric([pool.name], sum(1 for e in pool.endpoints if e.health.ejected))
             for e in pool.endpoints:
                 per_pod.add_metric([pool.name, e.name], e.waiting)
                 inflight.add_metric([pool.name, e.name], e.inflight.requests)
-        yield from (kv, queue, running, ready, per_pod, inflight)
+        yield from (kv, queue, running, ready, ejected, per_pod, inflight)
         if self._prefix_size is not None:
             size = GaugeMetricFamily(
                 "inference_extension_prefix_indexer_size", "Block hashes held by the prefix index."

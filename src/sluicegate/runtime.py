@@ -20,11 +20,13 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from sluicegate.api.loader import Config
+from sluicegate.api.resources import OutlierDetectionSettings
 from sluicegate.builtins import default_registry
 from sluicegate.clock import Clock, MonotonicClock
 from sluicegate.datalayer.collector import Collector, CollectorSettings
 from sluicegate.datalayer.datastore import Datastore
 from sluicegate.datalayer.endpoint import Endpoint
+from sluicegate.datalayer.outlier import OutlierDetector, OutlierSettings, Result, classify_status
 from sluicegate.datalayer.pools import EndpointsByPool, static_endpoints, sync_pools
 from sluicegate.errors import GatewayError
 from sluicegate.flowcontrol.config import FlowControlSetup, build_flow_control
@@ -127,6 +129,9 @@ class Runtime:
         if self.predictor is not None:
             self.predictor.register_metrics(self.metrics.registry)
         self.collector: Collector | None = None
+        self.outlier: OutlierDetector | None = None
+        """Ejects endpoints whose requests fail (None when ``outlierDetection`` is off)."""
+        self._outlier_task: asyncio.Task[None] | None = None
         self._expiry: asyncio.TimerHandle | None = None
         self._discovered: EndpointsByPool | None = None
         sync_pools(self.datastore, config, static_endpoints(config))
@@ -157,12 +162,44 @@ class Runtime:
                 scrape_timeout_s=settings.scrape_timeout_ms / 1000.0,
                 models_interval_s=settings.models_refresh_interval_ms / 1000.0,
                 eject_after=settings.eject_after_failures,
+                frozen_after_s=self.staleness_s,
             ),
         )
         self.collector.on_scrape.append(self._on_scrape)
+        self.collector.on_eject.append(self.metrics.endpoint_ejected)
         self.collector.start()
+        if settings.outlier_detection.enabled:
+            self.outlier = OutlierDetector(
+                self.datastore, self.clock, outlier_settings(settings.outlier_detection)
+            )
+            self.outlier.on_eject.append(self.metrics.endpoint_ejected)
+            self._outlier_task = asyncio.create_task(self._outlier_loop(), name="outlier")
+
+    async def _outlier_loop(self) -> None:
+        detector = self.outlier
+        assert detector is not None
+        while True:
+            await asyncio.sleep(detector.settings.tick_s)
+            try:
+                detector.tick()
+            except Exception:  # a bug must not end ejections (and returns) for good
+                log.exception("outlier detection failed")
+
+    def report(self, dispatch: Dispatch, result: Result, detail: str = "") -> None:
+        """The current attempt of ``dispatch`` ended with ``result``: tell the outlier
+        detector, once per attempt."""
+        if dispatch.reported_attempt == dispatch.attempts:
+            return
+        dispatch.reported_attempt = dispatch.attempts
+        if self.outlier is not None:
+            self.outlier.record(dispatch.endpoint, result, detail)
 
     async def stop(self) -> None:
+        if self._outlier_task is not None:
+            self._outlier_task.cancel()
+            await asyncio.gather(self._outlier_task, return_exceptions=True)
+            self._outlier_task = None
+            self.outlier = None
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
@@ -197,6 +234,8 @@ class Runtime:
             log.warning("latencyPredictor changes take effect at the next restart")
         if endpoints is not None:
             self._discovered = endpoints
+        if self.outlier is not None:  # thresholds apply now; turning it on or off: restart
+            self.outlier.settings = outlier_settings(config.gateway.outlier_detection)
         self.config = config
         self.director.models = models
         self.director.prediction_default = new_predictor.prediction_based_scheduling_default
@@ -277,6 +316,8 @@ class Runtime:
         lets waiting requests take the room. Calling it again does nothing."""
         if dispatch.finished_at is not None:
             return
+        if status:  # a host without a proxy (Envoy's) sees only the final status
+            self.report(dispatch, classify_status(status), f"status {status}")
         ok = 200 <= status < 400
         dispatch.finish(self.clock.now(), usage.output_tokens if usage and ok else None, ok)
         request = dispatch.request
@@ -419,3 +460,21 @@ class Runtime:
         # Only streamed answers: the gateway sees no first token of a non-streamed one,
         # so its TTFT (and TPOT) cannot be judged against the SLO.
         self.metrics.slo_violations.labels(model, target, kind).inc()
+
+
+def outlier_settings(spec: OutlierDetectionSettings) -> OutlierSettings:
+    """The detector's settings from the configuration's (ms to s)."""
+    return OutlierSettings(
+        consecutive_5xx=spec.consecutive_5xx,
+        consecutive_gateway_failure=spec.consecutive_gateway_failure,
+        interval_s=spec.interval_ms / 1000.0,
+        base_ejection_s=spec.base_ejection_time_ms / 1000.0,
+        max_ejection_s=spec.max_ejection_time_ms / 1000.0,
+        max_ejection_percent=spec.max_ejection_percent,
+        success_rate_minimum_hosts=spec.success_rate_minimum_hosts,
+        success_rate_request_volume=spec.success_rate_request_volume,
+        success_rate_stdev_factor=spec.success_rate_stdev_factor,
+        failure_percentage_threshold=spec.failure_percentage_threshold,
+        failure_percentage_minimum_hosts=spec.failure_percentage_minimum_hosts,
+        failure_percentage_request_volume=spec.failure_percentage_request_volume,
+    )

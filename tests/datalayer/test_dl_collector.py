@@ -333,7 +333,7 @@ async def test_connection_refused_from_the_start(
     assert "ClientConnectorError" in ep.health.last_error or "Connect" in ep.health.last_error
 
 
-async def test_record_failure_and_success_from_proxy(
+async def test_record_scrape_failure_and_success(
     datastore: Datastore, make_collector: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     (ep,) = add(datastore, ("127.0.0.1", 1))
@@ -350,8 +350,24 @@ async def test_record_failure_and_success_from_proxy(
     assert not ep.health.ejected
     assert ep.health.consecutive_failures == 0
     messages = [r.getMessage() for r in caplog.records]
-    assert sum("ejected after 2 failures" in m for m in messages) == 1  # logged once
-    assert any("is back" in m for m in messages)
+    assert sum("ejected after 2 failed scrapes" in m for m in messages) == 1  # logged once
+    assert any("answers its scrapes again" in m for m in messages)
+
+
+async def test_a_good_scrape_does_not_end_a_request_failure_ejection(
+    datastore: Datastore, make_collector: Any
+) -> None:
+    (ep,) = add(datastore, ("127.0.0.1", 1))
+    collector = make_collector(CollectorSettings(eject_after=2))
+    ep.health.ejected_until = 100.0  # the outlier detector's
+    ep.health.consecutive_gateway_failures = 2
+    ep.health.sync()
+    collector.record_failure(ep, "scrape: refused")
+    collector.record_failure(ep, "scrape: refused")
+    collector.record_success(ep)
+    assert ep.health.ejected
+    assert not ep.health.scrape_ejected
+    assert ep.health.consecutive_gateway_failures == 2
 
 
 async def test_unknown_engine_type_is_not_scraped(
@@ -509,3 +525,93 @@ def test_parse_models_real_vllm_shape() -> None:
     assert models is not None
     assert models.base_models == frozenset({"meta-llama/Llama-3.1-8B-Instruct"})
     assert models.adapters == frozenset({"sql-lora"})
+
+
+# --------------------------------------------------------------------------- frozen metrics
+
+
+def with_tokens(gauges: Any, generated: float, running: int = 1) -> str:
+    counter = f'vllm:generation_tokens_total{{engine="0",model_name="m"}} {generated}\n'
+    return gauges(running=running) + counter
+
+
+async def test_a_frozen_token_counter_under_relayed_tokens_turns_stale(
+    fake_server: Any,
+    datastore: Datastore,
+    make_collector: Any,
+    clock: ManualClock,
+    gauges: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = await fake_server()
+    (ep,) = add(datastore, server.address)
+    collector = make_collector(CollectorSettings(frozen_after_s=1.0, frozen_recheck_s=30.0))
+    server.set_metrics(with_tokens(gauges, 10))
+    await collector.refresh(ep)
+    assert ep.metrics is not None
+    # Idle and saying so: an unchanged counter with nothing relayed is believed.
+    for _ in range(5):
+        clock.advance(0.5)
+        await collector.refresh(ep)
+        assert ep.metrics.scraped_at == clock.now()
+    believed_at = clock.now()
+    # Tokens relayed, counter stuck: not believed, dated from the last believable scrape.
+    with caplog.at_level(logging.WARNING, logger="sluicegate.datalayer"):
+        for _ in range(4):
+            clock.advance(0.25)
+            ep.inflight.tokens_since_scrape += 3
+            ep.inflight.dispatch(10, 5)
+            await collector.refresh(ep)
+            assert ep.metrics.scraped_at == believed_at
+    assert ep.is_stale(clock.now() + 0.01, 1.0)
+    assert ep.health.metrics_frozen_at == clock.now()  # 1 s of it
+    assert ep.inflight.requests_since_scrape == 4  # a frozen scrape does not count them
+    assert sum("frozen" in r.getMessage() for r in caplog.records) == 1
+    # Sticky: with nothing relayed any more (it gets no traffic), still not believed...
+    clock.advance(5.0)
+    ep.inflight.tokens_since_scrape = 0
+    await collector.refresh(ep)
+    assert ep.metrics.scraped_at == believed_at
+    # ...until the counter moves again.
+    server.set_metrics(with_tokens(gauges, 11))
+    clock.advance(0.05)
+    await collector.refresh(ep)
+    assert ep.metrics.scraped_at == clock.now()
+    assert ep.health.metrics_frozen_at is None
+    assert ep.inflight.tokens_since_scrape == 0
+
+
+async def test_a_frozen_endpoint_gets_another_chance_after_the_recheck_time(
+    fake_server: Any, datastore: Datastore, make_collector: Any, clock: ManualClock, gauges: Any
+) -> None:
+    server = await fake_server()
+    (ep,) = add(datastore, server.address)
+    collector = make_collector(CollectorSettings(frozen_after_s=1.0, frozen_recheck_s=30.0))
+    server.set_metrics(with_tokens(gauges, 10))
+    await collector.refresh(ep)
+    for _ in range(5):
+        clock.advance(0.25)
+        ep.inflight.tokens_since_scrape += 1
+        await collector.refresh(ep)
+    assert ep.health.metrics_frozen_at is not None
+    clock.advance(30.0)
+    await collector.refresh(ep)
+    assert ep.health.metrics_frozen_at is None
+    assert ep.metrics is not None
+    assert ep.metrics.scraped_at == clock.now()
+
+
+async def test_engines_without_a_token_counter_are_not_judged_frozen(
+    fake_server: Any, datastore: Datastore, make_collector: Any, clock: ManualClock, gauges: Any
+) -> None:
+    server = await fake_server()
+    server.set_metrics(gauges(running=3))  # no generation counter in the text
+    (ep,) = add(datastore, server.address)
+    collector = make_collector(CollectorSettings(frozen_after_s=1.0))
+    for _ in range(10):
+        ep.inflight.tokens_since_scrape += 1
+        await collector.refresh(ep)
+        assert ep.metrics is not None
+        assert ep.metrics.scraped_at == clock.now()
+        clock.advance(0.5)
+    assert ep.health.metrics_frozen_at is None

@@ -35,6 +35,7 @@ def test_real_vllm_scrape(vllm_scrape: str) -> None:
         num_gpu_blocks=8192,
         prefix_cache_queries=18.0,
         prefix_cache_hits=0.0,
+        generation_tokens=24.0,
     )
     assert m.max_loras == 0
     assert m.running_loras == frozenset()
@@ -378,7 +379,13 @@ def test_real_scrape_histograms_ignored(vllm_scrape: str) -> None:
         line
         for line in vllm_scrape.splitlines()
         if line.startswith(
-            ("vllm:num_requests_", "vllm:kv_cache_usage", "vllm:prefix_cache_", "vllm:cache_config")
+            (
+                "vllm:num_requests_",
+                "vllm:kv_cache_usage",
+                "vllm:prefix_cache_",
+                "vllm:cache_config",
+                "vllm:generation_tokens_total",
+            )
         )
     )
     assert vllm(core + "\n") == vllm(vllm_scrape)

@@ -12,6 +12,7 @@ import pytest
 from sluicegate.upstream import (
     UpstreamConnectError,
     UpstreamDroppedError,
+    UpstreamFirstByteTimeoutError,
     UpstreamPool,
     UpstreamProtocolError,
     UpstreamTimeoutError,
@@ -277,6 +278,58 @@ async def test_no_answer_within_the_read_timeout(serve) -> None:
     with pytest.raises(UpstreamTimeoutError, match=r"0\.1 s"):
         await pool.request("http", "127.0.0.1", server.port, "POST", "/", [], b"{}")
     await asyncio.wait_for(server.closed_by_client.wait(), 2)  # the server sees us leave
+
+
+async def test_no_status_within_the_first_byte_timeout(serve) -> None:
+    async def script(reader, writer, request) -> bool:
+        await reader.read(1)  # hung: never answers
+        return False
+
+    server = await serve(script)
+    pool = UpstreamPool(read_timeout_s=5.0)
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(UpstreamFirstByteTimeoutError, match=r"0\.1 s"):
+        await pool.request(
+            "http", "127.0.0.1", server.port, "POST", "/", [], b"{}", first_byte_timeout_s=0.1
+        )
+    assert asyncio.get_running_loop().time() - started < 1.0
+    await asyncio.wait_for(server.closed_by_client.wait(), 2)  # abandoned: the server sees it
+
+
+async def test_the_first_byte_timeout_covers_the_first_chunk_then_reads_have_their_own(
+    serve,
+) -> None:
+    release_first = asyncio.Event()
+
+    async def script(reader, writer, request) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")  # headers early
+        await writer.drain()
+        await release_first.wait()
+        writer.write(chunk(b"first"))
+        await writer.drain()
+        await asyncio.sleep(0.3)  # longer than the first-byte bound: a later read is fine
+        writer.write(chunk(b"second") + b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    server = await serve(script)
+    pool = UpstreamPool(read_timeout_s=2.0)
+    # Headers in time but no first chunk: still a first-byte timeout.
+    response = await pool.request(
+        "http", "127.0.0.1", server.port, "POST", "/", [], b"{}", first_byte_timeout_s=0.2
+    )
+    assert response.status == 200
+    with pytest.raises(UpstreamFirstByteTimeoutError):
+        await response.read_chunk()
+    response.close()
+    # The same server sending its first chunk in time: later reads wait read_timeout_s.
+    release_first.set()
+    response = await pool.request(
+        "http", "127.0.0.1", server.port, "POST", "/", [], b"{}", first_byte_timeout_s=0.2
+    )
+    assert await response.read_chunk() == b"first"
+    assert await response.read() == b"second"
+    response.release()
 
 
 async def test_a_refused_connection_fails_clearly() -> None:

@@ -339,6 +339,32 @@ class LatencyPredictorSettings(Model):
     https://github.com/kubernetes-sigs/gateway-api-inference-extension/blob/v1.2.0/pkg/epp/scheduling/framework/plugins/profile/slo_aware_profile_handler.go"""
 
 
+class OutlierDetectionSettings(Model):
+    """Ejecting endpoints whose requests fail (``sluicegate.datalayer.outlier``, after
+    Envoy's outlier detection). Durations in ms, shares in percent; a threshold of 0 turns
+    its test off."""
+
+    enabled: bool = True
+    consecutive_5xx: Annotated[int, Field(ge=0)] = Field(5, alias="consecutive5xx")
+    """Server errors in a row (5xx but 501, gateway failures included) that eject."""
+    consecutive_gateway_failure: Annotated[int, Field(ge=0)] = 3
+    """Attempts in a row without a usable answer (connect error, reset, first-byte
+    timeout) that eject."""
+    interval_ms: Annotated[float, Field(gt=0)] = 10_000.0
+    """How often the success-rate and failure-percentage tests run."""
+    base_ejection_time_ms: Annotated[float, Field(gt=0)] = 30_000.0
+    """An ejection lasts this times the endpoint's ejection count."""
+    max_ejection_time_ms: Annotated[float, Field(gt=0)] = 300_000.0
+    max_ejection_percent: Annotated[float, Field(ge=0, le=100)] = 50.0
+    """Most of a pool ejected at once (at least one endpoint may go; never the last)."""
+    success_rate_minimum_hosts: Annotated[int, Field(ge=0)] = 5
+    success_rate_request_volume: Annotated[int, Field(ge=1)] = 20
+    success_rate_stdev_factor: Annotated[float, Field(gt=0)] = 1.9
+    failure_percentage_threshold: Annotated[float, Field(ge=0, le=100)] = 50.0
+    failure_percentage_minimum_hosts: Annotated[int, Field(ge=1)] = 2
+    failure_percentage_request_volume: Annotated[int, Field(ge=1)] = 20
+
+
 class GatewaySettings(Model):
     """Settings of the standalone gateway. Durations are in milliseconds."""
 
@@ -353,6 +379,14 @@ class GatewaySettings(Model):
     max_retries: Annotated[int, Field(ge=0)] = 2
     connect_timeout_ms: Annotated[float, Field(gt=0)] = 2000.0
     request_timeout_ms: Annotated[float, Field(gt=0)] = 600_000.0
+    """The longest wait for any byte of an answer (each read, not the answer's total)."""
+    first_byte_timeout_ms: Annotated[float, Field(gt=0)] | None = 30_000.0
+    """How long a streamed answer's status and first chunk may take; past it the attempt
+    counts as an endpoint failure and is retried elsewhere. None: ``requestTimeoutMs``."""
+    non_streaming_first_byte_timeout_ms: Annotated[float, Field(gt=0)] | None = None
+    """The same bound for non-streamed answers, whose first byte comes with the whole
+    answer (so it bounds the generation). None: ``requestTimeoutMs``."""
+    outlier_detection: OutlierDetectionSettings = Field(default_factory=OutlierDetectionSettings)
     latency_predictor: LatencyPredictorSettings = Field(default_factory=LatencyPredictorSettings)
     max_connections: Annotated[int, Field(ge=1)] = 4096
     """Client connections open at once; more are refused (fixed at start)."""

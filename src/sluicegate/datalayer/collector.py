@@ -3,9 +3,17 @@
 One asyncio task per endpoint scrapes ``/metrics`` every ``scrape_interval_s`` with a
 bounded timeout; another lists ``/v1/models`` every ``models_interval_s`` (sooner until the
 first answer). A failed scrape leaves the previous snapshot in place with its old
-timestamp, so it turns stale instead of looking idle. ``eject_after`` consecutive failures
-(scrapes or proxied requests, see :meth:`Collector.record_failure`) take an endpoint out
-of scheduling; the next successful scrape brings it back.
+timestamp, so it turns stale instead of looking idle. ``eject_after`` consecutive failed
+scrapes take an endpoint out of scheduling; the next successful scrape brings it back.
+Failed *requests* are the outlier detector's (:mod:`sluicegate.datalayer.outlier`): a
+scrape neither counts nor clears them.
+
+Stale is not idle, and neither is frozen: a scrape whose token counter
+(``EngineMetrics.generation_tokens``) has not moved since the last believable one, although
+this gateway relayed tokens from the endpoint since, is not believed — it is stored with the
+last believable scrape's timestamp (so after ``staleness_s`` of that the endpoint is stale)
+and, once that lasts ``frozen_after_s``, the endpoint is marked frozen until its counter
+moves again (or ``frozen_recheck_s`` passed: then it is given another chance).
 """
 
 from __future__ import annotations
@@ -13,13 +21,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import orjson
 
 from sluicegate.clock import Clock
 from sluicegate.datalayer.datastore import Datastore
-from sluicegate.datalayer.endpoint import Endpoint, ServedModels
+from sluicegate.datalayer.endpoint import Endpoint, EngineMetrics, ServedModels
+from sluicegate.datalayer.outlier import SCRAPE_FAILURE, EjectionListener
 from sluicegate.datalayer.parsers import MetricsParseError, MetricsParser
 from sluicegate.upstream import UpstreamError, UpstreamPool
 
@@ -38,6 +47,11 @@ class CollectorSettings:
     scrape_timeout_s: float = 1.0
     models_interval_s: float = 10.0
     eject_after: int = 3
+    """Failed scrapes in a row that eject an endpoint."""
+    frozen_after_s: float = 1.0
+    """How long a token counter may stand still while tokens are relayed (s)."""
+    frozen_recheck_s: float = 30.0
+    """How long an endpoint found frozen stays so unless its counter moves (s)."""
 
 
 class Collector:
@@ -58,6 +72,8 @@ class Collector:
         self.on_scrape: list[Callable[[Endpoint], None]] = []
         """Called after each successful scrape, with the endpoint (e.g. to dispatch
         requests waiting for room)."""
+        self.on_eject: list[EjectionListener] = []
+        """Told of each scrape-failure ejection (for metrics)."""
         self._stopping: set[asyncio.Task[None]] = set()
         """Tasks of removed endpoints, cancelled but maybe not finished yet."""
         self._running = False
@@ -87,26 +103,62 @@ class Collector:
     # ------------------------------------------------------------------ health
 
     def record_failure(self, endpoint: Endpoint, error: str) -> None:
-        """A connection to ``endpoint`` failed (scrape or proxied request)."""
+        """A scrape of ``endpoint`` failed."""
         health = endpoint.health
         health.consecutive_failures += 1
         health.last_error = error
-        if not health.ejected and health.consecutive_failures >= self.settings.eject_after:
-            health.ejected = True
+        if not health.scrape_ejected and health.consecutive_failures >= self.settings.eject_after:
+            health.scrape_ejected = True
+            health.sync()
             log.warning(
-                "endpoint %s (%s) ejected after %d failures: %s",
+                "endpoint %s (%s) ejected after %d failed scrapes: %s",
                 endpoint.name,
                 endpoint.address,
                 health.consecutive_failures,
                 error,
             )
+            for listener in self.on_eject:
+                listener(endpoint, SCRAPE_FAILURE)
 
     def record_success(self, endpoint: Endpoint) -> None:
+        """A scrape of ``endpoint`` succeeded (request failures are not touched)."""
         health = endpoint.health
         health.consecutive_failures = 0
-        if health.ejected:
-            health.ejected = False
-            log.info("endpoint %s (%s) is back", endpoint.name, endpoint.address)
+        if health.scrape_ejected:
+            health.scrape_ejected = False
+            health.sync()
+            log.info("endpoint %s (%s) answers its scrapes again", endpoint.name, endpoint.address)
+
+    def _believable(self, endpoint: Endpoint, new: EngineMetrics) -> bool:
+        """Whether scrape ``new`` shows the endpoint's state now (see the module)."""
+        old = endpoint.metrics
+        health = endpoint.health
+        if old is None or new.generation_tokens is None or old.generation_tokens is None:
+            return True
+        now = new.scraped_at
+        if new.generation_tokens != old.generation_tokens:
+            if health.metrics_frozen_at is not None:
+                health.metrics_frozen_at = None
+                log.info("endpoint %s: its metrics move again", endpoint.name)
+            return True
+        frozen_at = health.metrics_frozen_at
+        if frozen_at is not None:
+            if now - frozen_at < self.settings.frozen_recheck_s:
+                return False
+            health.metrics_frozen_at = None  # another chance: traffic will tell
+            return True
+        if endpoint.inflight.tokens_since_scrape == 0:
+            return True  # idle, and saying so
+        if now - old.scraped_at >= self.settings.frozen_after_s:
+            health.metrics_frozen_at = now
+            log.warning(
+                "endpoint %s (%s): /metrics frozen (no generated token counted for %.1f s "
+                "while tokens were relayed); its metrics are stale",
+                endpoint.name,
+                endpoint.address,
+                now - old.scraped_at,
+            )
+        return False
 
     # ------------------------------------------------------------------ tasks
 
@@ -149,12 +201,21 @@ class Collector:
             status, body = await self._get(endpoint, "/metrics")
             if status != 200:
                 raise MetricsParseError(f"/metrics answered {status}")
-            endpoint.metrics = parser.parse(body.decode("utf-8", "replace"), self.clock.now())
+            metrics = parser.parse(body.decode("utf-8", "replace"), self.clock.now())
         except (UpstreamError, TimeoutError, MetricsParseError, ValueError) as exc:
             self.record_failure(endpoint, f"scrape: {type(exc).__name__}: {exc}")
             return
-        endpoint.inflight.scraped()
         self.record_success(endpoint)
+        old = endpoint.metrics
+        if self._believable(endpoint, metrics):
+            endpoint.metrics = metrics
+            endpoint.inflight.scraped()
+        else:
+            # Dated from the last believable scrape: it turns stale, and what was
+            # dispatched since stays counted on top of it.
+            assert old is not None
+            endpoint.metrics = replace(metrics, scraped_at=old.scraped_at)
+            return
         for listener in self.on_scrape:
             listener(endpoint)
 

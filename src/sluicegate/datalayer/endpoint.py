@@ -11,7 +11,8 @@ sources, kept apart so each can be reasoned about:
   between scrapes and a burst is never sent to one endpoint because its last scrape looked
   idle.
 
-Health (connection failures, ejection until a probe succeeds) lives here too.
+Health (scrape failures, request failures and the ejections they cause) lives here too:
+:class:`Health`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ class EngineMetrics:
     num_gpu_blocks: int | None = None
     prefix_cache_queries: float = 0.0
     prefix_cache_hits: float = 0.0
+    generation_tokens: float | None = None
+    """The server's running total of generated tokens (vLLM's
+    ``vllm:generation_tokens_total``); None when its engine type does not report one. The
+    gateway compares it between scrapes to catch a ``/metrics`` that stopped moving."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +82,10 @@ class InFlight:
     decode_tokens: int = 0
     requests_since_scrape: int = 0
     prompt_tokens_since_scrape: int = 0
+    tokens_since_scrape: int = field(default=0, compare=False)
+    """Pieces of successful answers (first bytes and streamed chunks: generated tokens)
+    relayed from the endpoint since its last believable scrape: when some were, its token
+    counter must have moved (see ``Dispatch.mark_first_byte``)."""
     prompt_tokens_before_last_token: int = 0
     """Prompt tokens (cached or not) of requests dispatched before the first token of the
     endpoint's last burst and not answered yet: prefills in the iteration in progress, or
@@ -142,16 +151,56 @@ class InFlight:
     def scraped(self) -> None:
         self.requests_since_scrape = 0
         self.prompt_tokens_since_scrape = 0
+        self.tokens_since_scrape = 0
 
 
 @dataclass(slots=True)
 class Health:
-    """Connection health. An endpoint is ejected after ``consecutive_failures`` reaches the
-    configured threshold and comes back when a probe (scrape) succeeds."""
+    """Whether an endpoint may take requests, and why not.
+
+    Two independent sources take an endpoint out (``ejected``), each with its own count,
+    so one cannot clear the other's:
+
+    - scrapes (:class:`~sluicegate.datalayer.collector.Collector`): ``consecutive_failures``
+      failed scrapes in a row set ``scrape_ejected``; the next successful scrape clears it;
+    - requests (:class:`~sluicegate.datalayer.outlier.OutlierDetector`): failed answers
+      set ``ejected_until`` (a clock time, s); only successful *requests* reset the
+      request counts, and the ejection ends when its time is up (see that module).
+
+    ``ejected`` is their union, kept in step by both (call :meth:`sync`); it is a plain
+    attribute because the scheduler reads it for every candidate of every request.
+    """
 
     consecutive_failures: int = 0
+    """Failed scrapes in a row (a successful scrape resets it)."""
+    scrape_ejected: bool = False
     ejected: bool = False
     last_error: str = ""
+    consecutive_5xx: int = 0
+    """Answers in a row that counted as server errors (see ``outlier.classify_status``),
+    gateway failures included."""
+    consecutive_gateway_failures: int = 0
+    """Attempts in a row that failed without a usable answer: connect errors, resets or
+    drops (before or after the first byte), first-byte timeouts."""
+    interval_successes: int = 0
+    """Successful requests since the last success-rate evaluation."""
+    interval_failures: int = 0
+    """Failed requests (5xx or gateway failures) since the last evaluation."""
+    ejected_until: float | None = None
+    """Clock time (s) the current request-failure ejection ends; None when not ejected."""
+    ejection_reason: str = ""
+    times_ejected: int = 0
+    """Back-off multiplier: ejections so far, less one per healthy interval."""
+    on_probation: bool = False
+    """Back from an ejection and no successful request since: one failure re-ejects."""
+    metrics_frozen_at: float | None = None
+    """Clock time (s) the endpoint's ``/metrics`` was found frozen (its token counter
+    stood still while this gateway relayed its tokens); None while it moves. A frozen
+    endpoint's scrapes keep the timestamp of its last believable one, so it is stale."""
+
+    def sync(self) -> None:
+        """Recompute ``ejected`` from its two sources."""
+        self.ejected = self.scrape_ejected or self.ejected_until is not None
 
 
 @dataclass(slots=True, eq=False)

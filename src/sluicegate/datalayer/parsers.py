@@ -41,6 +41,9 @@ class MetricNames:
     num_blocks_label_filter: tuple[str, str] | None = None
     prefix_queries: tuple[str, ...] = ()
     prefix_hits: tuple[str, ...] = ()
+    generation_tokens: tuple[str, ...] = ()
+    """The running total of generated tokens, to tell a frozen ``/metrics`` from an idle
+    server (``EngineMetrics.generation_tokens``)."""
     waiting_label_filter: tuple[str, str] | None = None
     running_label_filter: tuple[str, str] | None = None
     kv_label_filter: tuple[str, str] | None = None
@@ -56,6 +59,7 @@ ENGINES: dict[str, MetricNames] = {
         cache_info="vllm:cache_config_info",
         prefix_queries=("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
         prefix_hits=("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+        generation_tokens=("vllm:generation_tokens_total",),
     ),
     "sglang": MetricNames(
         waiting=("sglang:num_queue_reqs",),
@@ -64,6 +68,7 @@ ENGINES: dict[str, MetricNames] = {
         cache_info="sglang:cache_config_info",
         cache_block_label="page_size",
         cache_blocks_label="num_pages",
+        generation_tokens=("sglang:generation_tokens_total",),
     ),
     "trtllm-serve": MetricNames(
         waiting=("trtllm_num_requests_waiting",),
@@ -108,7 +113,14 @@ class MetricsParser:
             known = ", ".join(sorted(ENGINES))
             raise ValueError(f"unknown engine type {engine_type!r}; known: {known}") from None
         n = self._names
-        wanted = {*n.waiting, *n.running, *n.kv_usage, *n.prefix_queries, *n.prefix_hits}
+        wanted = {
+            *n.waiting,
+            *n.running,
+            *n.kv_usage,
+            *n.prefix_queries,
+            *n.prefix_hits,
+            *n.generation_tokens,
+        }
         for single in (n.lora_info, n.cache_info, n.block_size_gauge, n.num_blocks_gauge):
             if single:
                 wanted.add(single)
@@ -141,6 +153,11 @@ class MetricsParser:
             num_gpu_blocks=num_blocks,
             prefix_cache_queries=_sum(samples, n.prefix_queries, None),
             prefix_cache_hits=_sum(samples, n.prefix_hits, None),
+            generation_tokens=(
+                _sum(samples, n.generation_tokens, None)
+                if any(name in samples for name in n.generation_tokens)
+                else None
+            ),
         )
 
     def _samples(self, text: str) -> dict[str, list[tuple[dict[str, str], float]]]:

@@ -383,8 +383,8 @@ class ExtProcStream:
         remove = (
             ["content-length"] if dispatch.rewrites_model and "content-length" in headers else []
         )
-        if response.end_of_stream:
-            dispatch.mark_first_byte(self.runtime.clock.now())
+        if response.end_of_stream:  # no body: nothing generated
+            dispatch.mark_first_byte(self.runtime.clock.now(), generated=False)
             self._end_response()
         return [headers_response("response_headers", set_headers, remove)]
 
@@ -396,10 +396,11 @@ class ExtProcStream:
         dispatch = self.dispatch
         if chunk and dispatch is not None:
             # Every streamed chunk times the endpoint's iterations for the latency models.
+            generated = 200 <= self._status < 300  # tokens, not an error body
             if dispatch.first_byte_at is None:
-                dispatch.mark_first_byte(self.runtime.clock.now())
+                dispatch.mark_first_byte(self.runtime.clock.now(), generated)
             else:
-                dispatch.mark_token(self.runtime.clock.now())
+                dispatch.mark_token(self.runtime.clock.now(), generated)
         out = relay.feed(chunk, end)
         if end:
             self._end_response()

@@ -63,6 +63,10 @@ _UNAUTHORIZED_HEAD = [_JSON, ("www-authenticate", "Bearer"), *_UNAUTHORIZED.head
 _UNAUTHORIZED_BODY = _UNAUTHORIZED.body()
 
 
+def _seconds(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1000.0
+
+
 def send_error(responder: Responder, error: GatewayError, request_id: str | None = None) -> None:
     """The client's answer for a decision the gateway made itself."""
     headers = error.headers()
@@ -182,9 +186,15 @@ class Gateway:
         assert self.runtime.collector is not None
         self.proxy = Proxy(
             self.upstream,
-            self.runtime.collector,
+            self.runtime.report,
             self.metrics,
-            ProxySettings(max_retries=settings.max_retries),
+            ProxySettings(
+                max_retries=settings.max_retries,
+                first_byte_timeout_s=_seconds(settings.first_byte_timeout_ms),
+                non_streaming_first_byte_timeout_s=_seconds(
+                    settings.non_streaming_first_byte_timeout_ms
+                ),
+            ),
             self.clock,
         )
         # The client limits are fixed for the server's life (a reload cannot change them).

@@ -6,9 +6,18 @@
   byte is retried on the next endpoint — a server dying mid-generation costs the client
   nothing but time. A streaming request is retried only until its first byte is forwarded;
   after that a failure ends the stream with an SSE error event.
-- Retried: connection failures and upstream 429/502/503/504 answers, up to ``max_retries``
-  other endpoints. A timeout waiting for a byte is a 504 and is not retried (the request
-  may still be running there).
+- Retried: connection failures, drops, first-byte timeouts and upstream 429/502/503/504
+  answers, up to ``max_retries`` other endpoints. The first-byte timeout bounds the wait
+  for the status and the first body chunk (``first_byte_timeout_s`` for streams, whose
+  headers vLLM sends before the first token; ``non_streaming_first_byte_timeout_s`` for
+  the others, whose first byte comes with the whole answer): a server that shows no sign
+  of work by then costs one attempt, which is abandoned (the connection is closed, so the
+  server drops it) and sent elsewhere. For a non-streaming request that duplicates the
+  work done so far — the price of not waiting on a hung server. A later timeout (no byte
+  within the read timeout) is a 504 and is not retried; so is a first-byte timeout on the
+  last endpoint tried.
+- Every attempt's result goes to the outlier detector once (``report``: success, 5xx,
+  connect error, reset, timeout; 429 counts as neither).
 - A client disconnect cancels the handler, which closes the upstream connection so the
   model server aborts the request too.
 
@@ -17,11 +26,11 @@ Requests go out over :class:`~sluicegate.upstream.UpstreamPool`'s keep-alive con
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from sluicegate.clock import Clock
-from sluicegate.datalayer.collector import Collector
+from sluicegate.datalayer.outlier import Result, classify_status
 from sluicegate.errors import GatewayError
 from sluicegate.gateway.http import Responder
 from sluicegate.metrics import GatewayMetrics
@@ -36,6 +45,7 @@ from sluicegate.requestcontrol.responses import (
 from sluicegate.upstream import (
     UpstreamConnectError,
     UpstreamError,
+    UpstreamFirstByteTimeoutError,
     UpstreamPool,
     UpstreamResponse,
     UpstreamTimeoutError,
@@ -68,6 +78,14 @@ class ProxySettings:
 
     max_retries: int = 2
     """Other endpoints a failed request may be retried on."""
+    first_byte_timeout_s: float | None = 30.0
+    """Bound on a streamed answer's status and first chunk (s); None: the read timeout."""
+    non_streaming_first_byte_timeout_s: float | None = None
+    """The same for non-streamed answers (s); None: the read timeout."""
+
+
+Reporter = Callable[[Dispatch, Result, str], None]
+"""Told how each attempt ended (``Runtime.report``: the outlier detector)."""
 
 
 @dataclass(slots=True)
@@ -122,14 +140,14 @@ class Proxy:
     def __init__(
         self,
         upstream: UpstreamPool,
-        collector: Collector | None,
+        report: Reporter | None,
         metrics: GatewayMetrics,
         settings: ProxySettings,
         clock: Clock,
     ) -> None:
         self.upstream = upstream
         self.clock = clock
-        self.collector = collector
+        self.report = report or _ignore
         self.metrics = metrics
         self.settings = settings
 
@@ -148,17 +166,35 @@ class Proxy:
         outcome = Outcome()
         header_items = headers.items()
         retries_left = self.settings.max_retries
+        stream = dispatch.request.stream
+        first_byte_s = (
+            self.settings.first_byte_timeout_s
+            if stream
+            else self.settings.non_streaming_first_byte_timeout_s
+        )
         while True:
             endpoint = dispatch.endpoint
             try:
                 upstream = await self.upstream.request(
-                    endpoint.scheme, endpoint.host, endpoint.port, "POST", path, header_items, body
+                    endpoint.scheme,
+                    endpoint.host,
+                    endpoint.port,
+                    "POST",
+                    path,
+                    header_items,
+                    body,
+                    first_byte_s,
                 )
+            except UpstreamFirstByteTimeoutError:
+                failure, result = "timeout: first byte", Result.TIMEOUT
             except UpstreamTimeoutError:
+                self.report(dispatch, Result.TIMEOUT, "timeout: no byte")
                 raise _upstream_timeout() from None
             except UpstreamError as exc:
-                stage = "connect" if isinstance(exc, UpstreamConnectError) else "read"
-                failure = f"{stage}: {type(exc).__name__}"
+                if isinstance(exc, UpstreamConnectError):
+                    failure, result = f"connect: {type(exc).__name__}", Result.CONNECT_ERROR
+                else:
+                    failure, result = f"read: {type(exc).__name__}", Result.RESET
             else:
                 if (
                     upstream.status in RETRYABLE_STATUS
@@ -166,22 +202,24 @@ class Proxy:
                     and dispatch.has_fallback()
                 ):
                     failure = f"status {upstream.status}"
+                    result = classify_status(upstream.status)
                     upstream.close()
                 else:
                     try:
-                        if dispatch.request.stream:
+                        if stream:
                             await self._relay_stream(responder, dispatch, upstream, outcome)
                         else:
                             await self._relay_whole(responder, dispatch, upstream, outcome)
                         return outcome
                     except _RetryableError as exc:
-                        failure = str(exc)
+                        failure, result = str(exc), exc.result
                     finally:
                         upstream.release()  # closes a half-read answer: the server aborts it
+            self.report(dispatch, result, failure)
             self.metrics.upstream_failures.labels(endpoint.name, failure.split(":")[0]).inc()
-            if self.collector is not None and not failure.startswith("status"):
-                self.collector.record_failure(endpoint, failure)
             if retries_left <= 0 or dispatch.retry_next() is None:
+                if result is Result.TIMEOUT:
+                    raise _upstream_timeout()
                 raise GatewayError(
                     502,
                     f"upstream {endpoint.address} failed: {failure}",
@@ -200,12 +238,11 @@ class Proxy:
     ) -> None:
         try:
             data = await upstream.read()
-        except UpstreamTimeoutError:
-            raise _upstream_timeout() from None
         except UpstreamError as exc:
-            raise _RetryableError(f"read: {type(exc).__name__}") from None
-        dispatch.mark_first_byte(self.clock.now())
+            raise self._before_first_byte(dispatch, exc) from None
         outcome.status = upstream.status
+        dispatch.mark_first_byte(self.clock.now(), 200 <= upstream.status < 300)
+        self.report(dispatch, classify_status(upstream.status), f"status {upstream.status}")
         payload = json_or_none(data)
         outcome.observe_json(payload)
         if dispatch.rewrites_model:
@@ -228,13 +265,12 @@ class Proxy:
         )
         try:
             first = await upstream.read_chunk()
-        except UpstreamTimeoutError:
-            raise _upstream_timeout() from None
         except UpstreamError as exc:
-            raise _RetryableError(f"read: {type(exc).__name__}") from None
+            raise self._before_first_byte(dispatch, exc) from None
         responder.stream(upstream.status, _client_headers(upstream.headers, dispatch))
+        generated = 200 <= upstream.status < 300  # tokens, not an error body
         if first:
-            dispatch.mark_first_byte(self.clock.now())
+            dispatch.mark_first_byte(self.clock.now(), generated)
         chunk = first
         last = b""  # the final piece, written with the end of the stream
         try:
@@ -247,9 +283,11 @@ class Proxy:
                 await responder.write(piece)
                 chunk = await upstream.read_chunk()
                 if chunk:  # the engine just ended an iteration: a latency-model feature
-                    dispatch.mark_token(self.clock.now())
+                    dispatch.mark_token(self.clock.now(), generated)
         except UpstreamError as exc:
             outcome.error = f"stream: {type(exc).__name__}"
+            timeout = isinstance(exc, UpstreamTimeoutError)
+            self.report(dispatch, Result.TIMEOUT if timeout else Result.RESET, outcome.error)
             if rewrite is not None:
                 rewrite.discard()  # an incomplete event cannot precede the error event
             error = GatewayError(
@@ -259,10 +297,26 @@ class Proxy:
                 reason="upstream-failure",
             )
             await responder.write(b"data: " + error.body() + b"\n\n")
+        else:
+            self.report(dispatch, classify_status(upstream.status), f"status {upstream.status}")
         outcome.end_stream()
         if rewrite is not None:
             last += rewrite.flush()
         await responder.end(last)
+
+    def _before_first_byte(self, dispatch: Dispatch, exc: UpstreamError) -> Exception:
+        """What a read failure before anything reached the client becomes: a retry for a
+        drop or a first-byte timeout, a 504 for a later timeout (reported here)."""
+        if isinstance(exc, UpstreamFirstByteTimeoutError):
+            return _RetryableError("timeout: first byte", Result.TIMEOUT)
+        if isinstance(exc, UpstreamTimeoutError):
+            self.report(dispatch, Result.TIMEOUT, "timeout: no byte")
+            return _upstream_timeout()
+        return _RetryableError(f"read: {type(exc).__name__}", Result.RESET)
+
+
+def _ignore(dispatch: Dispatch, result: Result, detail: str) -> None:
+    """The reporter of a proxy without outlier detection."""
 
 
 def _upstream_timeout() -> GatewayError:
@@ -276,6 +330,10 @@ def _upstream_timeout() -> GatewayError:
 
 class _RetryableError(Exception):
     """The upstream failed before anything reached the client."""
+
+    def __init__(self, message: str, result: Result) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 __all__ = ["ModelNameRewriter", "Outcome", "Proxy", "ProxySettings", "upstream_headers"]

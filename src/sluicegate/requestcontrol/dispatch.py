@@ -38,6 +38,9 @@ class Dispatch:
     dispatched_at: float
     response_headers: dict[str, str] = field(default_factory=dict)
     attempts: int = 1
+    reported_attempt: int = 0
+    """The last attempt whose result was reported to the outlier detector (each attempt is
+    reported once: by the proxy, or, for hosts without one, by ``Runtime.release``)."""
     first_byte_at: float | None = None
     finished_at: float | None = None
     _charged_prompt: int = 0
@@ -76,8 +79,11 @@ class Dispatch:
             inflight.complete(self._charged_prompt, self._charged_decode)
             inflight.prefill_done(self.request.prompt_tokens, self._epoch)
 
-    def mark_first_byte(self, now: float) -> None:
-        """The upstream answered: its prefill is done (prompt tokens leave the queue)."""
+    def mark_first_byte(self, now: float, generated: bool = True) -> None:
+        """The upstream answered: its prefill is done (prompt tokens leave the queue).
+        ``generated``: the answer is a success, so the server generated tokens for it."""
+        if generated:
+            self.endpoint.inflight.tokens_since_scrape += 1
         if self.first_byte_at is None:
             self.first_byte_at = now
             self.endpoint.inflight.token(now)
@@ -88,9 +94,12 @@ class Dispatch:
                 for observer in self.observers:
                     observer.on_first_token(self.request, self.state, self.endpoint, now)
 
-    def mark_token(self, now: float) -> None:
+    def mark_token(self, now: float, generated: bool = True) -> None:
         """A streamed chunk arrived from the endpoint at ``now``: it times the engine's
-        iterations for the latency models (``InFlight.token``)."""
+        iterations for the latency models (``InFlight.token``). ``generated`` as for
+        :meth:`mark_first_byte`."""
+        if generated:
+            self.endpoint.inflight.tokens_since_scrape += 1
         self.endpoint.inflight.token(now)
 
     def has_fallback(self) -> bool:

@@ -6,6 +6,7 @@ from sluicegate.upstream.errors import (
     UpstreamConnectError,
     UpstreamDroppedError,
     UpstreamError,
+    UpstreamFirstByteTimeoutError,
     UpstreamProtocolError,
     UpstreamTimeoutError,
 )
@@ -15,6 +16,7 @@ __all__ = [
     "UpstreamConnectError",
     "UpstreamDroppedError",
     "UpstreamError",
+    "UpstreamFirstByteTimeoutError",
     "UpstreamPool",
     "UpstreamProtocolError",
     "UpstreamResponse",

@@ -18,6 +18,7 @@ import httptools
 
 from sluicegate.upstream.errors import (
     UpstreamDroppedError,
+    UpstreamFirstByteTimeoutError,
     UpstreamProtocolError,
     UpstreamTimeoutError,
 )
@@ -80,7 +81,9 @@ class UpstreamResponse:
         "_buffered",
         "_chunks",
         "_complete",
+        "_deadline",
         "_error",
+        "_first_byte_s",
         "_headers_done",
         "_loop",
         "_max_buffer",
@@ -124,6 +127,10 @@ class UpstreamResponse:
         self._received_any = False
         self._error: Exception | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._deadline: float | None = None
+        """Event-loop time by which the first byte must have been read (see
+        :meth:`first_byte_by`); None once it was, or when unbounded."""
+        self._first_byte_s = 0.0
         connection.exchange = self
 
     # ------------------------------------------------------------- reading (the proxy)
@@ -143,6 +150,14 @@ class UpstreamResponse:
         """True when the whole body has been read."""
         return self._complete and not self._chunks
 
+    def first_byte_by(self, deadline: float | None, timeout_s: float = 0.0) -> None:
+        """Bound the wait for the status and headers and the first body chunk read by
+        event-loop time ``deadline`` (s): past it, :class:`UpstreamFirstByteTimeoutError`
+        (naming ``timeout_s``, the bound it was set from). Later reads have the read
+        timeout each."""
+        self._deadline = deadline
+        self._first_byte_s = timeout_s
+
     async def start(self) -> None:
         """Wait for the status line and headers."""
         while not self._headers_done:
@@ -158,6 +173,7 @@ class UpstreamResponse:
         chunks = self._chunks
         data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
         chunks.clear()
+        self._deadline = None
         self._buffered = 0
         if self._paused:
             self._paused = False
@@ -196,7 +212,15 @@ class UpstreamResponse:
             raise self._error
         waiter = self._loop.create_future()
         self._waiter = waiter
-        timer = self._loop.call_later(self._read_timeout_s, _expire, waiter, self._read_timeout_s)
+        after = self._read_timeout_s
+        first_byte = False
+        if self._deadline is not None:
+            left = self._deadline - self._loop.time()
+            if left < after:
+                after, first_byte = max(0.0, left), True
+        # The error is made only if the timer fires: most waits end well.
+        bound = self._first_byte_s if first_byte else after
+        timer = self._loop.call_later(after, _expire, waiter, first_byte, bound)
         try:
             await waiter
         finally:
@@ -274,9 +298,15 @@ class UpstreamResponse:
         self._wake()
 
 
-def _expire(waiter: asyncio.Future[None], after_s: float) -> None:
-    if not waiter.done():
-        waiter.set_exception(UpstreamTimeoutError(f"no byte from the server within {after_s:g} s"))
+def _expire(waiter: asyncio.Future[None], first_byte: bool, bound_s: float) -> None:
+    if waiter.done():
+        return
+    if first_byte:
+        waiter.set_exception(
+            UpstreamFirstByteTimeoutError(f"no first byte from the server within {bound_s:g} s")
+        )
+    else:
+        waiter.set_exception(UpstreamTimeoutError(f"no byte from the server within {bound_s:g} s"))
 
 
 __all__ = ["MAX_BUFFER_BYTES", "Connection", "UpstreamResponse"]

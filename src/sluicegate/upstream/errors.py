@@ -1,8 +1,9 @@
 """What can go wrong talking to a model server, as the proxy needs to tell it apart.
 
 The proxy retries a request on another endpoint when it failed before the client saw a
-byte, unless the failure is a timeout waiting for a byte: the request may still be running
-there, so it is answered 504 instead.
+byte: connect errors, drops, and first-byte timeouts (:class:`UpstreamFirstByteTimeoutError`:
+the server showed no sign of work within the bound, so the attempt is abandoned). A later
+read timeout (:class:`UpstreamTimeoutError`) is answered 504.
 """
 
 from __future__ import annotations
@@ -28,10 +29,16 @@ class UpstreamTimeoutError(UpstreamError, TimeoutError):
     """No byte of the answer arrived within the read timeout."""
 
 
+class UpstreamFirstByteTimeoutError(UpstreamTimeoutError):
+    """The answer's first byte (its status and headers, and the first body byte when one
+    was asked for) did not arrive within the first-byte timeout."""
+
+
 __all__ = [
     "UpstreamConnectError",
     "UpstreamDroppedError",
     "UpstreamError",
+    "UpstreamFirstByteTimeoutError",
     "UpstreamProtocolError",
     "UpstreamTimeoutError",
 ]

@@ -85,8 +85,13 @@ class UpstreamPool:
         target: str,
         headers: Iterable[tuple[str, str]],
         body: bytes = b"",
+        first_byte_timeout_s: float | None = None,
     ) -> UpstreamResponse:
         """Send a request and return the answer once its status and headers arrived.
+
+        ``first_byte_timeout_s``, when given, bounds the time from now until the status
+        and headers arrived and the first body chunk was read (connecting included;
+        :meth:`UpstreamResponse.first_byte_by`).
 
         ``target`` is the path and query; ``headers`` must not include ``Host``,
         ``Content-Length``, ``Transfer-Encoding`` or ``Connection`` (set here). Raises
@@ -100,11 +105,13 @@ class UpstreamPool:
         head = _request_head(method, target, authority, headers, body, method != "GET")
         loop = asyncio.get_running_loop()
         now = loop.time()
+        deadline = None if first_byte_timeout_s is None else now + first_byte_timeout_s
         if now >= self._next_sweep:
             self._sweep(now)
         connection = self._take_idle(key, now)
         if connection is not None:
             response = self._send(connection, loop, head, body)
+            response.first_byte_by(deadline, first_byte_timeout_s or 0.0)
             try:
                 await response.start()
             except UpstreamDroppedError:
@@ -118,6 +125,7 @@ class UpstreamPool:
                 return response
         connection = await self._connect(key, authority, loop)
         response = self._send(connection, loop, head, body)
+        response.first_byte_by(deadline, first_byte_timeout_s or 0.0)
         try:
             await response.start()
         except BaseException:
