@@ -115,14 +115,15 @@ async def test_oversized_body_is_413(sim_cluster: Any, gateway: GatewayFactory, 
 
 
 async def test_api_key(sim_cluster: Any, gateway: GatewayFactory, http: Any) -> None:
-    gw = await gateway(await sim_cluster(replicas=1), api_keys=["s3cret"])
+    key = "s3cret-0123456789abcdef"  # keys need at least 16 characters
+    gw = await gateway(await sim_cluster(replicas=1), api_keys=[key])
     body = {"model": BASE, "prompt": "x", "max_tokens": 1}
-    for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "s3cret"}):
+    for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": key}):
         async with http.post(url(gw), json=body, headers=headers) as r:
             assert r.status == 401
     async with http.get(url(gw, "/v1/models")) as r:
         assert r.status == 401
-    async with http.post(url(gw), json=body, headers={"authorization": "Bearer s3cret"}) as r:
+    async with http.post(url(gw), json=body, headers={"authorization": f"Bearer {key}"}) as r:
         assert r.status == 200
     async with http.get(url(gw, "/health")) as r:  # probes need no key
         assert r.status == 200

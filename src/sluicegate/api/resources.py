@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from sluicegate.api.keys import check_keys
 from sluicegate.api.units import Bytes, Seconds
 
 
@@ -337,8 +338,12 @@ class LatencyPredictorSettings(Model):
 class GatewaySettings(Model):
     """Settings of the standalone gateway. Durations are in milliseconds."""
 
+    # Errors never echo the input: it may hold API keys.
+    model_config = ConfigDict(hide_input_in_errors=True)
+
     api_keys: list[str] = Field(default_factory=list)
-    """Bearer tokens accepted from clients; empty = no authentication."""
+    """Bearer tokens accepted from clients; empty = no authentication. Each must pass
+    :func:`sluicegate.api.keys.key_problem` (RFC 6750 characters, at least 16 of them)."""
     max_body_bytes: Annotated[int, Field(ge=1024)] = 16 * 1024 * 1024
     scrape_interval_ms: Annotated[float, Field(gt=0)] = 50.0
     scrape_timeout_ms: Annotated[float, Field(gt=0)] = 1000.0
@@ -350,8 +355,21 @@ class GatewaySettings(Model):
     request_timeout_ms: Annotated[float, Field(gt=0)] = 600_000.0
     latency_predictor: LatencyPredictorSettings = Field(default_factory=LatencyPredictorSettings)
 
+    @field_validator("api_keys")
+    @classmethod
+    def _api_keys(cls, keys: list[str]) -> list[str]:
+        # A bad key is refused (at start and on reload) rather than silently never
+        # matching or, empty, matching a request without a key. The message names the
+        # index, never the key.
+        if problems := check_keys(keys, "apiKeys"):
+            raise ValueError("; ".join(problems))
+        return keys
+
 
 class GatewayConfig(Model):
+    # As GatewaySettings: the input shown by str(ValidationError) is the outer model's.
+    model_config = ConfigDict(hide_input_in_errors=True)
+
     api_version: str
     kind: Literal["GatewayConfig"]
     metadata: ObjectMeta | None = None
