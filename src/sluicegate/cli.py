@@ -88,6 +88,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from sluicegate.api.keys import KeySourceError, collect_keys
+
+    try:  # first: a bad key is refused before the (slower) imports below
+        api_keys = collect_keys(args.api_key, args.api_key_file, os.environ)
+    except KeySourceError as exc:
+        return _fail(str(exc))
+
     from sluicegate.api.loader import ConfigError
     from sluicegate.gateway.app import GatewayOptions
     from sluicegate.gateway.run import ServeOptions, serve
@@ -101,8 +107,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     runtime = _runtime_options(args)
     try:
         rules = _checked_config(args, pools_from_file=True)
-        api_keys = collect_keys(args.api_key, args.api_key_file, os.environ)
-    except (ConfigError, PluginConfigError, OSError, KeySourceError) as exc:
+    except (ConfigError, PluginConfigError, OSError) as exc:
         return _fail(str(exc))
     options = ServeOptions(
         host=args.host,

@@ -97,27 +97,31 @@ async def watch_config(
     interval_s: float = 1.0,
     settle_s: float = 0.1,
     settle_tries: int = 20,
+    since: Stamp | None = None,
 ) -> None:
     """Until cancelled: ``apply`` the file's configuration whenever it changes or
     ``reload_now`` is set, once it has been stable for ``settle_s`` seconds (at most
     ``settle_tries`` attempts, then again at the next check). Errors are logged; the
-    watcher outlives any bad file."""
-    last = _stamp(path)
+    watcher outlives any bad file.
+
+    ``since``: the :func:`file_stamp` taken before the start-up read, so that a change
+    made while the server was starting is not missed (default: the file as it is now)."""
+    last = since or file_stamp(path)
     while True:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(reload_now.wait(), timeout=interval_s)
         forced = reload_now.is_set()
         reload_now.clear()
-        if not forced and _stamp(path) == last:
+        if not forced and file_stamp(path) == last:
             continue
         try:
             settled = await _read_settled(path, settle_s, settle_tries)
         except OSError as exc:  # unreadable (permissions): reported once per change
-            last = _stamp(path)
+            last = file_stamp(path)
             log.error("configuration %s not applied; keeping the running one: %s", path, exc)
             continue
         if settled is None:
-            if _stamp(path) is None:
+            if file_stamp(path) is None:
                 if last is not None or forced:
                     log.error("configuration %s is missing; keeping the running one", path)
                 last = None
@@ -141,18 +145,19 @@ async def _read_settled(path: Path, settle_s: float, tries: int) -> tuple[Stamp,
     """The file's stamp and content once it stayed the same for ``settle_s`` seconds;
     None if it was missing or still changing on every one of ``tries`` attempts."""
     for _ in range(tries):
-        before = _stamp(path)
+        before = file_stamp(path)
         data = None
         if before is not None:
             with contextlib.suppress(FileNotFoundError):  # renamed away meanwhile
                 data = await asyncio.to_thread(path.read_bytes)
         await asyncio.sleep(settle_s)
-        if data is not None and before is not None and _stamp(path) == before:
+        if data is not None and before is not None and file_stamp(path) == before:
             return before, data
     return None
 
 
-def _stamp(path: Path) -> Stamp | None:
+def file_stamp(path: Path) -> Stamp | None:
+    """``path``'s :data:`Stamp`, or None if it does not exist (or cannot be looked at)."""
     try:
         st = path.stat()  # follows symlinks: a swapped link target counts as a change
     except OSError:

@@ -35,6 +35,7 @@ from sluicegate.api.loader import Config
 from sluicegate.api.resources import EndpointPickerConfig
 from sluicegate.config_watch import (
     ConfigRules,
+    file_stamp,
     install_signal_handlers,
     read_config,
     watch_config,
@@ -83,6 +84,8 @@ def _base_config(options: RunOptions) -> Config:
 
 async def run_extproc(options: RunOptions, console: Console) -> None:
     """Serve until SIGINT or SIGTERM."""
+    # Taken before the start-up read: a change made while starting is reloaded.
+    since = file_stamp(options.config_path) if options.config_path is not None else None
     base = _base_config(options)
     if options.kubernetes:  # pools, models and objectives come from the API server only
         runtime = Runtime(_settings_only(base), options.runtime)
@@ -125,6 +128,7 @@ async def run_extproc(options: RunOptions, console: Console) -> None:
                         options.rules,
                         _file_applier(runtime, discovery),
                         reload_now,
+                        since=since,
                     )
                 )
             )

@@ -21,6 +21,8 @@ from sluicegate.api.loader import Config, build_config
 from sluicegate.api.resources import EndpointPickerConfig
 from sluicegate.config_watch import (
     ConfigRules,
+    Stamp,
+    file_stamp,
     install_signal_handlers,
     read_config,
     watch_config,
@@ -69,6 +71,7 @@ def embedded_config(urls: list[str], picker: EndpointPickerConfig | None) -> Con
 
 async def serve(options: ServeOptions, console: Console) -> None:
     cluster: SimCluster | None = None
+    since: Stamp | None = None
     rules = ConfigRules(options.picker, allow_empty=options.allow_empty_config)
     if options.config_path is None:
         profile = get_profile(options.sim_profile)
@@ -79,6 +82,7 @@ async def serve(options: ServeOptions, console: Console) -> None:
         await cluster.start()
         config = embedded_config(cluster.urls, options.picker)
     else:
+        since = file_stamp(options.config_path)  # what the watcher compares to, later
         config = read_config(options.config_path, rules)
     gateway = Gateway(config, options.gateway)
     try:
@@ -97,7 +101,7 @@ async def serve(options: ServeOptions, console: Console) -> None:
     watcher = None
     if options.config_path is not None:
         watcher = asyncio.create_task(
-            watch_config(options.config_path, rules, gateway.apply_config, reload_now)
+            watch_config(options.config_path, rules, gateway.apply_config, reload_now, since=since)
         )
     try:
         await stop.wait()
