@@ -331,12 +331,15 @@ def _split_lora(spec: str) -> tuple[str, str]:
     return name, path or f"/adapters/{name}"
 
 
-def _add_allow_empty_flag(parser: argparse.ArgumentParser) -> None:
+def _add_allow_empty_flag(parser: argparse.ArgumentParser, kubernetes: bool) -> None:
+    what = "any InferencePool"
+    if kubernetes:  # the pools then come from the API server: only an empty file is refused
+        what += " (with --kubernetes: without any document)"
     parser.add_argument(
         "--allow-empty-config",
         action="store_true",
-        help="start with, and reload, a --config without any InferencePool (with "
-        "--kubernetes: without any document); refused by default, as a truncated file",
+        help=f"accept, at start and on reload, a --config without {what}; refused by "
+        "default, since an empty or truncated file is likelier a partial write",
     )
 
 
@@ -385,9 +388,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="FILE",
         help="file of accepted bearer tokens, one per line; blank lines and # comments "
-        "skipped (repeatable)",
+        "skipped (repeatable). $SLUICEGATE_API_KEYS (comma- or newline-separated) is "
+        "read too. Keys: 16+ characters of A-Z a-z 0-9 -._~+/ and trailing =",
     )
-    _add_allow_empty_flag(serve)
+    _add_allow_empty_flag(serve, kubernetes=False)
     serve.add_argument("--access-log", action="store_true", help="log one JSON line per request")
     serve.add_argument("--seed", type=int, default=0, help="seed of the scheduler's RNG")
     serve.add_argument(
@@ -471,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds streams in flight may take to finish on SIGTERM (default 120)",
     )
     extproc.add_argument("--seed", type=int, default=0, help="seed of the scheduler's RNG")
-    _add_allow_empty_flag(extproc)
+    _add_allow_empty_flag(extproc, kubernetes=True)
     add_latency_flags(extproc)
     extproc.set_defaults(func=_cmd_extproc)
 
