@@ -16,14 +16,16 @@ from rich.text import Text
 from sluicegate.latency.commands import add_latency_flags, check_latency_flags
 
 if TYPE_CHECKING:
+    from sluicegate.config_watch import ConfigRules
     from sluicegate.runtime import RuntimeOptions
 
 console = Console(stderr=True)
 
 
 def _fail(message: str, status: int = 2) -> int:
-    """Print ``message`` as an error (verbatim: no markup) and return ``status``."""
-    console.print(Text("error: ", style="bold red") + Text(message))
+    """Print ``message`` as an error (verbatim: no markup, no wrapping: a one-line problem
+    stays one line for scripts and log collectors) and return ``status``."""
+    console.print(Text("error: ", style="bold red") + Text(message), soft_wrap=True)
     return status
 
 
@@ -82,15 +84,21 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    import os
     from pathlib import Path
 
-    from sluicegate.api.loader import ConfigError, load_config
+    from sluicegate.api.keys import KeySourceError, collect_keys
+
+    try:  # first: a bad key is refused before the (slower) imports below
+        api_keys = collect_keys(args.api_key, args.api_key_file, os.environ)
+    except KeySourceError as exc:
+        return _fail(str(exc))
+
+    from sluicegate.api.loader import ConfigError
     from sluicegate.framework import PluginConfigError
     from sluicegate.gateway.app import GatewayOptions
     from sluicegate.gateway.run import ServeOptions, serve
     from sluicegate.latency.trace import TraceError
-    from sluicegate.runtime import Runtime
-    from sluicegate.scheduling.config import load_preset
 
     if args.sim_time_scale <= 0:
         return _fail("--sim-time-scale must be positive")
@@ -98,24 +106,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return _fail(problem)
     runtime = _runtime_options(args)
     try:
-        picker = load_preset(args.policy) if args.policy else None
-        if args.config:
-            # Fail fast with every problem listed, plugins included.
-            config = load_config(args.config)
-            if picker is not None:
-                config.picker = picker
-            Runtime(config)  # builds the scheduler and flow control
+        rules = _checked_config(args, pools_from_file=True)
     except (ConfigError, PluginConfigError, OSError) as exc:
         return _fail(str(exc))
     options = ServeOptions(
         host=args.host,
         port=args.port,
         config_path=Path(args.config) if args.config else None,
-        picker=picker,
+        picker=rules.picker,
         sim_replicas=args.sim_replicas,
         sim_profile=args.sim_profile,
         sim_time_scale=args.sim_time_scale,
-        gateway=GatewayOptions(runtime, access_log=args.access_log, api_keys=list(args.api_key)),
+        allow_empty_config=rules.allow_empty,
+        gateway=GatewayOptions(runtime, access_log=args.access_log, api_keys=api_keys),
     )
     try:
         _run(serve(options, console))
@@ -129,14 +132,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_extproc(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from sluicegate.api.loader import ConfigError, load_config
+    from sluicegate.api.loader import ConfigError
     from sluicegate.extproc.run import RunOptions, run_extproc
     from sluicegate.extproc.server import ExtProcOptions
     from sluicegate.extproc.stream import StreamSettings
     from sluicegate.framework import PluginConfigError
     from sluicegate.latency.trace import TraceError
-    from sluicegate.runtime import Runtime
-    from sluicegate.scheduling.config import load_preset
 
     if not args.kubernetes:
         if args.namespace or args.pool_name or args.kubeconfig:
@@ -155,20 +156,12 @@ def _cmd_extproc(args: argparse.Namespace) -> int:
     if problem := check_latency_flags(args):
         return _fail(problem)
     try:
-        picker = load_preset(args.policy) if args.policy else None
-        if args.config:
-            # Fail fast with every problem listed, plugins included.
-            config = load_config(args.config)
-            if not args.kubernetes and not config.pools:
-                return _fail(f"{args.config} defines no InferencePool to route to")
-            if picker is not None:
-                config.picker = picker
-            Runtime(config)  # builds the scheduler and flow control
+        rules = _checked_config(args, pools_from_file=not args.kubernetes)
     except (ConfigError, PluginConfigError, OSError) as exc:
         return _fail(str(exc))
     options = RunOptions(
         config_path=Path(args.config) if args.config else None,
-        picker=picker,
+        picker=rules.picker,
         server=ExtProcOptions(
             host=args.host,
             grpc_port=args.grpc_port,
@@ -182,6 +175,7 @@ def _cmd_extproc(args: argparse.Namespace) -> int:
         namespace=args.namespace,
         pool_name=args.pool_name,
         kubeconfig=args.kubeconfig,
+        allow_empty_config=rules.allow_empty,
     )
     try:
         _run(run_extproc(options, console))
@@ -190,6 +184,25 @@ def _cmd_extproc(args: argparse.Namespace) -> int:
     except OSError as exc:  # a port in use, an address not ours, no kubeconfig...
         return _fail(f"cannot start the endpoint picker: {exc}", status=1)
     return 0
+
+
+def _checked_config(args: argparse.Namespace, pools_from_file: bool) -> ConfigRules:
+    """The rules ``--config`` is read by (``--policy``, ``--allow-empty-config``), after
+    loading it as start-up and every reload will and building its scheduler and flow
+    control: every problem, plugins included, is reported before anything listens.
+
+    Raises ``ConfigError``, ``PluginConfigError`` or ``OSError``."""
+    from pathlib import Path
+
+    from sluicegate.config_watch import ConfigRules, read_config
+    from sluicegate.runtime import Runtime
+    from sluicegate.scheduling.config import load_preset
+
+    picker = load_preset(args.policy) if args.policy else None
+    rules = ConfigRules(picker, pools_from_file, allow_empty=args.allow_empty_config)
+    if args.config:
+        Runtime(read_config(Path(args.config), rules))
+    return rules
 
 
 def _runtime_options(args: argparse.Namespace) -> RuntimeOptions:
@@ -318,6 +331,18 @@ def _split_lora(spec: str) -> tuple[str, str]:
     return name, path or f"/adapters/{name}"
 
 
+def _add_allow_empty_flag(parser: argparse.ArgumentParser, kubernetes: bool) -> None:
+    what = "any InferencePool"
+    if kubernetes:  # the pools then come from the API server: only an empty file is refused
+        what += " (with --kubernetes: without any document)"
+    parser.add_argument(
+        "--allow-empty-config",
+        action="store_true",
+        help=f"accept, at start and on reload, a --config without {what}; refused by "
+        "default, since an empty or truncated file is likelier a partial write",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sluicegate",
@@ -350,8 +375,23 @@ def build_parser() -> argparse.ArgumentParser:
         "...); overrides the config's EndpointPickerConfig",
     )
     serve.add_argument(
-        "--api-key", action="append", default=[], help="accepted bearer token (repeatable)"
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="accepted bearer token (repeatable); visible to every user in `ps`: prefer "
+        "--api-key-file or $SLUICEGATE_API_KEYS",
     )
+    serve.add_argument(
+        "--api-key-file",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="file of accepted bearer tokens, one per line; blank lines and # comments "
+        "skipped (repeatable). $SLUICEGATE_API_KEYS (comma- or newline-separated) is "
+        "read too. Keys: 16+ characters of A-Z a-z 0-9 -._~+/ and trailing =",
+    )
+    _add_allow_empty_flag(serve, kubernetes=False)
     serve.add_argument("--access-log", action="store_true", help="log one JSON line per request")
     serve.add_argument("--seed", type=int, default=0, help="seed of the scheduler's RNG")
     serve.add_argument(
@@ -435,6 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds streams in flight may take to finish on SIGTERM (default 120)",
     )
     extproc.add_argument("--seed", type=int, default=0, help="seed of the scheduler's RNG")
+    _add_allow_empty_flag(extproc, kubernetes=True)
     add_latency_flags(extproc)
     extproc.set_defaults(func=_cmd_extproc)
 

@@ -299,7 +299,9 @@ def test_full_config_of_every_kind() -> None:
         picker(
             [{"type": "queue-scorer"}], [{"name": "p", "plugins": [{"pluginRef": "queue-scorer"}]}]
         ),
-        gateway(apiKeys=["k1"], maxRetries=0, ejectAfterFailures=5, scrapeIntervalMs=25),
+        gateway(
+            apiKeys=["k1-0123456789abcdef"], maxRetries=0, ejectAfterFailures=5, scrapeIntervalMs=25
+        ),
     ]
     config = build_config(docs)
     assert isinstance(config, Config)
@@ -307,7 +309,7 @@ def test_full_config_of_every_kind() -> None:
     assert set(config.models) == {"chat", "batch"}
     assert [t.weight for t in config.models["batch"].spec.target_models] == [None, None]
     assert config.objectives["unset"].spec.priority is None
-    assert config.gateway.api_keys == ["k1"]
+    assert config.gateway.api_keys == ["k1-0123456789abcdef"]
     assert config.gateway.max_retries == 0
     assert config.gateway.eject_after_failures == 5
     assert config.gateway.scrape_interval_ms == 25.0

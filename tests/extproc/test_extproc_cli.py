@@ -66,6 +66,14 @@ def test_flags_are_checked(tmp_path: Path) -> None:
     result = run_cli("--config", str(no_pool))
     assert result.returncode == 2
     assert "defines no InferencePool" in result.stderr
+    assert "--allow-empty-config" in result.stderr
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# filled in by a config tool\n")
+    # With --kubernetes the pools come from the API server, but a file holding nothing
+    # (not even settings) is still taken for a truncated one; checked before connecting.
+    result = run_cli("--kubernetes", "--config", str(empty))
+    assert result.returncode == 2
+    assert f"{empty} holds no document (empty or only comments)" in result.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(model_doc("m", {BASE: 1})))  # its pool does not exist
     result = run_cli("--config", str(bad))

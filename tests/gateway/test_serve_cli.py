@@ -23,6 +23,36 @@ from sluicegate.gateway.run import embedded_config
 from sluicegate.scheduling.config import load_preset
 
 BASE = "tiny-llama"
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+"""The sources the CLI runs from: this tree's, whatever the installed package is."""
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """The CLI's environment: this tree's sources, no API keys but ``extra``'s."""
+    env = {k: v for k, v in os.environ.items() if k != "SLUICEGATE_API_KEYS"}
+    return {**env, "COLUMNS": "200", "PYTHONPATH": SRC, **extra}
+
+
+def run_serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``sluicegate serve ARGS`` expected to exit on its own (a refused start)."""
+    return subprocess.run(
+        [sys.executable, "-m", "sluicegate", "serve", "--port", "0", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env or cli_env(),
+    )
+
+
+def refused(result: subprocess.CompletedProcess[str], *words: str) -> str:
+    """The one line a refused start prints; it must contain ``words``."""
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    for word in words:
+        assert word in lines[0]
+    return lines[0]
 
 
 def free_port() -> int:
@@ -37,14 +67,14 @@ def serve_process() -> Iterator[Any]:
     """Start ``sluicegate serve ARGS`` on a free port; stopped with SIGINT at teardown."""
     procs: list[subprocess.Popen[str]] = []
 
-    def start(*args: str) -> tuple[subprocess.Popen[str], int]:
+    def start(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], int]:
         port = free_port()
         proc = subprocess.Popen(
             [sys.executable, "-m", "sluicegate", "serve", "--port", str(port), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env={**os.environ, "COLUMNS": "200"},
+            env=env or cli_env(),
         )
         procs.append(proc)
         deadline = time.monotonic() + 30
@@ -151,7 +181,7 @@ def test_serve_rejects_an_invalid_config(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=30,
-        env={**os.environ, "COLUMNS": "200"},
+        env=cli_env(),
     )
     assert result.returncode == 2
     assert "criticality" in result.stderr
@@ -191,7 +221,7 @@ def test_serve_rejects_an_unknown_plugin_type(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=30,
-        env={**os.environ, "COLUMNS": "200"},
+        env=cli_env(),
     )
     assert result.returncode == 2
     assert "unknown plugin type 'fastest-scorer'" in result.stderr
@@ -209,7 +239,7 @@ def test_serve_rejects_a_bad_flow_control_policy_reference(tmp_path: Path) -> No
         capture_output=True,
         text=True,
         timeout=30,
-        env={**os.environ, "COLUMNS": "200"},
+        env=cli_env(),
     )
     assert result.returncode == 2
     assert "orderingPolicyRef" in result.stderr
@@ -257,3 +287,131 @@ async def test_a_failed_start_leaves_nothing_open() -> None:
     assert gateway.upstream is not None
     assert gateway.upstream.closed
     assert gateway.runtime.collector is None
+
+
+# ----------------------------------------------------------------------------- API keys
+
+KEY_A = "sk-team-a-0123456789abcdef"
+KEY_B = "sk-team-b_ZYXWVUT/+.~=="
+KEY_C = "c" * 16
+
+
+@pytest.mark.parametrize(
+    ("key", "problem"),
+    [
+        ("", "--api-key #1: the key is empty"),
+        (f" {KEY_A}", "--api-key #1: the key has leading or trailing whitespace"),
+        ("s3cret", "--api-key #1: the key is 6 characters long, fewer than the 16"),
+        ("sk-team-a:0123456789", "a character a bearer token cannot hold"),
+    ],
+)
+def test_serve_refuses_a_bad_api_key(key: str, problem: str) -> None:
+    line = refused(run_serve("--api-key", KEY_C, "--api-key", key), problem.replace("#1", "#2"))
+    assert KEY_C not in line
+    if key.strip():
+        assert key.strip() not in line
+
+
+def test_serve_refuses_bad_key_files_and_environment(tmp_path: Path) -> None:
+    refused(
+        run_serve("--api-key-file", str(tmp_path / "absent")),
+        f"--api-key-file {tmp_path / 'absent'}: cannot be read: No such file or directory",
+    )
+    bad = tmp_path / "keys"
+    bad.write_text(f"# team a\n{KEY_A}\nshort-secret\n")
+    line = refused(run_serve("--api-key-file", str(bad)), f"{bad} line 3", "12 characters")
+    assert "short-secret" not in line
+    assert KEY_A not in line
+    comments = tmp_path / "comments"
+    comments.write_text("# filled in by the secret manager\n")
+    refused(run_serve("--api-key-file", str(comments)), "holds no key")
+    # SLUICEGATE_API_KEYS=$KEY with $KEY unset: not an open gateway.
+    refused(run_serve(env=cli_env(SLUICEGATE_API_KEYS="")), "SLUICEGATE_API_KEYS is set")
+    line = refused(
+        run_serve(env=cli_env(SLUICEGATE_API_KEYS=f"{KEY_A},tiny")), "entry 2", "4 characters"
+    )
+    assert KEY_A not in line
+
+
+def test_serve_refuses_a_config_with_a_bad_api_key(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    gateway = {"apiVersion": "sluicegate.dev/v1alpha1", "kind": "GatewayConfig"}
+    path.write_text(
+        yaml.safe_dump_all([pool_doc(["127.0.0.1:9"]), {**gateway, "spec": {"apiKeys": [""]}}])
+    )
+    refused(run_serve("--config", str(path)), "spec.apiKeys", "apiKeys[0] is empty")
+    path.write_text(
+        yaml.safe_dump_all(
+            [pool_doc(["127.0.0.1:9"]), {**gateway, "spec": {"apiKeys": [KEY_A, "tiny-secret"]}}]
+        )
+    )
+    line = refused(run_serve("--config", str(path)), "apiKeys[1] is 11 characters long")
+    assert "tiny-secret" not in line
+    assert KEY_A not in line
+
+
+async def _status(port: int, path: str, key: str | None = None) -> int:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    async with (
+        aiohttp.ClientSession() as s,
+        s.get(f"http://127.0.0.1:{port}{path}", headers=headers) as r,
+    ):
+        return r.status
+
+
+async def test_serve_takes_keys_from_flags_files_and_the_environment(
+    serve_process: Any, tmp_path: Path
+) -> None:
+    path = tmp_path / "keys"
+    path.write_text(f"# team b\n\n{KEY_B}\n")
+    proc, port = serve_process(
+        *("--sim-profile", "tiny", "--sim-time-scale", "0.1", "--api-key", KEY_A),
+        *("--api-key-file", str(path)),
+        env=cli_env(SLUICEGATE_API_KEYS=f"{KEY_C}\n"),
+    )
+    assert await _status(port, "/v1/models") == 401
+    assert await _status(port, "/v1/models", "sk-team-z-0123456789abcdef") == 401
+    for key in (KEY_A, KEY_B, KEY_C):
+        assert await _status(port, "/v1/models", key) == 200
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=15) == 0
+    output = proc.stdout.read() if proc.stdout else ""
+    for key in (KEY_A, KEY_B, KEY_C):
+        assert key not in output
+
+
+# ----------------------------------------------------------------------------- empty configs
+
+
+def test_serve_refuses_an_empty_config(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    for text in ("", "# nothing yet\n", "---\n"):
+        path.write_text(text)
+        refused(
+            run_serve("--config", str(path)),
+            f"{path} defines no InferencePool to route to",
+            "--allow-empty-config",
+        )
+
+
+async def test_serve_allow_empty_config_starts_and_reloads_into_a_pool(
+    sim_cluster: Any, serve_process: Any, tmp_path: Path
+) -> None:
+    cluster = await sim_cluster(replicas=1)
+    path = tmp_path / "config.yaml"
+    path.write_text("")
+    proc, port = serve_process("--config", str(path), "--allow-empty-config")
+    assert await _models(port) == set()
+    path.write_text(yaml.safe_dump_all([pool_doc(cluster.urls), model_doc("late", {BASE: 1})]))
+    for _ in range(60):
+        if "late" in await _models(port):
+            break
+        await asyncio.sleep(0.1)
+    assert "late" in await _models(port)
+    path.write_text("")  # allowed: back to no pool
+    for _ in range(60):
+        if "late" not in await _models(port):
+            break
+        await asyncio.sleep(0.1)
+    assert "late" not in await _models(port)
+    assert proc.poll() is None

@@ -153,7 +153,10 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 def client(gw: Gateway) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(
-        base_url=f"http://127.0.0.1:{gw.port}/v1", api_key="none", max_retries=0, timeout=60
+        base_url=f"http://127.0.0.1:{gw.port}/v1",
+        api_key="no-key-is-checked-here",
+        max_retries=0,
+        timeout=60,
     )
 
 

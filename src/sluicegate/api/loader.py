@@ -49,6 +49,8 @@ class Config:
     gateway: GatewaySettings = field(default_factory=GatewaySettings)
     skipped: list[str] = field(default_factory=list)
     """Descriptions of documents of other kinds that were ignored."""
+    documents: int = 0
+    """Non-empty YAML documents read, of any kind (0: an empty or comments-only file)."""
 
 
 def load_config(path: str | Path) -> Config:
@@ -78,6 +80,7 @@ def build_config(documents: Iterable[Any], source: str = "<config>") -> Config:
         where = f"{source} document {number}"
         if doc is None:  # an empty document (``---`` twice, a trailing ``---``)
             continue
+        config.documents += 1
         if not isinstance(doc, dict):
             problems.append(f"{where}: expected a mapping with apiVersion and kind")
             continue

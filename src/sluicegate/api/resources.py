@@ -20,9 +20,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
+from sluicegate.api.keys import check_keys
 from sluicegate.api.units import Bytes, Seconds
 
 
@@ -368,8 +376,12 @@ class OutlierDetectionSettings(Model):
 class GatewaySettings(Model):
     """Settings of the standalone gateway. Durations are in milliseconds."""
 
+    # Errors never echo the input: it may hold API keys.
+    model_config = ConfigDict(hide_input_in_errors=True)
+
     api_keys: list[str] = Field(default_factory=list)
-    """Bearer tokens accepted from clients; empty = no authentication."""
+    """Bearer tokens accepted from clients; empty = no authentication. Each must pass
+    :func:`sluicegate.api.keys.key_problem` (RFC 6750 characters, at least 16 of them)."""
     max_body_bytes: Annotated[int, Field(ge=1024)] = 16 * 1024 * 1024
     scrape_interval_ms: Annotated[float, Field(gt=0)] = 50.0
     scrape_timeout_ms: Annotated[float, Field(gt=0)] = 1000.0
@@ -403,18 +415,6 @@ class GatewaySettings(Model):
     metrics_auth: bool = False
     """``/metrics`` needs an accepted API key (when keys are configured)."""
 
-    @field_validator("trusted_api_keys")
-    @classmethod
-    def _trusted_keys_are_strong(cls, keys: list[str]) -> list[str]:
-        # The message never repeats a key: configuration errors are logged.
-        for i, key in enumerate(keys):
-            if len(key) < 16 or not (key.isascii() and key.isprintable()) or " " in key:
-                raise ValueError(
-                    f"trustedApiKeys[{i}] must be at least 16 printable ASCII characters "
-                    "without spaces"
-                )
-        return keys
-
     @model_validator(mode="after")
     def _buffer_holds_a_body(self) -> GatewaySettings:
         if self.max_buffered_body_bytes < self.max_body_bytes:
@@ -424,8 +424,22 @@ class GatewaySettings(Model):
             )
         return self
 
+    @field_validator("api_keys", "trusted_api_keys")
+    @classmethod
+    def _api_keys(cls, keys: list[str], info: ValidationInfo) -> list[str]:
+        # A bad key is refused (at start and on reload) rather than silently never
+        # matching or, empty, matching a request without a key. The message names the
+        # field and index, never the key.
+        name = "apiKeys" if info.field_name == "api_keys" else "trustedApiKeys"
+        if problems := check_keys(keys, name):
+            raise ValueError("; ".join(problems))
+        return keys
+
 
 class GatewayConfig(Model):
+    # As GatewaySettings: the input shown by str(ValidationError) is the outer model's.
+    model_config = ConfigDict(hide_input_in_errors=True)
+
     api_version: str
     kind: Literal["GatewayConfig"]
     metadata: ObjectMeta | None = None

@@ -4,12 +4,14 @@ Two sources of pools, models and endpoints:
 
 - **the configuration file** (default): its InferencePools (static endpoints),
   InferenceModels and InferenceObjectives. The file is re-read when it changes (checked
-  every second) or on SIGHUP, as ``sluicegate serve`` does; an invalid version is reported
-  and the running one kept;
+  every second) or on SIGHUP, as ``sluicegate serve`` does; an invalid version, or one
+  without any InferencePool (unless ``--allow-empty-config``), is reported and the running
+  one kept;
 - **Kubernetes** (``--kubernetes``): the InferencePools, InferenceModels,
   InferenceObjectives and pods of one namespace, watched live
   (:class:`~sluicegate.k8s.KubernetesDiscovery`). The file then only supplies the
-  EndpointPickerConfig and GatewayConfig (still reloaded on change). Until the discovery
+  EndpointPickerConfig and GatewayConfig (still reloaded on change; a version holding no
+  document at all is refused unless ``--allow-empty-config``). Until the discovery
   has synced (and the ``--pool-name`` pool exists) readiness is NOT_SERVING and requests
   get 503.
 
@@ -31,7 +33,13 @@ from rich.console import Console
 
 from sluicegate.api.loader import Config
 from sluicegate.api.resources import EndpointPickerConfig
-from sluicegate.config_watch import install_signal_handlers, read_config, watch_config
+from sluicegate.config_watch import (
+    ConfigRules,
+    file_stamp,
+    install_signal_handlers,
+    read_config,
+    watch_config,
+)
 from sluicegate.extproc.server import ExtProcOptions, ExtProcServer
 from sluicegate.runtime import Runtime, RuntimeOptions
 
@@ -57,16 +65,27 @@ class RunOptions:
     namespace: str | None = None
     pool_name: str | None = None
     kubeconfig: str | None = None
+    allow_empty_config: bool = False
+    """Accept a configuration file without any InferencePool (``--allow-empty-config``)."""
+
+    @property
+    def rules(self) -> ConfigRules:
+        """What the configuration file must hold, at start and on reloads."""
+        return ConfigRules(
+            self.picker, pools_from_file=not self.kubernetes, allow_empty=self.allow_empty_config
+        )
 
 
 def _base_config(options: RunOptions) -> Config:
     if options.config_path is not None:
-        return read_config(options.config_path, options.picker)
+        return read_config(options.config_path, options.rules)
     return Config(picker=options.picker)
 
 
 async def run_extproc(options: RunOptions, console: Console) -> None:
     """Serve until SIGINT or SIGTERM."""
+    # Taken before the start-up read: a change made while starting is reloaded.
+    since = file_stamp(options.config_path) if options.config_path is not None else None
     base = _base_config(options)
     if options.kubernetes:  # pools, models and objectives come from the API server only
         runtime = Runtime(_settings_only(base), options.runtime)
@@ -106,9 +125,10 @@ async def run_extproc(options: RunOptions, console: Console) -> None:
                 asyncio.create_task(
                     watch_config(
                         options.config_path,
-                        lambda path: read_config(path, options.picker),
+                        options.rules,
                         _file_applier(runtime, discovery),
                         reload_now,
+                        since=since,
                     )
                 )
             )

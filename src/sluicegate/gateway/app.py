@@ -25,6 +25,7 @@ from functools import partial
 
 import orjson
 
+from sluicegate.api.keys import check_keys
 from sluicegate.api.loader import Config
 from sluicegate.clock import Clock
 from sluicegate.datalayer.collector import Collector
@@ -120,6 +121,8 @@ class Gateway:
         self, config: Config, options: GatewayOptions | None = None, clock: Clock | None = None
     ) -> None:
         self.options = options or GatewayOptions()
+        if problems := check_keys(self.options.api_keys, "GatewayOptions.api_keys"):
+            raise ValueError("; ".join(problems))  # never the keys themselves
         self.runtime = Runtime(config, self.options.runtime, clock)
         self.clock = self.runtime.clock
         self.datastore = self.runtime.datastore

@@ -3,7 +3,8 @@
 With ``--config`` the gateway fronts the servers the file lists. Without it, it starts a
 simulated pool in the same process (the embedded default), so a newcomer can curl it.
 The configuration file is re-read when it changes (checked every second) or on SIGHUP; an
-invalid new version is reported and the running one kept.
+invalid new version, or one without any InferencePool (unless ``--allow-empty-config``),
+is reported and the running one kept (see :mod:`sluicegate.config_watch`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ from rich.console import Console
 
 from sluicegate.api.loader import Config, build_config
 from sluicegate.api.resources import EndpointPickerConfig
-from sluicegate.config_watch import install_signal_handlers, read_config, watch_config
+from sluicegate.config_watch import (
+    ConfigRules,
+    Stamp,
+    file_stamp,
+    install_signal_handlers,
+    read_config,
+    watch_config,
+)
 from sluicegate.gateway.app import Gateway, GatewayOptions
 from sluicegate.sim.profiles import get_profile
 from sluicegate.sim.server import ReplicaOptions, SimCluster
@@ -38,6 +46,8 @@ class ServeOptions:
     sim_replicas: int = 4
     sim_profile: str = "llama3-8b-h100"
     sim_time_scale: float = 1.0
+    allow_empty_config: bool = False
+    """Accept a configuration file without any InferencePool (``--allow-empty-config``)."""
     gateway: GatewayOptions = field(default_factory=GatewayOptions)
 
 
@@ -61,6 +71,8 @@ def embedded_config(urls: list[str], picker: EndpointPickerConfig | None) -> Con
 
 async def serve(options: ServeOptions, console: Console) -> None:
     cluster: SimCluster | None = None
+    since: Stamp | None = None
+    rules = ConfigRules(options.picker, allow_empty=options.allow_empty_config)
     if options.config_path is None:
         profile = get_profile(options.sim_profile)
         cluster = SimCluster(
@@ -70,7 +82,8 @@ async def serve(options: ServeOptions, console: Console) -> None:
         await cluster.start()
         config = embedded_config(cluster.urls, options.picker)
     else:
-        config = read_config(options.config_path, options.picker)
+        since = file_stamp(options.config_path)  # what the watcher compares to, later
+        config = read_config(options.config_path, rules)
     gateway = Gateway(config, options.gateway)
     try:
         await gateway.start(options.host, options.port)
@@ -88,12 +101,7 @@ async def serve(options: ServeOptions, console: Console) -> None:
     watcher = None
     if options.config_path is not None:
         watcher = asyncio.create_task(
-            watch_config(
-                options.config_path,
-                lambda path: read_config(path, options.picker),
-                gateway.apply_config,
-                reload_now,
-            )
+            watch_config(options.config_path, rules, gateway.apply_config, reload_now, since=since)
         )
     try:
         await stop.wait()
