@@ -124,7 +124,7 @@ def summarize_folded(folded: str, top: int = 12) -> FoldedSummary:
         categories[_category(frames)] += count
         own[_short(frames[-1])] += count
         for name in {_short(f) for f in frames if "sluicegate/" in _frame_file(f)}:
-            if "sluicegate/cli.py" not in name and "sluicegate/__main__" not in name:
+            if "sluicegate/cli/" not in name and "sluicegate/__main__" not in name:
                 ours[name] += count
 
     def shares(counter: Counter[str], limit: int | None) -> tuple[tuple[str, float], ...]:

@@ -6,23 +6,21 @@
   (:mod:`sluicegate.latency.trace`) through the same stratified window as online training
   (so a long trace keeps the latest 500 samples per bucket) and save the bundle.
 
-:func:`add_latency_flags` adds the in-process models' ``--latency-model-dir`` and
-``--latency-trace`` to ``serve`` and ``extproc``.
-
 Heavy imports happen in the handlers, so building the parser stays cheap.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from typing import TYPE_CHECKING
+
+from sluicegate.cli.common import Subparsers, console, fail, run
 
 if TYPE_CHECKING:
     from sluicegate.latency.model import TrainConfig
 
 
-def add_predictor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parser(sub: Subparsers) -> None:
     """Add the ``predictor`` command group to the top-level subparsers."""
     predictor = sub.add_parser(
         "predictor",
@@ -90,39 +88,6 @@ def add_predictor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
     train.set_defaults(func=_cmd_train)
 
 
-def add_latency_flags(parser: argparse.ArgumentParser) -> None:
-    """``--latency-model-dir`` and ``--latency-trace``, for ``serve`` and ``extproc``."""
-    parser.add_argument(
-        "--latency-model-dir",
-        default=None,
-        metavar="DIR",
-        help="in-process latency models: load the ones saved here at start (a restarted "
-        "picker starts warm) and save after each training; overrides latencyPredictor.modelDir",
-    )
-    parser.add_argument(
-        "--latency-trace",
-        default=None,
-        metavar="FILE",
-        help="train the in-process latency models at start on this recorded trace (JSON "
-        "Lines samples, as 'sluicegate predictor train --trace' reads)",
-    )
-
-
-def check_latency_flags(args: argparse.Namespace) -> str | None:
-    """What is wrong with the latency flags, or None. The trace is opened, not parsed: a
-    bad line is reported when the picker starts."""
-    directory = args.latency_model_dir
-    if directory is not None and os.path.exists(directory) and not os.path.isdir(directory):
-        return f"--latency-model-dir {directory}: not a directory"
-    if args.latency_trace is not None:
-        try:
-            with open(args.latency_trace, "rb"):
-                pass
-        except OSError as exc:
-            return f"--latency-trace: {exc}"
-    return None
-
-
 def _model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--objective", choices=["quantile", "mean"], default="quantile")
     parser.add_argument("--alpha", type=float, default=0.9, help="quantile predicted (default 0.9)")
@@ -146,7 +111,6 @@ def _train_config(args: argparse.Namespace) -> TrainConfig:
 
 
 def _cmd_train_server(args: argparse.Namespace) -> int:
-    from sluicegate.cli import _fail, _run
     from sluicegate.latency.trainserver import TrainServerOptions, serve_training
 
     try:
@@ -156,7 +120,7 @@ def _cmd_train_server(args: argparse.Namespace) -> int:
         if args.min_samples < 1:
             raise ValueError("--min-samples must be at least 1")
     except ValueError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     options = TrainServerOptions(
         retrain_interval_s=args.retrain_interval,
         min_samples=args.min_samples,
@@ -164,34 +128,32 @@ def _cmd_train_server(args: argparse.Namespace) -> int:
         model_dir=args.model_dir,
     )
     try:
-        _run(serve_training(options, args.host, args.port))
+        run(serve_training(options, args.host, args.port))
     except OSError as exc:
-        return _fail(f"cannot serve on {args.host}:{args.port}: {exc}", status=1)
+        return fail(f"cannot serve on {args.host}:{args.port}: {exc}", status=1)
     return 0
 
 
 def _cmd_predict_server(args: argparse.Namespace) -> int:
-    from sluicegate.cli import _fail, _run
     from sluicegate.latency.predictserver import PredictServerOptions, serve_prediction
 
     if args.sync_interval <= 0:
-        return _fail("--sync-interval must be positive")
+        return fail("--sync-interval must be positive")
     if not args.training_server.startswith(("http://", "https://")):
-        return _fail(f"--training-server must be an http(s) URL, got {args.training_server!r}")
+        return fail(f"--training-server must be an http(s) URL, got {args.training_server!r}")
     options = PredictServerOptions(
         training_server=args.training_server,
         sync_interval_s=args.sync_interval,
         model_dir=args.model_dir,
     )
     try:
-        _run(serve_prediction(options, args.host, args.port))
+        run(serve_prediction(options, args.host, args.port))
     except OSError as exc:
-        return _fail(f"cannot serve on {args.host}:{args.port}: {exc}", status=1)
+        return fail(f"cannot serve on {args.host}:{args.port}: {exc}", status=1)
     return 0
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from sluicegate.cli import _fail, console
     from sluicegate.latency.model import TrainingData, train_bundle
     from sluicegate.latency.store import SampleStore
     from sluicegate.latency.trace import TraceError, load_trace
@@ -199,17 +161,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
     try:
         config = _train_config(args)
     except ValueError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     store = SampleStore()
     try:
         read = load_trace(args.trace, store)
     except (OSError, TraceError) as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     bundle = train_bundle(
         TrainingData.snapshot(store), config, 0.0, 1, min_samples=max(1, args.min_samples)
     )
     if bundle is None:
-        return _fail(
+        return fail(
             f"{args.trace}: {store.ttft.train_count} TTFT training samples "
             f"(of {read} read), {max(1, args.min_samples)} needed",
             status=1,
@@ -217,7 +179,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     try:
         bundle.save(args.out)
     except OSError as exc:
-        return _fail(f"cannot write {args.out}: {exc}", status=1)
+        return fail(f"cannot write {args.out}: {exc}", status=1)
     for name, model in (("TTFT", bundle.ttft), ("TPOT", bundle.tpot)):
         if model is None:
             console.print(f"{name}: no samples, no model")

@@ -1,0 +1,163 @@
+"""``sluicegate bench``: the benchmark lab (micro-benchmarks, scenarios)."""
+
+from __future__ import annotations
+
+import argparse
+
+from sluicegate.cli.common import Subparsers, console, fail
+
+
+def add_parser(sub: Subparsers) -> None:
+    bench = sub.add_parser("bench", help="benchmarks", description="The benchmark lab.")
+    bench_sub = bench.add_subparsers(dest="bench_command", metavar="COMMAND", required=True)
+    micro = bench_sub.add_parser("micro", help="micro-benchmarks (scheduling cost, simulator)")
+    micro.add_argument(
+        "name",
+        choices=["all", "scheduling", "sim", "gateway", "latency", "extproc", "latency-accuracy"],
+    )
+    micro.add_argument("--quick", action="store_true", help="a short run (for smoke tests)")
+    micro.add_argument("--out", default=None, help="file (or folder for 'all') to write")
+    micro.set_defaults(func=_cmd_bench_micro)
+    listing = bench_sub.add_parser("list", help="the scenarios, one line each")
+    listing.set_defaults(func=_cmd_bench_list)
+    run = bench_sub.add_parser("run", help="run a scenario and write results, report, plots")
+    run.add_argument("scenario")
+    run.add_argument(
+        "--mode",
+        choices=["des", "http"],
+        default="des",
+        help="des: discrete-event simulation (default); http: real processes",
+    )
+    run.add_argument("--policies", default=None, help="comma-separated policy names")
+    run.add_argument(
+        "--qps", default=None, help="comma-separated load levels (req/s, sessions/s or streams)"
+    )
+    run.add_argument("--duration", type=float, default=None, help="seconds of arrivals")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--quick", action="store_true", help="a reduced run (under a minute)")
+    run.add_argument(
+        "--flow-control",
+        choices=["off", "on", "both"],
+        default=None,
+        help="queue requests in the gateway while saturated (default: per scenario)",
+    )
+    run.add_argument(
+        "--time-scale",
+        type=float,
+        default=None,
+        metavar="S",
+        help="--mode http: wall seconds per simulated second (default: picked from the "
+        "plan's token rate, at least 1)",
+    )
+    run.add_argument("--out", required=True, help="output folder")
+    run.set_defaults(func=_cmd_bench_run)
+
+
+def _cmd_bench_micro(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from sluicegate.bench.micro import REPORTS
+
+    names = list(REPORTS) if args.name == "all" else [args.name]
+    for name in names:
+        text = REPORTS[name](args.quick, console)
+        if args.out:
+            out = Path(args.out)
+            path = out / f"{name}.md" if out.is_dir() or len(names) > 1 else out
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            console.print(f"wrote {path}")
+        else:
+            print(text)
+    return 0
+
+
+def _cmd_bench_list(args: argparse.Namespace) -> int:
+    from sluicegate.bench.scenarios import SCENARIOS, available_policies
+
+    for name, make in SCENARIOS.items():
+        print(f"{name:<18} {make().description}")
+    print(f"\npolicies available: {', '.join(available_policies())}")
+    return 0
+
+
+def _cmd_bench_run(args: argparse.Namespace) -> int:
+    import shlex
+    from pathlib import Path
+
+    from rich.progress import Progress
+
+    from sluicegate.bench.report import write
+    from sluicegate.bench.runner import RunPlan, run_plan
+    from sluicegate.bench.scenarios import available_policies, get_scenario
+
+    try:
+        scenario = get_scenario(args.scenario)
+    except ValueError as exc:
+        return fail(str(exc))
+    if args.quick:
+        scenario = scenario.quick_variant()
+    if args.time_scale is not None and args.mode != "http":
+        return fail("--time-scale applies to --mode http only")
+    policies = tuple(
+        p for p in (args.policies.split(",") if args.policies else scenario.policies) if p
+    )
+    if args.mode == "http":
+        from sluicegate.bench.http.plan import check_time_scale, plan_policies, sim_profile_args
+        from sluicegate.bench.http.run import HttpOptions, run_plan_http
+
+        try:
+            sim_profile_args(scenario.profile)
+            if args.time_scale is not None:
+                check_time_scale(args.time_scale)
+            http_options = HttpOptions(args.time_scale)
+        except ValueError as exc:  # UnsupportedScenarioError, a bad --time-scale
+            return fail(str(exc))
+        runnable, notes = plan_policies(policies, scenario)
+        for note in notes:
+            console.print(note)
+        policies = tuple(runnable)
+    else:
+        missing = [p for p in policies if p not in available_policies()]
+        if missing:
+            console.print(f"skipping policies not available in this build: {', '.join(missing)}")
+            policies = tuple(p for p in policies if p not in missing)
+    if not policies:
+        return fail("no policy to run")
+    try:
+        levels = tuple(float(x) for x in args.qps.split(",")) if args.qps else scenario.levels
+    except ValueError:
+        return fail(f"--qps must be comma-separated numbers, got {args.qps!r}")
+    duration = args.duration or scenario.duration_s
+    flow = {"off": (False,), "on": (True,), "both": (False, True)}
+    flow_control = flow[args.flow_control] if args.flow_control else scenario.flow_control
+    plan = RunPlan(scenario, policies, levels, duration, args.seed, flow_control)
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(scenario.name, total=plan.count)
+
+        def progress(label: str) -> None:
+            bar.update(task, description=label)
+            if bar.tasks[task].description != scenario.name:
+                bar.advance(task, 0)
+
+        done: list[str] = []
+
+        def step(label: str) -> None:
+            if done:
+                bar.advance(task)
+            done.append(label)
+            progress(label)
+
+        if args.mode == "http":
+            try:
+                results = run_plan_http(plan, http_options, step)
+            except RuntimeError as exc:  # a process that would not start or died
+                return fail(str(exc), status=1)
+        else:
+            results = run_plan(plan, step)
+        bar.advance(task)
+    command = "sluicegate bench " + " ".join(shlex.quote(a) for a in args.argv)
+    out = Path(args.out)
+    for path in write(results, scenario, out, command):
+        console.print(f"wrote {path}")
+    return 0

@@ -1,0 +1,124 @@
+"""``sluicegate serve``: the standalone gateway (by default in front of an embedded
+simulated pool)."""
+
+from __future__ import annotations
+
+import argparse
+
+from sluicegate.cli.common import (
+    Subparsers,
+    add_picker_flags,
+    check_latency_flags,
+    checked_config,
+    console,
+    fail,
+    run,
+    runtime_options,
+)
+
+
+def add_parser(sub: Subparsers) -> None:
+    serve = sub.add_parser(
+        "serve",
+        help="run the gateway (default: in front of an embedded simulated pool)",
+        description="Run the OpenAI-compatible gateway. Without --config it starts a "
+        "simulated pool in-process and fronts it.",
+    )
+    serve.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="YAML with InferencePool/InferenceModel/... documents",
+    )
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument(
+        "--policy",
+        default=None,
+        metavar="PRESET",
+        help="scheduling preset (default, round-robin, random, least-request, "
+        "...); overrides the config's EndpointPickerConfig",
+    )
+    serve.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="accepted bearer token (repeatable); visible to every user in `ps`: prefer "
+        "--api-key-file or $SLUICEGATE_API_KEYS",
+    )
+    serve.add_argument(
+        "--api-key-file",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="file of accepted bearer tokens, one per line; blank lines and # comments "
+        "skipped (repeatable). $SLUICEGATE_API_KEYS (comma- or newline-separated) is "
+        "read too. Keys: 16+ characters of A-Z a-z 0-9 -._~+/ and trailing =",
+    )
+    serve.add_argument("--access-log", action="store_true", help="log one JSON line per request")
+    serve.add_argument(
+        "--sim-replicas",
+        type=int,
+        default=4,
+        help="embedded pool size when no --config (default 4)",
+    )
+    serve.add_argument(
+        "--sim-profile",
+        default="llama3-8b-h100",
+        help="embedded pool's engine profile (default llama3-8b-h100)",
+    )
+    serve.add_argument(
+        "--sim-time-scale",
+        type=float,
+        default=1.0,
+        help="embedded pool's wall seconds per simulated second",
+    )
+    add_picker_flags(serve, kubernetes=False)
+    serve.set_defaults(func=_cmd_serve)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    from sluicegate.api.keys import KeySourceError, collect_keys
+
+    try:  # first: a bad key is refused before the (slower) imports below
+        api_keys = collect_keys(args.api_key, args.api_key_file, os.environ)
+    except KeySourceError as exc:
+        return fail(str(exc))
+
+    from sluicegate.api.loader import ConfigError
+    from sluicegate.framework import PluginConfigError
+    from sluicegate.gateway.app import GatewayOptions
+    from sluicegate.gateway.run import ServeOptions, serve
+    from sluicegate.latency.trace import TraceError
+
+    if args.sim_time_scale <= 0:
+        return fail("--sim-time-scale must be positive")
+    if problem := check_latency_flags(args):
+        return fail(problem)
+    runtime = runtime_options(args)
+    try:
+        rules = checked_config(args, pools_from_file=True)
+    except (ConfigError, PluginConfigError, OSError) as exc:
+        return fail(str(exc))
+    options = ServeOptions(
+        host=args.host,
+        port=args.port,
+        config_path=Path(args.config) if args.config else None,
+        picker=rules.picker,
+        sim_replicas=args.sim_replicas,
+        sim_profile=args.sim_profile,
+        sim_time_scale=args.sim_time_scale,
+        allow_empty_config=rules.allow_empty,
+        gateway=GatewayOptions(runtime, access_log=args.access_log, api_keys=api_keys),
+    )
+    try:
+        run(serve(options, console))
+    except TraceError as exc:  # --latency-trace, read when the gateway starts
+        return fail(str(exc))
+    except OSError as exc:
+        return fail(f"cannot serve on {args.host}:{args.port}: {exc}", status=1)
+    return 0
