@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from http_support import at_rest, closed, read_answer, request, serves
 
-from sluicegate.gateway.http import HttpServer, Request, Responder, _HttpConnection
+from sluicegate.gateway.http import HttpServer, Request, Responder
+from sluicegate.gateway.http.connection import _HttpConnection
 
 Start = Callable[..., Awaitable[tuple[HttpServer, int]]]
 
