@@ -87,13 +87,14 @@ def tree_cpu_seconds(pid: int) -> float:
 
 
 def server_command(python: str, server: str, config: Path, policy: str, port: int) -> list[str]:
-    """The command of ``server``: a name of :data:`SERVERS`, for granian with settings
-    appended as ``+NAME=VALUE`` (e.g. ``granian+task_impl=rust``)."""
+    """The command of ``server``: a name of :data:`SERVERS`; for a library, ``+nowatch``
+    appended leaves out the disconnect watcher, and for granian ``+NAME=VALUE`` appends
+    a setting (e.g. ``granian+task_impl=rust``)."""
     common = ["--config", str(config), "--policy", policy, "--port", str(port)]
     name, *opts = server.split("+")
     if name == "sluicegate":
         return [python, "-m", "sluicegate", "--log-level", "warning", "serve", *common]
-    extra = [f"--granian={opt}" for opt in opts]
+    extra = ["--no-disconnect-watch" if opt == "nowatch" else f"--granian={opt}" for opt in opts]
     return [python, "-m", "sluicegate.bench.gateway.servers", name, *common, *extra]
 
 
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
         "--servers",
         type=lambda s: tuple(s.split(",")),
         default=SERVERS,
-        help="comma-separated; granian settings as granian+NAME=VALUE",
+        help="comma-separated; +nowatch, and granian settings as granian+NAME=VALUE",
     )
     parser.add_argument("--policies", type=lambda s: tuple(s.split(",")), default=GATEWAY_POLICIES)
     parser.add_argument("--modes", type=lambda s: tuple(s.split(",")), default=MODES)

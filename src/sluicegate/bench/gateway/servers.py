@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -43,6 +44,9 @@ from sluicegate.scheduling.config import load_preset
 LIBRARY_SERVERS = ("granian", "uvicorn")
 _CONFIG_ENV = "SLUICEGATE_SERVERS_CONFIG"
 _POLICY_ENV = "SLUICEGATE_SERVERS_POLICY"
+_WATCH_ENV = "SLUICEGATE_SERVERS_WATCH"
+"""``0``: no disconnect watcher (to measure its cost; a client that leaves is then not
+noticed until a write to it fails, and a whole answer's upstream request runs on)."""
 _Headers = list[tuple[str, str]]
 
 
@@ -101,10 +105,17 @@ async def _cancel_on_disconnect(
 
 
 async def _run_handler(
-    gateway: Gateway, request: Request, responder: Responder, disconnected: Awaitable[Any]
+    gateway: Gateway,
+    request: Request,
+    responder: Responder,
+    disconnected: Callable[[], Awaitable[Any]] | None,
 ) -> None:
-    handler = asyncio.ensure_future(gateway._handle(request, responder))  # the HTTP entry
-    watcher = asyncio.ensure_future(_cancel_on_disconnect(disconnected, handler, responder))
+    if disconnected is None:
+        with contextlib.suppress(ConnectionError):  # the client left mid-answer
+            await gateway._handle(request, responder)  # the HTTP server's entry
+        return
+    handler = asyncio.ensure_future(gateway._handle(request, responder))
+    watcher = asyncio.ensure_future(_cancel_on_disconnect(disconnected(), handler, responder))
     try:
         await handler
     except asyncio.CancelledError:
@@ -166,6 +177,7 @@ class RsgiGateway:
 
     def __init__(self) -> None:
         self.gateway = _gateway()
+        self.watch = os.environ.get(_WATCH_ENV) != "0"
 
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
         loop.run_until_complete(_start(self.gateway))  # the loop is not running yet
@@ -194,7 +206,38 @@ class RsgiGateway:
                     return
                 parts.append(chunk)
             request.body = b"".join(parts)
-        await _run_handler(self.gateway, request, responder, proto.client_disconnect())
+        if self.watch:
+            await _run_watched(self.gateway, request, responder, proto.client_disconnect())
+        else:
+            await _run_handler(self.gateway, request, responder, None)
+
+
+async def _run_watched(
+    gateway: Gateway, request: Request, responder: Responder, disconnected: Any
+) -> None:
+    """The handler in this task, cancelled by a callback on granian's disconnect future
+    (a callback rather than a watcher task: nothing more to schedule per request)."""
+    task = asyncio.current_task()
+    assert task is not None
+    left = False
+
+    def on_disconnect(_: object) -> None:
+        nonlocal left
+        if not responder.ended:
+            left = True
+            task.cancel()
+
+    disconnected.add_done_callback(on_disconnect)
+    try:
+        await gateway._handle(request, responder)
+    except asyncio.CancelledError:
+        if not left:
+            raise
+        task.uncancel()
+    except ConnectionError:
+        pass  # the client left mid-answer
+    finally:
+        disconnected.remove_done_callback(on_disconnect)
 
 
 def rsgi_app() -> RsgiGateway:
@@ -260,6 +303,7 @@ class AsgiGateway:
 
     def __init__(self) -> None:
         self.gateway = _gateway()
+        self.watch = os.environ.get(_WATCH_ENV) != "0"
 
     async def __call__(self, scope: dict[str, Any], receive: _Receive, send: _Send) -> None:
         if scope["type"] == "lifespan":
@@ -296,7 +340,7 @@ class AsgiGateway:
         request.body = parts[0] if len(parts) == 1 else b"".join(parts)
         # After the body, uvicorn's receive() returns only at a disconnect (or at the
         # answer's end, which the watcher tells apart by ``responder.ended``).
-        await _run_handler(self.gateway, request, responder, receive())
+        await _run_handler(self.gateway, request, responder, receive if self.watch else None)
         await responder.flush()
 
     async def _lifespan(self, receive: _Receive, send: _Send) -> None:
@@ -315,11 +359,18 @@ class AsgiGateway:
 
 
 def serve(
-    server: str, config: Path, policy: str | None, port: int, granian_opts: dict[str, str]
+    server: str,
+    config: Path,
+    policy: str | None,
+    port: int,
+    granian_opts: dict[str, str],
+    watch: bool = True,
 ) -> None:
     """Run the Gateway behind ``server`` (one of :data:`LIBRARY_SERVERS`) until SIGTERM;
-    ``granian_opts`` are further keyword arguments of ``granian.Granian`` (strings)."""
+    ``granian_opts`` are further keyword arguments of ``granian.Granian`` (strings);
+    ``watch`` False leaves out the disconnect watcher (see ``_WATCH_ENV``)."""
     os.environ[_CONFIG_ENV] = str(config.resolve())
+    os.environ[_WATCH_ENV] = "1" if watch else "0"
     if policy:
         os.environ[_POLICY_ENV] = policy
     else:
@@ -369,9 +420,14 @@ def main(argv: list[str] | None = None) -> None:
         metavar="NAME=VALUE",
         help="a granian.Granian setting, e.g. runtime_mode=st or task_impl=rust",
     )
+    parser.add_argument(
+        "--no-disconnect-watch",
+        action="store_true",
+        help="leave out the disconnect watcher (to measure its cost)",
+    )
     args = parser.parse_args(argv)
     opts = dict(opt.split("=", 1) for opt in args.granian)
-    serve(args.server, args.config, args.policy, args.port, opts)
+    serve(args.server, args.config, args.policy, args.port, opts, not args.no_disconnect_watch)
 
 
 if __name__ == "__main__":
