@@ -13,8 +13,12 @@ Each library request becomes a :class:`~sluicegate.gateway.http.Request` and the
 handler gets a responder that maps ``send``/``stream``/``write``/``end`` onto the
 server's response API. As with the gateway's own server, a body over ``maxBodyBytes`` is
 a 413 without reading it, and a client that disconnects cancels the handler (so the
-upstream request is abandoned): the libraries do not cancel the app, so a watcher task
-per request waits for their disconnect signal.
+upstream request is abandoned). The libraries do not cancel the app: for granian a
+callback on its ``client_disconnect()`` future cancels the request's task; for uvicorn a
+watcher task per request waits for ``receive()`` to say ``http.disconnect`` (uvicorn's
+``send`` after a disconnect returns silently, so without it a stream runs to its end).
+Granian ends a streamed answer when its stream transport is released, so the responder
+drops it at :meth:`end`.
 
 Neither library is a dependency: they are imported when used, and a clear message says
 how to install them. Run one (used by :mod:`sluicegate.bench.gateway.server_compare`)::
