@@ -144,3 +144,20 @@ def test_table_compares_medians_per_cpu_second_with_the_best_library() -> None:
     runs[0] = run("sluicegate", 1000, 1.0, 0)
     runs[1] = run("sluicegate", 1100, 1.0, 1)
     assert "| 1.10 | granian | **no** |" in table(runs, ("sluicegate", "granian", "uvicorn"))
+
+
+async def test_granian_disconnect_callback_cancels_the_request_task() -> None:
+    class _Gateway:
+        async def _handle(self, request: object, responder: servers._RsgiResponder) -> None:
+            responder.stream(200, [])
+            await asyncio.sleep(10)  # a long generation
+
+    left = asyncio.get_running_loop().create_future()
+    responder = servers._RsgiResponder(_Proto(_Stream()))
+    run = asyncio.ensure_future(
+        servers._run_watched(_Gateway(), None, responder, left)  # type: ignore[arg-type]
+    )
+    await asyncio.sleep(0.01)
+    left.set_result(None)
+    await asyncio.wait_for(run, 1.0)  # returns (the cancel is absorbed), not after 10 s
+    assert not run.cancelled()
