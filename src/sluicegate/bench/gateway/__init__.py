@@ -14,6 +14,11 @@ a core of its own (core 1) and everything else shares the other (core 0):
   py-spy then samples the saturated gateway to show where its core goes
   (:mod:`~sluicegate.bench.gateway.profile`).
 
+Apart from the report, :mod:`~sluicegate.bench.gateway.server_compare` runs the
+throughput measurement with the gateway behind its own HTTP server, granian and uvicorn
+(:mod:`~sluicegate.bench.gateway.servers`, the adapters; the libraries are not
+dependencies and live in a venv of their own).
+
 The rest: :mod:`~sluicegate.bench.gateway.settings` (pool, cores, request shape,
 durations), :mod:`~sluicegate.bench.gateway.routers` (starting the routers compared),
 :mod:`~sluicegate.bench.gateway.summary` (runs to table rows),
