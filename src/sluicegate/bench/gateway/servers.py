@@ -40,7 +40,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from sluicegate.config_watch import read_config
+from sluicegate.config_watch import ConfigRules, read_config
 from sluicegate.gateway.app import Gateway
 from sluicegate.gateway.http import Request, Responder
 from sluicegate.scheduling.config import load_preset
@@ -68,7 +68,8 @@ def _require(module: str) -> Any:
 def _gateway() -> Gateway:
     """The Gateway of ``$SLUICEGATE_SERVERS_CONFIG`` with preset ``$..._POLICY``."""
     policy = os.environ.get(_POLICY_ENV)
-    config = read_config(Path(os.environ[_CONFIG_ENV]), load_preset(policy) if policy else None)
+    rules = ConfigRules(load_preset(policy) if policy else None)
+    config = read_config(Path(os.environ[_CONFIG_ENV]), rules)
     return Gateway(config)
 
 
