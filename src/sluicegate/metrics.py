@@ -171,6 +171,21 @@ class GatewayMetrics:
         flow: FlowState | None = None,
     ) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        self._define_request_metrics(r)
+        self._define_scheduler_metrics(r)
+        self._define_upstream_metrics(r)
+        self._define_flow_control_metrics(r)
+        self._define_prediction_metrics(r)
+        self.attempt_success = self.scheduler_attempts.labels("success")
+        self._series: dict[tuple[str, str], ModelSeries] = {}
+        self._prediction_series: dict[tuple[str, str], PredictionSeries] = {}
+        r.register(_PoolCollector(datastore, clock, staleness_s, prefix_index_size))
+        if flow is not None:
+            r.register(_FlowCollector(flow))
+
+    def _define_request_metrics(self, r: CollectorRegistry) -> None:
+        """Per model (``model_name``, ``target_model_name``): requests, errors, latencies,
+        token counts, requests running."""
         self.requests = Counter(
             "inference_objective_request", "Requests received, by model.", _MODEL, registry=r
         )
@@ -228,6 +243,10 @@ class GatewayMetrics:
             ("model_name",),
             registry=r,
         )
+
+    def _define_scheduler_metrics(self, r: CollectorRegistry) -> None:
+        """The scheduler's decisions: their duration, outcome, prefix hits; the gateway's
+        own overhead."""
         self.scheduler_duration = Histogram(
             "inference_extension_scheduler_e2e_duration_seconds",
             "Time to parse, resolve and schedule one request, in seconds.",
@@ -253,6 +272,9 @@ class GatewayMetrics:
             buckets=_MICRO,
             registry=r,
         )
+
+    def _define_upstream_metrics(self, r: CollectorRegistry) -> None:
+        """What went wrong upstream: retries, failures by kind, ejections by reason."""
         self.retries = Counter(
             "sluicegate_upstream_retries",
             "Requests sent again to another endpoint after a failure.",
@@ -272,6 +294,9 @@ class GatewayMetrics:
             ("pool", "endpoint", "reason"),
             registry=r,
         )
+
+    def _define_flow_control_metrics(self, r: CollectorRegistry) -> None:
+        """Waiting in flow control, and requests the gateway answered itself."""
         self.queue_wait = Histogram(
             "inference_extension_flow_control_request_queue_duration_seconds",
             "Time requests waited in flow control, by priority and outcome (dispatched, "
@@ -287,13 +312,6 @@ class GatewayMetrics:
             ("reason",),
             registry=r,
         )
-        self._define_prediction_metrics(r)
-        self.attempt_success = self.scheduler_attempts.labels("success")
-        self._series: dict[tuple[str, str], ModelSeries] = {}
-        self._prediction_series: dict[tuple[str, str], PredictionSeries] = {}
-        r.register(_PoolCollector(datastore, clock, staleness_s, prefix_index_size))
-        if flow is not None:
-            r.register(_FlowCollector(flow))
 
     def endpoint_ejected(self, endpoint: Endpoint, reason: str) -> None:
         """Count an ejection (the outlier detector's and the collector's listener)."""
