@@ -176,6 +176,22 @@ def test_an_endpoint_ejected_for_failures_that_stalls_has_its_requests_ended() -
     assert env.ejections == []  # out already: no second ejection
 
 
+def test_no_stall_while_the_host_waits_on_its_clients_not_on_the_server() -> None:
+    env = Env()
+    reading = False
+    env.detector.waiting_on = lambda e: reading  # e.g. its streams' clients stopped reading
+    env.busy(0)
+    env.run(3 * STALL_S)
+    assert env.ejections == []
+    assert env.stalls == []
+    # Now a read waits on the server: stalled within a timeout of the last check that said
+    # no (which started the clock again).
+    reading = True
+    env.run(STALL_S + 2 * STEP_S)
+    assert env.ejections == [("ep-0", STALLED)]
+    assert env.stalls == ["ep-0"]
+
+
 def test_ticks_are_frequent_enough_for_the_stall_timeout() -> None:
     assert SETTINGS.tick_s == pytest.approx(STALL_S / 10)
     assert OutlierSettings().tick_s == 0.25

@@ -416,14 +416,28 @@ async def test_abort_ends_the_live_exchanges_of_one_endpoint_only(serve) -> None
     assert pool.live_exchanges() == 4  # the finished exchange left the register
     assert pool.idle_connections() == 1
     connections = hung.connections
+    # The stream is not being read (its client is slow, say): not waiting on the server.
+    assert pool.waiting("http", "127.0.0.1", hung.port) == 2
+    reading = asyncio.create_task(streaming.read_chunk())
+    await asyncio.sleep(0.01)
+    assert pool.waiting("http", "127.0.0.1", hung.port) == 3
+    # An exchange that is not abortable (a metric scrape) is not registered.
+    scrape = asyncio.create_task(
+        pool.request("http", "127.0.0.1", other.port, "GET", "/hang", [], abortable=False)
+    )
+    await asyncio.sleep(0.05)
+    assert pool.live_exchanges() == 4
 
     assert pool.abort("http", "127.0.0.1", hung.port, "stalled") == 3
     for task in waiting:
         with pytest.raises(UpstreamAbortedError, match="stalled"):
             await task
     with pytest.raises(UpstreamAbortedError):
+        await reading
+    with pytest.raises(UpstreamAbortedError):  # and every later read
         await streaming.read_chunk()
     streaming.release()
+
     assert pool.live_exchanges() == 1  # the other endpoint's exchange goes on
     assert not elsewhere.done()
     assert pool.abort("http", "127.0.0.1", hung.port) == 0
@@ -437,7 +451,11 @@ async def test_abort_ends_the_live_exchanges_of_one_endpoint_only(serve) -> None
     assert pool.abort("http", "127.0.0.1", other.port) == 1
     with pytest.raises(UpstreamAbortedError):
         await elsewhere
+    assert not scrape.done()  # not abortable: left to its own timeout
+    scrape.cancel()
+    await asyncio.gather(scrape, return_exceptions=True)
     assert pool.live_exchanges() == 0
+    assert pool.waiting("http", "127.0.0.1", other.port) == 0
     await pool.close()
 
 

@@ -34,7 +34,9 @@ in flight and no progress for ``stall_timeout_s``. The endpoint is ejected (reas
 ``stalled``), and the listeners of :attr:`OutlierDetector.on_stall` are told so that they
 end its requests in flight (the gateway aborts their upstream exchanges, and the proxy
 retries them elsewhere). An endpoint already ejected that stalls has its requests ended
-the same way; its progress clock then starts again.
+the same way; its progress clock then starts again. A host that carries the requests says
+through :attr:`OutlierDetector.waiting_on` whether it is waiting on the server at all: a
+relay held up by slow clients reads nothing, so it relays nothing, and is no stall.
 
 Never ejected: more than ``max_ejection_percent`` of a pool at once (at least one endpoint
 may always go), nor the last endpoint of a pool not yet ejected (by either source). A
@@ -155,6 +157,10 @@ class OutlierDetector:
         self.settings = settings or OutlierSettings()
         self.on_eject: list[EjectionListener] = []
         self.on_stall: list[StallListener] = []
+        self.waiting_on: Callable[[Endpoint], bool] | None = None
+        """Set by a host that carries the requests itself: whether it is waiting for bytes
+        from the endpoint now. A relay blocked on slow clients is not the server's stall
+        (nothing is read from it, so nothing is relayed). None: taken as yes."""
         self._next_interval = clock.now() + self.settings.interval_s
 
     def record(self, endpoint: Endpoint, result: Result, detail: str = "") -> None:
@@ -210,6 +216,9 @@ class OutlierDetector:
 
     def _stalled(self, endpoint: Endpoint, now: float) -> None:
         health = endpoint.health
+        if self.waiting_on is not None and not self.waiting_on(endpoint):
+            health.progress_at = now  # the wait is on the clients: count afresh
+            return
         requests = endpoint.inflight.requests
         detail = f"{requests} request(s) in flight, no progress for {idle_for(endpoint, now):.1f} s"
         if health.ejected:  # out already (either source): only its requests are left

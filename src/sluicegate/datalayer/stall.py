@@ -23,6 +23,10 @@ server, and the same bound already applies to the first token of every streamed 
 (``firstByteTimeoutMs``). An engine that reports no token counter (``generation_tokens`` is
 None) is never judged: a long non-streaming generation there shows no progress at all.
 
+A stalled endpoint is acted upon only when the host is waiting for its bytes at all
+(``OutlierDetector.waiting_on``): a stream held up because its client stopped reading
+reads nothing from the server, so it relays nothing either, through no fault of the server.
+
 Pure: the clock time comes from the caller (the outlier detector's tick, O(1) per
 endpoint); the state lives in the endpoint's :class:`~sluicegate.datalayer.endpoint.Health`.
 """

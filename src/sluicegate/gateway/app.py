@@ -192,6 +192,7 @@ class Gateway:
             # The requests are this pool's exchanges: a stalled endpoint's are aborted, and
             # the proxy retries each one elsewhere (see datalayer.stall).
             self.runtime.outlier.on_stall.append(self._abort_stalled)
+            self.runtime.outlier.waiting_on = self._waiting_on
         self.proxy = Proxy(
             self.upstream,
             self.runtime.report,
@@ -227,6 +228,14 @@ class Gateway:
             )
         )
         self.port = await server.start(host, port)
+
+    def _waiting_on(self, endpoint: Endpoint) -> bool:
+        """Whether a request's exchange with ``endpoint`` waits for its bytes now."""
+        upstream = self.upstream
+        return (
+            upstream is not None
+            and upstream.waiting(endpoint.scheme, endpoint.host, endpoint.port) > 0
+        )
 
     def _abort_stalled(self, endpoint: Endpoint) -> None:
         if self.upstream is None:

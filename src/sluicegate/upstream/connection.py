@@ -147,6 +147,11 @@ class UpstreamResponse:
         return self._received_any
 
     @property
+    def waiting(self) -> bool:
+        """True while a read waits for bytes from the server."""
+        return self._waiter is not None
+
+    @property
     def buffered_bytes(self) -> int:
         """Body bytes received and not read yet."""
         return self._buffered

@@ -93,6 +93,13 @@ class UpstreamPool:
         """Exchanges in progress (sent, not released or closed yet), over all endpoints."""
         return sum(len(live) for live in self._live.values())
 
+    def waiting(self, scheme: str, host: str, port: int) -> int:
+        """Exchanges in progress with endpoint ``(scheme, host, port)`` whose reader is
+        waiting for bytes from the server now — not, say, for a slow client to take the
+        bytes already read. O(its exchanges in progress)."""
+        live = self._live.get((scheme, host, port))
+        return sum(1 for response in live if response.waiting) if live else 0
+
     def abort(self, scheme: str, host: str, port: int, reason: str = "") -> int:
         """End every exchange in progress with endpoint ``(scheme, host, port)`` now: its
         connection is closed and its reader gets
@@ -119,12 +126,15 @@ class UpstreamPool:
         headers: Iterable[tuple[str, str]],
         body: bytes = b"",
         first_byte_timeout_s: float | None = None,
+        abortable: bool = True,
     ) -> UpstreamResponse:
         """Send a request and return the answer once its status and headers arrived.
 
         ``first_byte_timeout_s``, when given, bounds the time from now until the status
         and headers arrived and the first body chunk was read (connecting included;
-        :meth:`UpstreamResponse.first_byte_by`).
+        :meth:`UpstreamResponse.first_byte_by`). ``abortable``: whether :meth:`abort` and
+        :meth:`waiting` see the exchange (the requests the gateway relays, not its own
+        metric scrapes, which have a short timeout of their own).
 
         ``target`` is the path and query; ``headers`` must not include ``Host``,
         ``Content-Length``, ``Transfer-Encoding`` or ``Connection`` (set here). Raises
@@ -143,7 +153,7 @@ class UpstreamPool:
             self._sweep(now)
         connection = self._take_idle(key, now)
         if connection is not None:
-            response = self._send(connection, loop, head, body)
+            response = self._send(connection, loop, head, body, abortable)
             response.first_byte_by(deadline, first_byte_timeout_s or 0.0)
             try:
                 await response.start()
@@ -161,7 +171,7 @@ class UpstreamPool:
             else:
                 return response
         connection = await self._connect(key, authority, loop)
-        response = self._send(connection, loop, head, body)
+        response = self._send(connection, loop, head, body, abortable)
         response.first_byte_by(deadline, first_byte_timeout_s or 0.0)
         try:
             await response.start()
@@ -183,7 +193,12 @@ class UpstreamPool:
     # ------------------------------------------------------------------ internals
 
     def _send(
-        self, connection: Connection, loop: asyncio.AbstractEventLoop, head: bytes, body: bytes
+        self,
+        connection: Connection,
+        loop: asyncio.AbstractEventLoop,
+        head: bytes,
+        body: bytes,
+        abortable: bool,
     ) -> UpstreamResponse:
         response = UpstreamResponse(
             connection,
@@ -191,12 +206,13 @@ class UpstreamPool:
             self.read_timeout_s,
             self._release,
             self.max_buffer_bytes,
-            self._ended,
+            self._ended if abortable else None,
         )
-        live = self._live.get(connection.key)
-        if live is None:
-            live = self._live[connection.key] = set()
-        live.add(response)
+        if abortable:
+            live = self._live.get(connection.key)
+            if live is None:
+                live = self._live[connection.key] = set()
+            live.add(response)
         transport = connection.transport
         assert transport is not None
         if len(body) <= _SMALL_BODY_BYTES:
