@@ -290,7 +290,7 @@ class GatewayMetrics:
             "sluicegate_endpoint_ejections",
             "Endpoints taken out of scheduling, by reason (consecutive-5xx, "
             "consecutive-gateway-failure, success-rate, failure-percentage, "
-            "probation-failure, scrape-failure).",
+            "probation-failure, stalled, scrape-failure).",
             ("pool", "endpoint", "reason"),
             registry=r,
         )

@@ -477,4 +477,5 @@ def outlier_settings(spec: OutlierDetectionSettings) -> OutlierSettings:
         failure_percentage_threshold=spec.failure_percentage_threshold,
         failure_percentage_minimum_hosts=spec.failure_percentage_minimum_hosts,
         failure_percentage_request_volume=spec.failure_percentage_request_volume,
+        stall_timeout_s=spec.stall_timeout_ms / 1000.0,
     )

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from sluicegate.upstream import (
+    UpstreamAbortedError,
     UpstreamConnectError,
     UpstreamDroppedError,
     UpstreamFirstByteTimeoutError,
@@ -384,6 +385,78 @@ async def test_releasing_an_unfinished_answer_closes_its_connection(serve) -> No
     response.release()
     assert pool.idle_connections() == 0
     await asyncio.wait_for(server.closed_by_client.wait(), 2)
+
+
+async def test_abort_ends_the_live_exchanges_of_one_endpoint_only(serve) -> None:
+    async def script(reader, writer, request) -> bool:
+        if request.startswith(b"POST /v1/x"):  # post()'s path
+            writer.write(answer(b"ok"))
+            return True
+        if request.startswith(b"POST /stream"):
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk(b"a"))
+            await writer.drain()
+        await reader.read(1)  # hung until the client leaves
+        return False
+
+    hung, other = await serve(script), await serve(script)
+    pool = UpstreamPool()
+
+    def send(port: int, path: str) -> asyncio.Task[object]:
+        return asyncio.create_task(pool.request("http", "127.0.0.1", port, "POST", path, [], b"{}"))
+
+    waiting = [send(hung.port, "/hang") for _ in range(2)]
+    elsewhere = send(other.port, "/hang")
+    streaming = await pool.request("http", "127.0.0.1", hung.port, "POST", "/stream", [], b"{}")
+    assert await streaming.read_chunk() == b"a"
+    assert await post(pool, hung.port, b"{}") == b"ok"  # leaves one idle connection
+    for _ in range(100):
+        if pool.live_exchanges() == 4:
+            break
+        await asyncio.sleep(0.01)
+    assert pool.live_exchanges() == 4  # the finished exchange left the register
+    assert pool.idle_connections() == 1
+    connections = hung.connections
+    # The stream is not being read (its client is slow, say): not waiting on the server.
+    assert pool.waiting("http", "127.0.0.1", hung.port) == 2
+    reading = asyncio.create_task(streaming.read_chunk())
+    await asyncio.sleep(0.01)
+    assert pool.waiting("http", "127.0.0.1", hung.port) == 3
+    # An exchange that is not abortable (a metric scrape) is not registered.
+    scrape = asyncio.create_task(
+        pool.request("http", "127.0.0.1", other.port, "GET", "/hang", [], abortable=False)
+    )
+    await asyncio.sleep(0.05)
+    assert pool.live_exchanges() == 4
+
+    assert pool.abort("http", "127.0.0.1", hung.port, "stalled") == 3
+    for task in waiting:
+        with pytest.raises(UpstreamAbortedError, match="stalled"):
+            await task
+    with pytest.raises(UpstreamAbortedError):
+        await reading
+    with pytest.raises(UpstreamAbortedError):  # and every later read
+        await streaming.read_chunk()
+    streaming.release()
+
+    assert pool.live_exchanges() == 1  # the other endpoint's exchange goes on
+    assert not elsewhere.done()
+    assert pool.abort("http", "127.0.0.1", hung.port) == 0
+    # Aborted, never resent; the idle connection is still there and still works.
+    assert sum(r.startswith(b"POST /hang") for r in hung.requests) == 2
+    assert pool.idle_connections() == 1
+    assert await post(pool, hung.port, b"{}") == b"ok"
+    assert hung.connections == connections
+    await asyncio.wait_for(hung.closed_by_client.wait(), 2)  # the server saw us leave
+
+    assert pool.abort("http", "127.0.0.1", other.port) == 1
+    with pytest.raises(UpstreamAbortedError):
+        await elsewhere
+    assert not scrape.done()  # not abortable: left to its own timeout
+    scrape.cancel()
+    await asyncio.gather(scrape, return_exceptions=True)
+    assert pool.live_exchanges() == 0
+    assert pool.waiting("http", "127.0.0.1", other.port) == 0
+    await pool.close()
 
 
 async def test_idle_connections_are_bounded_per_endpoint(serve) -> None:

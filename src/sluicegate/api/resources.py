@@ -371,6 +371,10 @@ class OutlierDetectionSettings(Model):
     failure_percentage_threshold: Annotated[float, Field(ge=0, le=100)] = 50.0
     failure_percentage_minimum_hosts: Annotated[int, Field(ge=1)] = 2
     failure_percentage_request_volume: Annotated[int, Field(ge=1)] = 20
+    stall_timeout_ms: Annotated[float, Field(ge=0)] = 30_000.0
+    """An endpoint with requests in flight and no progress (no byte relayed, its token
+    counter still) for this long is stalled: ejected, its requests retried elsewhere
+    (``sluicegate.datalayer.stall``). 0: off."""
 
 
 class GatewaySettings(Model):

@@ -247,7 +247,13 @@ class Collector:
         """Status and body of a GET, within ``scrape_timeout_s`` in all."""
         async with asyncio.timeout(self.settings.scrape_timeout_s):
             response = await self.upstream.request(
-                endpoint.scheme, endpoint.host, endpoint.port, "GET", path, _IDENTITY
+                endpoint.scheme,
+                endpoint.host,
+                endpoint.port,
+                "GET",
+                path,
+                _IDENTITY,
+                abortable=False,  # not a request in flight: its own timeout bounds it
             )
             try:
                 return response.status, await response.read()

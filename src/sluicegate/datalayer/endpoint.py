@@ -198,6 +198,12 @@ class Health:
     stood still while this gateway relayed its tokens); None while it moves. A frozen
     endpoint's scrapes keep the timestamp of its last believable one, so it is stale."""
 
+    progress_at: float | None = None
+    """Clock time (s) since which the endpoint has shown no progress while this gateway had
+    requests in flight there; None while it had none (see ``datalayer.stall``)."""
+    progress_counter: float | None = None
+    """Its generated-token counter at the last stall check."""
+
     def sync(self) -> None:
         """Recompute ``ejected`` from its two sources."""
         self.ejected = self.scrape_ejected or self.ejected_until is not None

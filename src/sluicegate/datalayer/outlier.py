@@ -29,6 +29,15 @@ nothing: 429 is the server shedding load, not failing. An ejection lasts
 ejection. When the time is up (:meth:`tick`) the endpoint returns **on probation**: until
 its first successful request, a single failure ejects it again, for longer.
 
+**Stalled** (:mod:`sluicegate.datalayer.stall`, checked at every :meth:`tick`): requests
+in flight and no progress for ``stall_timeout_s``. The endpoint is ejected (reason
+``stalled``), and the listeners of :attr:`OutlierDetector.on_stall` are told so that they
+end its requests in flight (the gateway aborts their upstream exchanges, and the proxy
+retries them elsewhere). An endpoint already ejected that stalls has its requests ended
+the same way; its progress clock then starts again. A host that carries the requests says
+through :attr:`OutlierDetector.waiting_on` whether it is waiting on the server at all: a
+relay held up by slow clients reads nothing, so it relays nothing, and is no stall.
+
 Never ejected: more than ``max_ejection_percent`` of a pool at once (at least one endpoint
 may always go), nor the last endpoint of a pool not yet ejected (by either source). A
 failure that would have ejected but may not leaves the counts as they are, so the endpoint
@@ -49,6 +58,7 @@ from enum import Enum
 from sluicegate.clock import Clock
 from sluicegate.datalayer.datastore import Datastore, Pool
 from sluicegate.datalayer.endpoint import Endpoint
+from sluicegate.datalayer.stall import idle_for, stalled
 
 log = logging.getLogger("sluicegate.outlier")
 
@@ -79,6 +89,7 @@ CONSECUTIVE_GATEWAY_FAILURE = "consecutive-gateway-failure"
 SUCCESS_RATE = "success-rate"
 FAILURE_PERCENTAGE = "failure-percentage"
 PROBATION = "probation-failure"
+STALLED = "stalled"
 SCRAPE_FAILURE = "scrape-failure"
 """Ejection reasons, the ``reason`` label of ``sluicegate_endpoint_ejections_total``
 (``scrape-failure`` is the collector's)."""
@@ -116,16 +127,23 @@ class OutlierSettings:
     """0 turns the failure-percentage test off."""
     failure_percentage_minimum_hosts: int = 2
     failure_percentage_request_volume: int = 20
+    stall_timeout_s: float = 30.0
+    """No progress for this long with requests in flight: stalled (0: off)."""
 
     @property
     def tick_s(self) -> float:
         """How often the host should call :meth:`OutlierDetector.tick`: often enough that
-        an ejection ends within a tenth of its base time (s)."""
-        return max(0.01, min(0.25, self.base_ejection_s / 10.0, self.interval_s / 10.0))
+        an ejection ends, and a stall is found, within a tenth of its time (s)."""
+        bounds = [0.25, self.base_ejection_s / 10.0, self.interval_s / 10.0]
+        if self.stall_timeout_s > 0:
+            bounds.append(self.stall_timeout_s / 10.0)
+        return max(0.01, min(bounds))
 
 
 EjectionListener = Callable[[Endpoint, str], None]
 """Told of each ejection with its reason (for metrics)."""
+StallListener = Callable[[Endpoint], None]
+"""Told of each stalled endpoint whose requests in flight must be ended (by the host)."""
 
 
 class OutlierDetector:
@@ -138,6 +156,11 @@ class OutlierDetector:
         self.clock = clock
         self.settings = settings or OutlierSettings()
         self.on_eject: list[EjectionListener] = []
+        self.on_stall: list[StallListener] = []
+        self.waiting_on: Callable[[Endpoint], bool] | None = None
+        """Set by a host that carries the requests itself: whether it is waiting for bytes
+        from the endpoint now. A relay blocked on slow clients is not the server's stall
+        (nothing is read from it, so nothing is relayed). None: taken as yes."""
         self._next_interval = clock.now() + self.settings.interval_s
 
     def record(self, endpoint: Endpoint, result: Result, detail: str = "") -> None:
@@ -173,20 +196,43 @@ class OutlierDetector:
         self._eject(endpoint, reason, detail or result.value)
 
     def tick(self) -> None:
-        """Return endpoints whose ejection is over; run the interval's statistical tests
-        when it is due."""
+        """Return endpoints whose ejection is over, act on stalled ones, and run the
+        interval's statistical tests when it is due. O(endpoints)."""
         now = self.clock.now()
+        stall_s = self.settings.stall_timeout_s
         for pool in self.datastore.pools.values():
             for endpoint in pool.endpoints:
                 until = endpoint.health.ejected_until
                 if until is not None and until <= now:
                     self._return(endpoint)
+                if stalled(endpoint, now, stall_s):
+                    self._stalled(endpoint, now)
         if now >= self._next_interval:
             self._next_interval = now + self.settings.interval_s
             for pool in self.datastore.pools.values():
                 self._evaluate(pool)
 
     # ------------------------------------------------------------------ internals
+
+    def _stalled(self, endpoint: Endpoint, now: float) -> None:
+        health = endpoint.health
+        if self.waiting_on is not None and not self.waiting_on(endpoint):
+            health.progress_at = now  # the wait is on the clients: count afresh
+            return
+        requests = endpoint.inflight.requests
+        detail = f"{requests} request(s) in flight, no progress for {idle_for(endpoint, now):.1f} s"
+        if health.ejected:  # out already (either source): only its requests are left
+            log.warning(
+                "endpoint %s (%s), ejected, stalled: ending its requests (%s)",
+                endpoint.name,
+                endpoint.address,
+                detail,
+            )
+        elif not self._eject(endpoint, STALLED, detail):
+            return  # the pool cannot spare it: it goes when room is made
+        health.progress_at = now  # its requests are ended (and retried): count afresh
+        for listener in self.on_stall:
+            listener(endpoint)
 
     def _evaluate(self, pool: Pool) -> None:
         s = self.settings
@@ -231,10 +277,11 @@ class OutlierDetector:
         cap = max(1, math.floor(size * self.settings.max_ejection_percent / 100.0))
         return out + 1 <= cap and out + 1 < size
 
-    def _eject(self, endpoint: Endpoint, reason: str, detail: str) -> None:
+    def _eject(self, endpoint: Endpoint, reason: str, detail: str) -> bool:
+        """Eject ``endpoint`` unless its pool cannot spare it; returns whether it did."""
         if not self._may_eject(endpoint):
             log.debug("endpoint %s kept (%s): the pool cannot spare it", endpoint.name, reason)
-            return
+            return False
         s = self.settings
         health = endpoint.health
         health.times_ejected += 1
@@ -256,6 +303,7 @@ class OutlierDetector:
         )
         for listener in self.on_eject:
             listener(endpoint, reason)
+        return True
 
     def _return(self, endpoint: Endpoint) -> None:
         health = endpoint.health
@@ -278,9 +326,11 @@ __all__ = [
     "FAILURE_PERCENTAGE",
     "PROBATION",
     "SCRAPE_FAILURE",
+    "STALLED",
     "SUCCESS_RATE",
     "OutlierDetector",
     "OutlierSettings",
     "Result",
+    "StallListener",
     "classify_status",
 ]

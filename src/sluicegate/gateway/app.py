@@ -29,6 +29,7 @@ from sluicegate.api.keys import check_keys
 from sluicegate.api.loader import Config
 from sluicegate.clock import Clock
 from sluicegate.datalayer.collector import Collector
+from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.errors import GatewayError
 from sluicegate.gateway.http import HttpServer, Refusal, Request, Responder
 from sluicegate.gateway.proxy import Proxy, ProxySettings, upstream_headers
@@ -187,6 +188,11 @@ class Gateway:
         settings = self.config.gateway
         await self.runtime.start(self.upstream)
         assert self.runtime.collector is not None
+        if self.runtime.outlier is not None:
+            # The requests are this pool's exchanges: a stalled endpoint's are aborted, and
+            # the proxy retries each one elsewhere (see datalayer.stall).
+            self.runtime.outlier.on_stall.append(self._abort_stalled)
+            self.runtime.outlier.waiting_on = self._waiting_on
         self.proxy = Proxy(
             self.upstream,
             self.runtime.report,
@@ -222,6 +228,27 @@ class Gateway:
             )
         )
         self.port = await server.start(host, port)
+
+    def _waiting_on(self, endpoint: Endpoint) -> bool:
+        """Whether a request's exchange with ``endpoint`` waits for its bytes now."""
+        upstream = self.upstream
+        return (
+            upstream is not None
+            and upstream.waiting(endpoint.scheme, endpoint.host, endpoint.port) > 0
+        )
+
+    def _abort_stalled(self, endpoint: Endpoint) -> None:
+        if self.upstream is None:
+            return
+        aborted = self.upstream.abort(
+            endpoint.scheme, endpoint.host, endpoint.port, "the endpoint stalled"
+        )
+        log.warning(
+            "endpoint %s (%s) stalled: %d exchange(s) in progress aborted, to be retried",
+            endpoint.name,
+            endpoint.address,
+            aborted,
+        )
 
     async def stop(self) -> None:
         if self._server is not None:

@@ -7,10 +7,14 @@
   nothing but time. A streaming request is retried only until its first byte is forwarded;
   after that a failure ends the stream with an SSE error event.
 - Retried: connection failures, drops, first-byte timeouts and upstream 429/502/503/504
-  answers, up to ``max_retries`` other endpoints. The first-byte timeout bounds the wait
-  for the status and the first body chunk (``first_byte_timeout_s`` for streams, whose
-  headers vLLM sends before the first token; ``non_streaming_first_byte_timeout_s`` for
-  the others, whose first byte comes with the whole answer): a server that shows no sign
+  answers, up to ``max_retries`` other endpoints. Drops include the exchanges the gateway
+  aborts itself when their endpoint stalled (``UpstreamAbortedError``; see
+  :mod:`sluicegate.datalayer.stall`): that is how a non-streaming request held by a hung
+  server leaves it after ``stallTimeoutMs`` rather than ``requestTimeoutMs``. The
+  first-byte timeout bounds the wait for the status and the first body chunk
+  (``first_byte_timeout_s`` for streams, whose headers vLLM sends before the first token;
+  ``non_streaming_first_byte_timeout_s`` for the others, whose first byte comes with the
+  whole answer): a server that shows no sign
   of work by then costs one attempt, which is abandoned (the connection is closed, so the
   server drops it) and sent elsewhere. For a non-streaming request that duplicates the
   work done so far — the price of not waiting on a hung server. A later timeout (no byte

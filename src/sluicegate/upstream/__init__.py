@@ -3,6 +3,7 @@ read whole or as they stream (see :mod:`sluicegate.upstream.pool`)."""
 
 from sluicegate.upstream.connection import UpstreamResponse
 from sluicegate.upstream.errors import (
+    UpstreamAbortedError,
     UpstreamConnectError,
     UpstreamDroppedError,
     UpstreamError,
@@ -13,6 +14,7 @@ from sluicegate.upstream.errors import (
 from sluicegate.upstream.pool import UpstreamPool
 
 __all__ = [
+    "UpstreamAbortedError",
     "UpstreamConnectError",
     "UpstreamDroppedError",
     "UpstreamError",

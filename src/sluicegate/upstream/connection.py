@@ -18,6 +18,7 @@ import httptools
 
 from sluicegate.upstream.errors import (
     UpstreamDroppedError,
+    UpstreamError,
     UpstreamFirstByteTimeoutError,
     UpstreamProtocolError,
     UpstreamTimeoutError,
@@ -87,6 +88,7 @@ class UpstreamResponse:
         "_headers_done",
         "_loop",
         "_max_buffer",
+        "_on_end",
         "_on_release",
         "_parser",
         "_paused",
@@ -107,6 +109,7 @@ class UpstreamResponse:
         read_timeout_s: float,
         on_release: Callable[[Connection], None],
         max_buffer_bytes: int = MAX_BUFFER_BYTES,
+        on_end: Callable[[UpstreamResponse], None] | None = None,
     ) -> None:
         self.connection = connection
         self.status = 0
@@ -116,6 +119,9 @@ class UpstreamResponse:
         self._loop = loop
         self._read_timeout_s = read_timeout_s
         self._on_release = on_release
+        self._on_end = on_end
+        """Told once when the exchange ends (released, closed or aborted): the pool's
+        register of live exchanges."""
         self._max_buffer = max_buffer_bytes
         self._parser = httptools.HttpResponseParser(self)
         self._chunks: deque[bytes] = deque()
@@ -139,6 +145,11 @@ class UpstreamResponse:
     def received_any(self) -> bool:
         """True once any byte of the answer arrived."""
         return self._received_any
+
+    @property
+    def waiting(self) -> bool:
+        """True while a read waits for bytes from the server."""
+        return self._waiter is not None
 
     @property
     def buffered_bytes(self) -> int:
@@ -191,6 +202,7 @@ class UpstreamResponse:
     def release(self) -> None:
         """Done with the answer: keep the connection for the next request when the body
         was read to its end and the server allows it; otherwise close it."""
+        self._end()
         connection = self.connection
         if connection.exchange is not self:
             return
@@ -202,10 +214,24 @@ class UpstreamResponse:
 
     def close(self) -> None:
         """Abandon the answer and its connection (the server sees the client leave)."""
+        self._end()
         connection = self.connection
         if connection.exchange is self:
             connection.exchange = None
         connection.close()
+
+    def abort(self, error: UpstreamError) -> None:
+        """Fail the exchange with ``error`` now and close its connection (the server sees
+        the client leave): a read in progress raises ``error``, and so does every later
+        one once the bytes already received are read. The reader still releases it."""
+        self._end()
+        self._fail(error)
+
+    def _end(self) -> None:
+        on_end = self._on_end
+        if on_end is not None:
+            self._on_end = None
+            on_end(self)
 
     async def _wait(self) -> None:
         if self._error is not None:

@@ -21,6 +21,13 @@ class UpstreamDroppedError(UpstreamError):
     """The server closed or reset the connection before its answer was complete."""
 
 
+class UpstreamAbortedError(UpstreamDroppedError):
+    """The gateway abandoned the exchange itself (:meth:`UpstreamPool.abort
+    <sluicegate.upstream.pool.UpstreamPool.abort>`, e.g. its endpoint stalled). A drop, so
+    the proxy retries it on another endpoint when nothing reached the client; never resent
+    to the same endpoint."""
+
+
 class UpstreamProtocolError(UpstreamError):
     """The server sent something that is not a valid HTTP/1.1 answer."""
 
@@ -35,6 +42,7 @@ class UpstreamFirstByteTimeoutError(UpstreamTimeoutError):
 
 
 __all__ = [
+    "UpstreamAbortedError",
     "UpstreamConnectError",
     "UpstreamDroppedError",
     "UpstreamError",

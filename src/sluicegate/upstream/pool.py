@@ -18,6 +18,13 @@ before any byte of the answer within ``_RESEND_WITHIN_S`` of the write (the serv
 keep-alive timer won the race: it never saw the request), the request is sent once more on
 a fresh connection. A later drop is the server failing while it worked on the request, and
 is the caller's to handle (the proxy tries another endpoint).
+
+The exchanges in progress are registered per endpoint (only while they last: an answer
+leaves the register when it is released, closed or aborted), so that
+:meth:`UpstreamPool.abort` can end every one of them at once when their endpoint is found
+stalled: each fails with
+:class:`~sluicegate.upstream.errors.UpstreamAbortedError`, a drop, which the proxy retries
+elsewhere when nothing reached its client yet.
 """
 
 from __future__ import annotations
@@ -28,7 +35,11 @@ import ssl
 from collections.abc import Iterable
 
 from sluicegate.upstream.connection import MAX_BUFFER_BYTES, Connection, UpstreamResponse
-from sluicegate.upstream.errors import UpstreamConnectError, UpstreamDroppedError
+from sluicegate.upstream.errors import (
+    UpstreamAbortedError,
+    UpstreamConnectError,
+    UpstreamDroppedError,
+)
 
 _SMALL_BODY_BYTES = 64 * 1024
 """Bodies up to this size go out in the same write as the request head (bytes)."""
@@ -65,6 +76,8 @@ class UpstreamPool:
         self.idle_timeout_s = idle_timeout_s
         self._ssl_context = ssl_context
         self._idle: dict[tuple[str, str, int], list[Connection]] = {}
+        self._live: dict[tuple[str, str, int], set[UpstreamResponse]] = {}
+        """Exchanges sent and not ended yet, per endpoint (emptied sets go at a sweep)."""
         self._next_sweep = 0.0
         self._closed = False
 
@@ -76,6 +89,33 @@ class UpstreamPool:
         """Idle connections kept, over all endpoints."""
         return sum(len(conns) for conns in self._idle.values())
 
+    def live_exchanges(self) -> int:
+        """Exchanges in progress (sent, not released or closed yet), over all endpoints."""
+        return sum(len(live) for live in self._live.values())
+
+    def waiting(self, scheme: str, host: str, port: int) -> int:
+        """Exchanges in progress with endpoint ``(scheme, host, port)`` whose reader is
+        waiting for bytes from the server now — not, say, for a slow client to take the
+        bytes already read. O(its exchanges in progress)."""
+        live = self._live.get((scheme, host, port))
+        return sum(1 for response in live if response.waiting) if live else 0
+
+    def abort(self, scheme: str, host: str, port: int, reason: str = "") -> int:
+        """End every exchange in progress with endpoint ``(scheme, host, port)`` now: its
+        connection is closed and its reader gets
+        :class:`~sluicegate.upstream.errors.UpstreamAbortedError` (saying why: ``reason``).
+        Idle connections are left alone. Returns how many exchanges were aborted."""
+        live = self._live.pop((scheme, host, port), None)
+        if not live:
+            return 0
+        authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        why = f": {reason}" if reason else ""
+        for response in list(live):
+            response.abort(
+                UpstreamAbortedError(f"the gateway aborted the exchange with {authority}{why}")
+            )
+        return len(live)
+
     async def request(
         self,
         scheme: str,
@@ -86,12 +126,15 @@ class UpstreamPool:
         headers: Iterable[tuple[str, str]],
         body: bytes = b"",
         first_byte_timeout_s: float | None = None,
+        abortable: bool = True,
     ) -> UpstreamResponse:
         """Send a request and return the answer once its status and headers arrived.
 
         ``first_byte_timeout_s``, when given, bounds the time from now until the status
         and headers arrived and the first body chunk was read (connecting included;
-        :meth:`UpstreamResponse.first_byte_by`).
+        :meth:`UpstreamResponse.first_byte_by`). ``abortable``: whether :meth:`abort` and
+        :meth:`waiting` see the exchange (the requests the gateway relays, not its own
+        metric scrapes, which have a short timeout of their own).
 
         ``target`` is the path and query; ``headers`` must not include ``Host``,
         ``Content-Length``, ``Transfer-Encoding`` or ``Connection`` (set here). Raises
@@ -110,13 +153,17 @@ class UpstreamPool:
             self._sweep(now)
         connection = self._take_idle(key, now)
         if connection is not None:
-            response = self._send(connection, loop, head, body)
+            response = self._send(connection, loop, head, body, abortable)
             response.first_byte_by(deadline, first_byte_timeout_s or 0.0)
             try:
                 await response.start()
-            except UpstreamDroppedError:
+            except UpstreamDroppedError as exc:
                 response.close()
-                if response.received_any or loop.time() - now > _RESEND_WITHIN_S:
+                if (
+                    response.received_any
+                    or loop.time() - now > _RESEND_WITHIN_S
+                    or isinstance(exc, UpstreamAbortedError)  # ours: not the keep-alive race
+                ):
                     raise
             except BaseException:
                 response.close()
@@ -124,7 +171,7 @@ class UpstreamPool:
             else:
                 return response
         connection = await self._connect(key, authority, loop)
-        response = self._send(connection, loop, head, body)
+        response = self._send(connection, loop, head, body, abortable)
         response.first_byte_by(deadline, first_byte_timeout_s or 0.0)
         try:
             await response.start()
@@ -146,11 +193,26 @@ class UpstreamPool:
     # ------------------------------------------------------------------ internals
 
     def _send(
-        self, connection: Connection, loop: asyncio.AbstractEventLoop, head: bytes, body: bytes
+        self,
+        connection: Connection,
+        loop: asyncio.AbstractEventLoop,
+        head: bytes,
+        body: bytes,
+        abortable: bool,
     ) -> UpstreamResponse:
         response = UpstreamResponse(
-            connection, loop, self.read_timeout_s, self._release, self.max_buffer_bytes
+            connection,
+            loop,
+            self.read_timeout_s,
+            self._release,
+            self.max_buffer_bytes,
+            self._ended if abortable else None,
         )
+        if abortable:
+            live = self._live.get(connection.key)
+            if live is None:
+                live = self._live[connection.key] = set()
+            live.add(response)
         transport = connection.transport
         assert transport is not None
         if len(body) <= _SMALL_BODY_BYTES:
@@ -193,6 +255,11 @@ class UpstreamPool:
         connection.on_lost = self._forget
         conns.append(connection)
 
+    def _ended(self, response: UpstreamResponse) -> None:
+        live = self._live.get(response.connection.key)
+        if live is not None:
+            live.discard(response)
+
     def _forget(self, connection: Connection) -> None:
         conns = self._idle.get(connection.key)
         if conns is not None and connection in conns:
@@ -203,6 +270,8 @@ class UpstreamPool:
     def _sweep(self, now: float) -> None:
         """Close every idle connection past ``idle_timeout_s``, whichever endpoint."""
         self._next_sweep = now + self.idle_timeout_s
+        for key in [k for k, live in self._live.items() if not live]:
+            del self._live[key]
         for key in list(self._idle):
             conns = self._idle[key]
             fresh = [c for c in conns if now - c.idle_since < self.idle_timeout_s]
