@@ -365,3 +365,31 @@ def test_without_a_predictor_every_request_is_unavailable(
     outcome = state.get(PREDICTION_OUTCOME)
     assert outcome is not None
     assert outcome.status == "unavailable"
+
+
+def test_compatibility_only_parameters_are_accepted_and_change_nothing(
+    endpoints: list[Any], make_request: Any
+) -> None:
+    """Configurations written for the reference set them: they load, and predictions are
+    the same as without them."""
+    compatibility = {
+        "contextTTL": "30s",
+        "endpointRoleLabel": "llm-d.ai/role",
+        "samplingMean": 50.0,
+        "maxDecodeTokenSamplesForPrediction": 8,
+        "prefixMatchInfoProducerName": "prefix",
+        "inFlightLoadProducerName": "inflight",
+    }
+    answers = []
+    for params in ({}, compatibility):
+        clock = ManualClock()
+        context = PluginContext(clock, 0, services={PREDICTOR_SERVICE: StubPredictor(clock)})
+        plugin = REGISTRY.create("predicted-latency-producer", "p", params, context)
+        assert isinstance(plugin, PredictedLatencyProducer)
+        state = CycleState()
+        plugin.produce(make_request("hi", slo_ttft_ms=250.0), state, endpoints)
+        answers.append(state.get(PREDICTIONS))
+    assert answers[0] is not None
+    assert answers[0] == answers[1]
+    with pytest.raises(ValueError, match="contextTTL"):
+        REGISTRY.create("predicted-latency-producer", "p", {"contextTTL": "soon"}, context)

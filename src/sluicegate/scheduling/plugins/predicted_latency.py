@@ -33,9 +33,8 @@ latency stands in for TTFT (the reference's semantics).
 Parameters (reference names and defaults): ``sloBufferFactor`` (1.0), ``streamingMode``
 (true — the reference defaults to false; sluicegate sees each request's ``stream`` flag
 and learns TTFT/TPOT from streaming requests only), ``predictInProduce`` (true; false =
-train only). Compatibility-only (see :data:`COMPATIBILITY_ONLY`): ``contextTTL``,
-``endpointRoleLabel``, ``samplingMean``, ``maxDecodeTokenSamplesForPrediction``,
-``prefixMatchInfoProducerName`` and ``inFlightLoadProducerName``.
+train only); six more are compatibility-only (:class:`PredictedLatencyProducer.
+Parameters` lists them and says why).
 
 Opting out: a request with ``x-prediction-based-scheduling: false`` (or, without the
 header, when ``latencyPredictor.predictionBasedSchedulingDefault`` is false) gets no
@@ -95,20 +94,6 @@ _PREFETCHED: StateKey[tuple[dict[str, FeatureRow], Predictions | None, float]] =
 )
 """Rows, the remote predictions (None: failed or timed out) and the call's duration (s)."""
 
-COMPATIBILITY_ONLY = (
-    "contextTTL",
-    "endpointRoleLabel",
-    "samplingMean",
-    "maxDecodeTokenSamplesForPrediction",
-    "prefixMatchInfoProducerName",
-    "inFlightLoadProducerName",
-)
-"""Parameters accepted, validated and ignored, so that configurations written for the
-reference (llm-d-router's producer) load unchanged: a request's context lives in its
-cycle state and ends with it (no TTL), there are no prefill/decode roles, TPOT is
-predicted per request rather than sampled, and the prefix and in-flight data come from
-this gateway's own producers, not from named ones."""
-
 
 def feature_row(
     request: LLMRequest, endpoint: Endpoint, match: PrefixMatch | None, now: float
@@ -153,10 +138,20 @@ class PredictedLatencyProducer(
     requires = (PREFIX_PRODUCER_TYPE,)
 
     class Parameters(PluginParameters):
+        """``sloBufferFactor``, ``streamingMode`` and ``predictInProduce`` (module
+        docstring), then the compatibility-only ones: ``contextTTL``,
+        ``endpointRoleLabel``, ``samplingMean``, ``maxDecodeTokenSamplesForPrediction``,
+        ``prefixMatchInfoProducerName`` and ``inFlightLoadProducerName`` are validated and
+        never read, so that configurations written for the reference (llm-d-router's
+        producer) load unchanged. A request's context lives in its cycle state and ends
+        with it (no TTL); there are no prefill/decode roles; TPOT is predicted per request,
+        not sampled; the prefix and in-flight data come from this gateway's own producers,
+        not from named ones."""
+
         slo_buffer_factor: float = Field(1.0, gt=0.0)
         streaming_mode: bool = True
         predict_in_produce: bool = True
-        # Compatibility-only (COMPATIBILITY_ONLY says why): accepted, never read.
+        # Compatibility-only (see the docstring): accepted, never read.
         context_ttl: Seconds = Field(300.0, alias="contextTTL")
         endpoint_role_label: str = ""
         sampling_mean: float = 1000.0
