@@ -18,6 +18,7 @@ composite score.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -38,11 +39,12 @@ class Predictions:
     tpot_ms: np.ndarray
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: that costs ~0.4 µs more per scheduling decision
 class PredictionQuery:
     """One scheduling decision's question: how would ``request`` do on each of
     ``endpoints``? ``rows[i]`` is the models' view of it on ``endpoints[i]``; models read
-    the rows, the benchmark oracle the request and endpoints themselves."""
+    the rows, the benchmark oracle the request and endpoints themselves. Predictors
+    read it and never change it."""
 
     request: LLMRequest
     endpoints: Sequence[Endpoint]
@@ -88,14 +90,16 @@ class LatencyPredictor(Protocol):
         ...
 
 
-class SynchronousPredictor:
+class SynchronousPredictor(ABC):
     """Base of predictors that answer without I/O: subclasses implement
     :meth:`predict_query`, ``ready``, ``calibration`` and ``observe``."""
 
     needs_io = False
 
+    @abstractmethod
     def predict_query(self, query: PredictionQuery) -> Predictions | None:
-        raise NotImplementedError
+        """TTFT/TPOT (ms) for every candidate in one call; None when no prediction can be
+        made."""
 
     async def predict_query_async(self, query: PredictionQuery) -> Predictions | None:
         """The synchronous answer (for callers that await every predictor alike)."""
