@@ -77,12 +77,13 @@ class LatencyPredictor(Protocol):
         ...
 
     def predict_query(self, query: PredictionQuery) -> Predictions | None:
-        """TTFT/TPOT for every candidate in one call, synchronously; None when no
+        """TTFT/TPOT (ms) for every candidate in one call, synchronously; None when no
         prediction can be made."""
         ...
 
     async def predict_query_async(self, query: PredictionQuery) -> Predictions | None:
-        """TTFT/TPOT for every candidate; None on failure or timeout (callers fall back)."""
+        """TTFT/TPOT (ms) for every candidate; None on failure or timeout (callers fall
+        back)."""
         ...
 
     def observe(self, sample: Sample) -> None:
