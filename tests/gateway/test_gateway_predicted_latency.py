@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +20,11 @@ from sluicegate.api.resources import LatencyPredictorSettings
 from sluicegate.clock import MonotonicClock
 from sluicegate.framework import PREDICTOR_SERVICE
 from sluicegate.gateway.proxy import upstream_headers
-from sluicegate.latency.features import FeatureRow, Sample
+from sluicegate.latency.features import Sample
 from sluicegate.latency.host import PredictorHost, remote_urls
-from sluicegate.latency.predictor import Predictions
+from sluicegate.latency.predictor import PredictionQuery, Predictions, SynchronousPredictor
 from sluicegate.requestcontrol.parse import CONTROL_HEADERS
 from sluicegate.runtime import RuntimeOptions
-from sluicegate.scheduling.plugins.predicted_latency import PredictedLatencyProducer
 
 MODEL = "tiny-llama"
 
@@ -43,13 +42,6 @@ async def stream_completion(
     async with http.post(f"{url}/v1/completions", json=body, headers=headers) as response:
         assert response.status == 200
         await response.read()
-
-
-def producer(gw: Any) -> PredictedLatencyProducer:
-    (plugin,) = [
-        p for p in gw.runtime.built.plugins.values() if isinstance(p, PredictedLatencyProducer)
-    ]
-    return plugin
 
 
 async def test_models_train_on_live_traffic_and_are_used(
@@ -76,11 +68,13 @@ async def test_models_train_on_live_traffic_and_are_used(
         await asyncio.sleep(0.1)
     assert local.ready, "no model was trained from 60 streamed requests"
     assert local.ttft_samples >= 20
-    fallbacks = producer(gw).fallbacks
+    fallbacks = value(await scrape(http, url), "sluicegate_predictor_fallbacks_total")
+    calls = local.prediction_calls
     await stream_completion(http, url, 999)
-    assert producer(gw).fallbacks == fallbacks  # scheduled on predictions
-    async with http.get(f"{url}/metrics") as response:
-        text = await response.text()
+    text = await scrape(http, url)
+    # Scheduled on predictions: the models were asked, and it was no fallback.
+    assert local.prediction_calls > calls
+    assert value(text, "sluicegate_predictor_fallbacks_total") == fallbacks
     assert "sluicegate_predictor_ready 1.0" in text
     assert "sluicegate_predictor_trainings_total" in text
     assert (tmp_path / "models" / "bundle.json").exists()
@@ -140,7 +134,7 @@ LABELS = {"model_name": MODEL, "target_model_name": MODEL}
 OPT_OUT = {"x-prediction-based-scheduling": "false"}
 
 
-class StubPredictor:
+class StubPredictor(SynchronousPredictor):
     """A ready in-process predictor with fixed answers (TTFT 50 ms, TPOT 5 ms)."""
 
     ready = True
@@ -149,9 +143,9 @@ class StubPredictor:
     def __init__(self) -> None:
         self.calls = 0
 
-    def predict(self, rows: Sequence[FeatureRow]) -> Predictions:
+    def predict_query(self, query: PredictionQuery) -> Predictions:
         self.calls += 1
-        n = len(rows)
+        n = len(query.rows)
         return Predictions(
             np.full(n, PREDICTED_TTFT_MS, np.float32), np.full(n, PREDICTED_TPOT_MS, np.float32)
         )

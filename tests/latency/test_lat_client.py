@@ -13,7 +13,7 @@ from aiohttp import web
 from lat_support import PredictServerFactory, TrainServerFactory, random_rows, samples
 
 from sluicegate.latency.client import RemotePredictor, RemoteSettings
-from sluicegate.latency.predictor import RemoteLatencyPredictor
+from sluicegate.latency.predictor import LatencyPredictor
 from sluicegate.latency.predictserver import PredictionServer
 from sluicegate.latency.trainserver import TrainingServer
 
@@ -63,8 +63,9 @@ async def test_predictions_equal_the_in_process_ones(
     clients: Callable[..., RemotePredictor],
 ) -> None:
     trainer, servers = serving
-    client: RemoteLatencyPredictor = clients([base(servers[0])], timeout_s=2.0)
-    assert isinstance(client, RemotePredictor)
+    client = clients([base(servers[0])], timeout_s=2.0)
+    assert isinstance(client, LatencyPredictor)
+    assert client.needs_io  # the producer awaits it before scheduling
     assert not client.ready
     rows = random_rows(23, seed=4)
     out = await client.predict_async(rows)

@@ -26,7 +26,9 @@ def settings(**overrides: object) -> PredictorSettings:
 
 
 def test_is_a_latency_predictor_and_falls_back_before_any_model() -> None:
-    predictor: LatencyPredictor = InProcessPredictor(ManualClock(), settings())
+    predictor = InProcessPredictor(ManualClock(), settings())
+    assert isinstance(predictor, LatencyPredictor)
+    assert not predictor.needs_io  # asked synchronously while scheduling
     assert not predictor.ready
     assert predictor.predict(random_rows(3)) is None
     predictor.observe(samples(1)[0])  # fine without a model

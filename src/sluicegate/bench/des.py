@@ -47,10 +47,8 @@ from sluicegate.framework import (
     PluginContext,
     QueueItem,
 )
-from sluicegate.latency.calibration import LatencyCalibration
-from sluicegate.latency.features import FeatureRow, Sample
 from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings
-from sluicegate.latency.predictor import Predictions
+from sluicegate.latency.predictor import LatencyPredictor
 from sluicegate.requestcontrol.director import Director
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.models import ModelTable
@@ -63,19 +61,9 @@ from sluicegate.sim.profiles import EngineProfile
 POOL = "sim-pool"
 
 
-class TrainedPredictor(Protocol):
+class TrainedPredictor(LatencyPredictor, Protocol):
     """A latency predictor the simulation trains on its virtual clock (the
     :class:`~sluicegate.latency.inprocess.InProcessPredictor` API the run loop uses)."""
-
-    @property
-    def calibration(self) -> LatencyCalibration | None: ...
-
-    @property
-    def ready(self) -> bool: ...
-
-    def predict(self, rows: list[FeatureRow]) -> Predictions | None: ...
-
-    def observe(self, sample: Sample) -> None: ...
 
     def maybe_retrain(self, now: float | None = None) -> bool: ...
 
@@ -256,11 +244,10 @@ class ClusterSimulation:
             self.predictor = factory(self.clock, spec.predictor_settings)
             return {PREDICTOR_SERVICE: self.predictor}
         if spec.predictor == "oracle":
-            return {
-                PREDICTOR_SERVICE: OraclePredictor(
-                    self._engine_of, self._oracle_sequence, self.clock.now
-                )
-            }
+            oracle: LatencyPredictor = OraclePredictor(
+                self._engine_of, self._oracle_sequence, self.clock.now
+            )
+            return {PREDICTOR_SERVICE: oracle}
         return {}
 
     def _engine_of(self, endpoint: str) -> tuple[Engine, float]:

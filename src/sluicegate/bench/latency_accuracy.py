@@ -47,7 +47,7 @@ from sluicegate.clock import Clock
 from sluicegate.latency.calibration import LatencyCalibration
 from sluicegate.latency.features import TOKEN_TIMING_CAP_MS, FeatureRow, Sample
 from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings
-from sluicegate.latency.predictor import Predictions
+from sluicegate.latency.predictor import PredictionQuery, Predictions, SynchronousPredictor
 from sluicegate.sim.profiles import get_profile
 
 GOAL_MAPE = 0.10
@@ -126,7 +126,7 @@ def without_token_timing(row: FeatureRow) -> FeatureRow:
     )
 
 
-class ScoringPredictor:
+class ScoringPredictor(SynchronousPredictor):
     """The routing predictor of a run plus a mean-objective shadow and its ablation;
     records their predictions for every candidate at dispatch and scores the chosen one
     at completion.
@@ -170,7 +170,12 @@ class ScoringPredictor:
         returns, and so does the record of what the request was routed on."""
         return self.routing.calibration
 
+    def predict_query(self, query: PredictionQuery) -> Predictions | None:
+        return self.predict(query.rows)
+
     def predict(self, rows: Sequence[FeatureRow]) -> Predictions | None:
+        """The routing model's predictions for ``rows``; after the warm-up, also records
+        every model's for scoring."""
         out = self.routing.predict(rows)
         if out is None or self.clock.now() < self.warmup_s:
             return out

@@ -6,18 +6,23 @@ token, then ``tpot_tokens`` more: the TTFT and TPOT it would see if nothing else
 That is the best any predictor can do with the information available when scheduling —
 the ``predicted-latency-oracle`` policy, the limit ``predicted-latency`` is measured
 against. Forking costs a few milliseconds per candidate, so oracle runs are slower.
+
+It is a :class:`~sluicegate.latency.predictor.LatencyPredictor` like the others — always
+ready, no I/O, no calibration, nothing to learn — that reads the query's request and
+endpoints rather than its feature rows; it exists only in the lab (``bench/des.py``
+provides it as the ``latency-predictor`` service of ``predictor="oracle"`` runs).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
 from sluicegate.framework import LLMRequest
-from sluicegate.latency.features import FeatureRow, Sample
-from sluicegate.latency.predictor import Predictions
+from sluicegate.latency.calibration import LatencyCalibration
+from sluicegate.latency.features import Sample
+from sluicegate.latency.predictor import PredictionQuery, Predictions, SynchronousPredictor
 from sluicegate.sim.engine import Engine
 from sluicegate.sim.engine import Sequence as EngineSequence
 
@@ -26,8 +31,12 @@ from sluicegate.sim.engine import Sequence as EngineSequence
 _MAX_STEPS = 4000
 
 
-class OraclePredictor:
+class OraclePredictor(SynchronousPredictor):
     """Answers with the simulator's what-if latencies (ms)."""
+
+    calibration: LatencyCalibration | None = None
+    """None: the simulator's latencies are used as they come."""
+    ready = True
 
     def __init__(
         self,
@@ -43,14 +52,14 @@ class OraclePredictor:
         self._now = now
         self.tpot_tokens = tpot_tokens
 
-    def predict_request(
-        self, request: Any, endpoints: Sequence[Any], rows: Sequence[FeatureRow]
-    ) -> Predictions | None:
+    def predict_query(self, query: PredictionQuery) -> Predictions:
+        """The what-if TTFT and TPOT of the query's request on each of its endpoints."""
         now = self._now()
+        endpoints = query.endpoints
         ttft = np.empty(len(endpoints))
         tpot = np.empty(len(endpoints))
         for i, endpoint in enumerate(endpoints):
-            ttft[i], tpot[i] = self._what_if(request, endpoint.name, now)
+            ttft[i], tpot[i] = self._what_if(query.request, endpoint.name, now)
         return Predictions(ttft, tpot)
 
     def _what_if(self, request: LLMRequest, endpoint: str, now: float) -> tuple[float, float]:
@@ -77,4 +86,4 @@ class OraclePredictor:
         return ttft_ms, tpot_ms
 
     def observe(self, sample: Sample) -> None:
-        return None
+        """Nothing to learn: the simulator is the ground truth."""

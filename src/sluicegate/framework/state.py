@@ -23,7 +23,8 @@ PREFIX_PRODUCER_TYPE = "approx-prefix-cache-producer"
 """The producer type created when a plugin reads :data:`PREFIX_MATCH` and none is
 configured."""
 PREDICTOR_SERVICE = "latency-predictor"
-"""The name under which the host provides the latency predictor (``PluginContext.services``)."""
+"""The name under which the host provides the latency predictor (``PluginContext.services``):
+a ``sluicegate.latency.predictor.LatencyPredictor``."""
 
 
 class ReuseDistances(Protocol):

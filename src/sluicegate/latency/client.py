@@ -1,7 +1,7 @@
 """The gateway's client of remote prediction and training servers.
 
-:class:`RemotePredictor` implements
-:class:`~sluicegate.latency.predictor.RemoteLatencyPredictor` (as llm-d-router's client,
+:class:`RemotePredictor` is a :class:`~sluicegate.latency.predictor.LatencyPredictor` whose
+predictions need I/O (``needs_io``; as llm-d-router's client,
 https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/requestcontrol/dataproducer/predictedlatency/latencypredictorclient/):
 
 - **Coalescing.** ``predict_async`` calls made within ``coalesce_window_s`` (1 ms) of the
@@ -19,8 +19,8 @@ https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/re
   as ``POST /add_training_data_bulk`` bodies of at most ``max_flush_samples``.
 
 ``ready`` is true while the last successful prediction is at most ``ready_window_s`` old.
-Use it for metrics; keep calling ``predict_async`` (it is how the client finds out the
-servers are back). Call :meth:`RemotePredictor.start` at startup and
+Use it for metrics; keep calling ``predict_async`` (the producer does: it is how the client
+finds out the servers are back). Call :meth:`RemotePredictor.start` at startup and
 :meth:`RemotePredictor.close` at shutdown, on the event loop.
 """
 
@@ -41,7 +41,7 @@ import orjson
 from sluicegate.clock import Clock, MonotonicClock
 from sluicegate.latency.calibration import LatencyCalibration
 from sluicegate.latency.features import FeatureRow, Sample
-from sluicegate.latency.predictor import Predictions
+from sluicegate.latency.predictor import PredictionQuery, Predictions
 from sluicegate.latency.wire import sample_to_json
 
 log = logging.getLogger("sluicegate.latency")
@@ -174,6 +174,9 @@ class RemotePredictor:
 
     # ------------------------------------------------------------------ predicting
 
+    needs_io = True
+    """Predictions are HTTP calls: the producer awaits :meth:`predict_query_async`."""
+
     @property
     def ready(self) -> bool:
         """A prediction succeeded within the last ``ready_window_s``."""
@@ -198,6 +201,14 @@ class RemotePredictor:
             return await future
         finally:
             deadline.cancel()
+
+    async def predict_query_async(self, query: PredictionQuery) -> Predictions | None:
+        """:meth:`predict_async` of the query's rows (the producer's call)."""
+        return await self.predict_async(query.rows)
+
+    def predict_query(self, query: PredictionQuery) -> Predictions | None:
+        """None: the servers cannot be asked without awaiting (see ``needs_io``)."""
+        return None
 
     def _expire(self, future: asyncio.Future[Predictions | None]) -> None:
         if not future.done():

@@ -30,6 +30,7 @@ from sluicegate.latency.client import RemotePredictor, RemoteSettings
 from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings
 from sluicegate.latency.metrics import PredictorCollector, RemotePredictorCollector
 from sluicegate.latency.model import TrainConfig
+from sluicegate.latency.predictor import LatencyPredictor
 from sluicegate.latency.trace import load_trace
 
 log = logging.getLogger("sluicegate.latency")
@@ -105,8 +106,8 @@ class PredictorHost:
         self._trainer: asyncio.Task[None] | None = None
 
     @property
-    def service(self) -> InProcessPredictor | RemotePredictor:
-        """What the plugins call."""
+    def service(self) -> LatencyPredictor:
+        """What the plugins call (the ``predicted-latency-producer``)."""
         service = self.local or self.remote
         assert service is not None
         return service

@@ -36,7 +36,7 @@ from sluicegate.clock import Clock
 from sluicegate.latency.calibration import LatencyCalibration
 from sluicegate.latency.features import FeatureRow, Sample, feature_matrix
 from sluicegate.latency.model import ModelBundle, TrainConfig, TrainingData, train_bundle
-from sluicegate.latency.predictor import Predictions
+from sluicegate.latency.predictor import PredictionQuery, Predictions, SynchronousPredictor
 from sluicegate.latency.store import SampleStore, StoreConfig
 
 log = logging.getLogger("sluicegate.latency")
@@ -68,7 +68,7 @@ class PredictorSettings:
             raise ValueError(f"min_samples must be at least 1, got {self.min_samples}")
 
 
-class InProcessPredictor:
+class InProcessPredictor(SynchronousPredictor):
     """TTFT/TPOT models trained on the gateway's own traffic.
 
     Metrics (plain attributes, read by the gateway's metrics module): ``trainings``,
@@ -140,6 +140,10 @@ class InProcessPredictor:
         out = bundle.predict(feature_matrix(rows))
         self._count(len(rows), timer, started)
         return out
+
+    def predict_query(self, query: PredictionQuery) -> Predictions | None:
+        """:meth:`predict` of the query's rows (the producer's call)."""
+        return self.predict(query.rows)
 
     def predict_using(self, bundle: ModelBundle, x: np.ndarray) -> Predictions:
         """Predictions of ``bundle`` (the one in use, read once by the caller) for a

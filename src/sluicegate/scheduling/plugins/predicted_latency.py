@@ -5,8 +5,10 @@ the gateway's view of the endpoint (KV use, waiting and running requests, in-fli
 prefill and decode tokens, requests dispatched since the last scrape, how long ago it
 last produced a token and its last iteration interval), the request's
 prompt tokens and expected output, and its prefix-cache score; the latency predictor is
-the host's ``latency-predictor`` service (in-process XGBoost models, remote prediction
-servers, or the simulator's oracle). One batched prediction covers all candidates.
+the host's ``latency-predictor`` service, a :class:`~sluicegate.latency.predictor.
+LatencyPredictor` (in-process XGBoost models, remote prediction servers, or the benchmark
+lab's oracle). One batched prediction covers all candidates: asked while scheduling, or —
+when it needs I/O (remote servers) — awaited once per request before scheduling.
 
 Output per endpoint (llm-d-router's ``validatePrediction``,
 https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/requestcontrol/dataproducer/predictedlatency/prediction.go):
@@ -31,9 +33,8 @@ latency stands in for TTFT (the reference's semantics).
 Parameters (reference names and defaults): ``sloBufferFactor`` (1.0), ``streamingMode``
 (true — the reference defaults to false; sluicegate sees each request's ``stream`` flag
 and learns TTFT/TPOT from streaming requests only), ``predictInProduce`` (true; false =
-train only); ``contextTTL`` ("5m"), ``endpointRoleLabel`` (""), ``samplingMean``,
-``maxDecodeTokenSamplesForPrediction``, ``prefixMatchInfoProducerName`` and
-``inFlightLoadProducerName`` are accepted for compatibility and unused.
+train only); six more are compatibility-only (:class:`PredictedLatencyProducer.
+Parameters` lists them and says why).
 
 Opting out: a request with ``x-prediction-based-scheduling: false`` (or, without the
 header, when ``latencyPredictor.predictionBasedSchedulingDefault`` is false) gets no
@@ -82,12 +83,7 @@ from sluicegate.latency.features import (
     Sample,
     token_timing,
 )
-from sluicegate.latency.predictor import (
-    LatencyPredictor,
-    Predictions,
-    RemoteLatencyPredictor,
-    RequestAwarePredictor,
-)
+from sluicegate.latency.predictor import LatencyPredictor, PredictionQuery, Predictions
 
 _ROWS: StateKey[dict[str, FeatureRow]] = StateKey("latency-feature-rows")
 _CHOSEN: StateKey[tuple[str, FeatureRow]] = StateKey("latency-chosen-row")
@@ -142,11 +138,20 @@ class PredictedLatencyProducer(
     requires = (PREFIX_PRODUCER_TYPE,)
 
     class Parameters(PluginParameters):
+        """``sloBufferFactor``, ``streamingMode`` and ``predictInProduce`` (module
+        docstring), then the compatibility-only ones: ``contextTTL``,
+        ``endpointRoleLabel``, ``samplingMean``, ``maxDecodeTokenSamplesForPrediction``,
+        ``prefixMatchInfoProducerName`` and ``inFlightLoadProducerName`` are validated and
+        never read, so that configurations written for the reference (llm-d-router's
+        producer) load unchanged. A request's context lives in its cycle state and ends
+        with it (no TTL); there are no prefill/decode roles; TPOT is predicted per request,
+        not sampled; the prefix and in-flight data come from this gateway's own producers,
+        not from named ones."""
+
         slo_buffer_factor: float = Field(1.0, gt=0.0)
         streaming_mode: bool = True
         predict_in_produce: bool = True
-        # Accepted for compatibility and unused: per-request context lives in the
-        # request's cycle state, which ends with the request; there are no P/D roles.
+        # Compatibility-only (see the docstring): accepted, never read.
         context_ttl: Seconds = Field(300.0, alias="contextTTL")
         endpoint_role_label: str = ""
         sampling_mean: float = 1000.0
@@ -161,27 +166,18 @@ class PredictedLatencyProducer(
     ) -> None:
         super().__init__(name, context, params)
         service = context.services.get(PREDICTOR_SERVICE)
-        self.predictor: LatencyPredictor | None = None
-        self.remote: RemoteLatencyPredictor | None = None
-        self.oracle: RequestAwarePredictor | None = None
-        # Which kind of predictor the host provides decides how predictions are made.
-        if hasattr(service, "predict_request"):
-            self.oracle = service  # type: ignore[assignment]
-        elif hasattr(service, "predict_async"):
-            self.remote = service  # type: ignore[assignment]
-        elif service is not None:
-            self.predictor = service  # type: ignore[assignment]
+        if service is not None and not isinstance(service, LatencyPredictor):
+            raise TypeError(
+                f"the {PREDICTOR_SERVICE!r} service ({type(service).__name__}) is not a "
+                "LatencyPredictor (sluicegate.latency.predictor)"
+            )
+        self.predictor: LatencyPredictor | None = service
+        """None: the host provides none, and every request is an ``unavailable`` fallback."""
         self.calibration: LatencyCalibration | None = (
-            self.predictor.calibration
-            if self.predictor is not None
-            else self.remote.calibration
-            if self.remote is not None
-            else None
+            service.calibration if service is not None else None
         )
         self._tpot_slos: dict[str, Counter[float]] = {}
         """TPOT SLOs (ms) of the requests running on each endpoint."""
-        self.fallbacks = 0
-        """Requests scheduled without predictions (models warming up, predictor down)."""
 
     # ------------------------------------------------------------------ prediction
 
@@ -194,15 +190,18 @@ class PredictedLatencyProducer(
 
     @property
     def fetches(self) -> bool:
-        # Only remote predictions need I/O; an in-process predictor is asked in produce(),
+        # Only a predictor that needs I/O is asked here; any other is asked in produce(),
         # once per request rather than once more in a prefetch pass.
-        return self.remote is not None and self.params.predict_in_produce
+        predictor = self.predictor
+        return predictor is not None and predictor.needs_io and self.params.predict_in_produce
 
     async def prefetch(
         self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
     ) -> None:
+        predictor = self.predictor
         if (
-            self.remote is None
+            predictor is None
+            or not predictor.needs_io
             or not self.params.predict_in_produce
             or not request.prediction_based
         ):
@@ -210,7 +209,8 @@ class PredictedLatencyProducer(
         rows = self._rows(request, state, endpoints)
         clock = self.context.clock
         started = clock.now()
-        predictions = await self.remote.predict_async(list(rows.values()))
+        query = PredictionQuery(request, endpoints, list(rows.values()))
+        predictions = await predictor.predict_query_async(query)
         state.put(_PREFETCHED, (rows, predictions, clock.now() - started))
 
     def produce(
@@ -228,43 +228,43 @@ class PredictedLatencyProducer(
             # Neither a prediction nor a fallback: the request asked for the heuristics.
             state.put(PREDICTION_OUTCOME, PredictionOutcome("opted-out"))
             return
-        clock = self.context.clock
-        started = clock.now()
-        fetched_in: float | None = None
-        if self.oracle is not None:
-            predictions = self.oracle.predict_request(request, endpoints, list(rows.values()))
+        predictor = self.predictor
+        predictions: Predictions | None = None
+        status: PredictionStatus = "unavailable"
+        duration = 0.0
+        if predictor is None or predictor.needs_io:
+            predictions, duration = self._prefetched(state, rows)
+        elif not predictor.ready:
+            status = "warming-up"
         else:
-            predictions, fetched_in = self._predict(state, rows)
-        duration = clock.now() - started if fetched_in is None else fetched_in
+            clock = self.context.clock
+            started = clock.now()
+            predictions = predictor.predict_query(
+                PredictionQuery(request, endpoints, list(rows.values()))
+            )
+            duration = clock.now() - started
         if predictions is None:
-            self.fallbacks += 1
-            warming = self.predictor is not None and not self.predictor.ready
-            status: PredictionStatus = "warming-up" if warming else "unavailable"
             state.put(PREDICTION_OUTCOME, PredictionOutcome(status))
             return
         calibration = self.calibration
         scales = (calibration.ttft.scale, calibration.tpot.scale) if calibration else (1.0, 1.0)
         by_endpoint = self._with_headroom(request, endpoints, predictions, scales)
         if not by_endpoint:  # nothing finite came back
-            self.fallbacks += 1
             state.put(PREDICTION_OUTCOME, PredictionOutcome("unavailable"))
             return
         state.put(PREDICTIONS, by_endpoint)
         state.put(_SCALES, scales)
         state.put(PREDICTION_OUTCOME, PredictionOutcome("predicted", duration))
 
-    def _predict(
-        self, state: CycleState, rows: dict[str, FeatureRow]
-    ) -> tuple[Predictions | None, float | None]:
-        """The predictions for ``rows`` and, for prefetched ones, how long the remote call
-        took (None: measure the local call)."""
-        if self.predictor is not None:
-            if not self.predictor.ready:
-                return None, None
-            return self.predictor.predict(list(rows.values())), None
+    @staticmethod
+    def _prefetched(
+        state: CycleState, rows: dict[str, FeatureRow]
+    ) -> tuple[Predictions | None, float]:
+        """The prefetched predictions for ``rows`` (None: none, or not for all of them)
+        and how long the call took (s)."""
         prefetched = state.get(_PREFETCHED)
         if prefetched is None:
-            return None, None
+            return None, 0.0
         fetched_rows, fetched, duration = prefetched
         if fetched is None:
             return None, duration
@@ -347,9 +347,8 @@ class PredictedLatencyProducer(
             return
         if self.calibration is not None:
             self._calibrate(self.calibration, state, chosen[0], sample.ttft_ms, sample.tpot_ms)
-        for sink in (self.predictor, self.remote, self.oracle):
-            if sink is not None:
-                sink.observe(sample)
+        if self.predictor is not None:
+            self.predictor.observe(sample)
 
     @staticmethod
     def _calibrate(
