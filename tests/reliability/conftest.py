@@ -92,7 +92,7 @@ async def served(tmp_path: Path) -> AsyncIterator[ServeFactory]:
         children.append(child)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            found = next((m for line in out if (m := _LISTENING.search(line))), None)
+            found = next((m for line in out + child.log if (m := _LISTENING.search(line))), None)
             if found:
                 child.port = int(found.group(1))
                 return child
