@@ -559,10 +559,42 @@ HARDENED: list[Case] = [
     ),
 ]
 
-GOOD_BUT_UNUSUAL: list[tuple[str, bytes, int, bool]] = [
-    # (id, bytes, status, head_only): accepted inputs that must be answered normally
-    ("encoding/gzip-body", _post(GZIP_OK, ("Content-Encoding", "gzip")), 200, False),
-    ("encoding/deflate-body", _post(DEFLATE_OK, ("Content-Encoding", "deflate")), 200, False),
-    ("route/head-health", request("HEAD", "/health", auth=False), 200, True),
+
+@dataclass(frozen=True, slots=True)
+class Valid:
+    """An input that looks odd but is valid: it must be served (a check that the refusals
+    above do not over-reach)."""
+
+    id: str
+    data: bytes
+    head_only: bool = False
+    pause_s: float = 0.0
+    """Pause between the two halves of ``data`` (a request split across reads)."""
+
+
+VALID: list[Valid] = [
+    Valid("http10-without-host", b"GET /health HTTP/1.0\r\n\r\n"),
+    Valid("split-across-reads", GOOD, pause_s=0.1),
+    Valid(
+        "chunked-body",
+        _head_with(b"Transfer-Encoding: chunked") + _chunked(OK_JSON[:9], OK_JSON[9:]),
+    ),
+    Valid(
+        "expect-100-continue",
+        _head_with(b"Content-Length: %d" % len(OK_JSON), b"Expect: 100-continue") + OK_JSON,
+    ),
+    Valid(
+        "lower-case-bearer",
+        request(body=OK_JSON, auth=False, headers=[("Authorization", "bearer " + AUTH[7:])]),
+    ),
+    Valid("no-content-type", _head_with(b"Content-Length: %d" % len(OK_JSON)) + OK_JSON),
+    Valid("identity-encoding", _post(OK_JSON, ("Content-Encoding", "identity"))),
+    Valid("max-tokens-as-string", _post(_json({**good_body(), "max_tokens": "2"}))),
 ]
-"""Issue 14 too: inputs that look odd but are valid and must succeed."""
+
+VALID_HARDENED: list[Valid] = [
+    Valid("gzip-body", _post(GZIP_OK, ("Content-Encoding", "gzip"))),
+    Valid("deflate-body", _post(DEFLATE_OK, ("Content-Encoding", "deflate"))),
+    Valid("head-health", request("HEAD", "/health", auth=False), head_only=True),
+]
+"""Issue 14: compressed bodies are inflated; HEAD is GET without the body."""

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from cases import CURRENT, GOOD_BUT_UNUSUAL, HARDENED, Case
+from cases import CURRENT, HARDENED, VALID, VALID_HARDENED, Case, Valid
 from support import (
     BASE,
     GOOD,
@@ -89,24 +89,28 @@ async def test_bad_input_hardened(port: int, case: Case) -> None:
     await run_case(case, port)
 
 
-@pytest.mark.parametrize(
-    ("data", "status", "head_only"),
-    [(d, s, h) for _, d, s, h in GOOD_BUT_UNUSUAL],
-    ids=[i for i, *_ in GOOD_BUT_UNUSUAL],
-)
-async def test_unusual_but_valid_input(
-    port: int, data: bytes, status: int, head_only: bool
-) -> None:
-    """Issue 14: compressed bodies are inflated; HEAD is GET without the body."""
-    ex = await send_raw(port, data, head_only=head_only, close_wait_s=0.3)
+async def serve_valid(row: Valid, port: int) -> None:
+    ex = await send_raw(
+        port, row.data, head_only=row.head_only, close_wait_s=0.05, pause_s=row.pause_s
+    )
     try:
-        assert [a.status for a in ex.answers] == [status], [a.body[:200] for a in ex.answers]
-        if head_only:
-            assert not ex.closed
-            ex.writer.write(GOOD)  # nothing stray followed the head: the next answer parses
+        assert [a.status for a in ex.answers] == [200], [a.body[:200] for a in ex.answers]
+        if not ex.closed:  # nothing stray followed the answer: the next one parses
+            ex.writer.write(GOOD)
             assert (await read_answer(ex.reader)).status == 200
     finally:
         close_quietly(ex.writer)
+
+
+@pytest.mark.parametrize("row", VALID, ids=[r.id for r in VALID])
+async def test_valid_input(port: int, row: Valid) -> None:
+    await serve_valid(row, port)
+
+
+@pytest.mark.parametrize("row", VALID_HARDENED, ids=[r.id for r in VALID_HARDENED])
+async def test_valid_input_hardened(port: int, row: Valid) -> None:
+    """Issue 14."""
+    await serve_valid(row, port)
 
 
 async def test_every_refusal_is_an_openai_error(port: int) -> None:

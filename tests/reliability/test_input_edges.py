@@ -18,6 +18,8 @@ from support import (
     GOOD,
     IDLE_TIMEOUT_S,
     S_API_KEYS,
+    S_MAX_BODY,
+    S_MAX_BUFFERED,
     S_MAX_CONNECTIONS,
     S_TRUST_CONTROL,
     RecordingUpstream,
@@ -169,6 +171,38 @@ async def test_over_the_connection_cap_is_503_with_retry_after(
             close_quietly(writer)
     await asyncio.sleep(0.1)
     await good_request_succeeds(gw.port)
+
+
+async def test_over_the_body_buffer_cap_is_503_with_retry_after(
+    sim_cluster: Any, relgw: GatewayFactory
+) -> None:
+    """Issue 14: bodies being received count against maxBufferedBodyBytes across all
+    connections; a body that would pass it gets 503 + Retry-After; the first one, once
+    complete, is served."""
+    limit = 200 * 1024
+    gw = await relgw(
+        (await sim_cluster(replicas=1)).urls,
+        {S_MAX_BODY: limit, S_MAX_BUFFERED: 256 * 1024},
+    )
+    prompt = "p" * (limit - 200)
+    body = orjson.dumps({**good_body(), "prompt": prompt})
+    assert len(body) <= limit
+    data = request(body=body)
+    split = len(data) - 40 * 1024  # all but the last 40 KiB: ~160 KiB buffered each
+    first_r, first_w = await asyncio.open_connection("127.0.0.1", gw.port)
+    try:
+        first_w.write(data[:split])
+        await first_w.drain()
+        await asyncio.sleep(0.1)
+        ex = await send_raw(gw.port, data[:split], timeout_s=2.0)
+        close_quietly(ex.writer)
+        assert [a.status for a in ex.answers] == [503]
+        assert int(ex.answers[0].headers["retry-after"]) >= 1
+        first_w.write(data[split:])
+        answer = await read_answer(first_r)
+        assert answer.status == 200, answer.body
+    finally:
+        close_quietly(first_w)
 
 
 @pytest.mark.parametrize(
