@@ -452,6 +452,7 @@ class GatewayProcess:
     """The configuration file it reads (rewrite it, then :meth:`reload`)."""
     log: list[str] = field(default_factory=list)
     """Lines of the child's stderr so far (read by a background thread)."""
+    readers: list[threading.Thread] = field(default_factory=list)
 
     def rss_bytes(self) -> int:
         """Resident set size of the gateway process, from /proc (bytes)."""
@@ -471,6 +472,11 @@ class GatewayProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+        for reader in self.readers:
+            reader.join(2)  # they end at the pipes' end of file, now that it exited
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
 
 
 def serve_command(config: Path, *extra: str) -> list[str]:
@@ -494,7 +500,9 @@ def spawn_gateway(config: Path, *extra: str) -> tuple[GatewayProcess, list[str]]
     out: list[str] = []
     child = GatewayProcess(proc, 0, config)
     for stream, sink in ((proc.stdout, out), (proc.stderr, child.log)):
-        threading.Thread(target=_pump, args=(stream, sink), daemon=True).start()
+        reader = threading.Thread(target=_pump, args=(stream, sink), daemon=True)
+        reader.start()
+        child.readers.append(reader)
     return child, out
 
 
