@@ -518,8 +518,8 @@ HARDENED: list[Case] = [
         r"depth|nest",
     ),
     Case(
-        "json/nested-300-rewritten-model",
-        _post(_completion_nested(300, model="alias")),
+        "json/nested-255-rewritten-model",
+        _post(_completion_nested(255, model="alias")),
         400,
         r"depth|nest",
     ),
@@ -590,6 +590,8 @@ VALID: list[Valid] = [
     Valid("no-content-type", _head_with(b"Content-Length: %d" % len(OK_JSON)) + OK_JSON),
     Valid("identity-encoding", _post(OK_JSON, ("Content-Encoding", "identity"))),
     Valid("max-tokens-as-string", _post(_json({**good_body(), "max_tokens": "2"}))),
+    Valid("nested-100-chat", request("POST", _NESTED_CHAT_PATH, _chat_nested(100))),
+    Valid("nested-100-rewritten-model", _post(_completion_nested(100, model="alias"))),
 ]
 
 VALID_HARDENED: list[Valid] = [

@@ -68,14 +68,13 @@ OUTLIER_SETTINGS: dict[str, Any] = {
 }
 """``outlierDetection`` for the fault tests: ejected after 3 failures in a row, back after
 0.4 s (Envoy's outlier detection fields, in the project's camelCase with ms)."""
-EJECT_WITHIN = OUTLIER_SETTINGS["consecutive5xx"]
-"""Failed requests an endpoint may cause before it must be ejected."""
 
 # Metrics the gateway exports.
 M_RUNNING = "inference_objective_running_requests"
 M_ENDPOINT_INFLIGHT = "sluicegate_endpoint_inflight_requests"
 M_EJECTIONS = "sluicegate_endpoint_ejections_total"
 M_EJECTED = "sluicegate_endpoints_ejected"
+M_RETRIES = "sluicegate_upstream_retries_total"
 INFLIGHT_METRICS = (M_RUNNING, M_ENDPOINT_INFLIGHT)
 
 # Command line of ``sluicegate serve``.
