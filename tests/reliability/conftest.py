@@ -4,36 +4,25 @@ in this process or in a child process."""
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import pytest
 from support import (
     API_KEY,
     F_API_KEY_FILE,
+    LISTENING,
+    GatewayFactory,
     GatewayProcess,
+    ServeFactory,
     spawn_gateway,
     start_gateway,
     write_config,
 )
 
 from sluicegate.gateway.app import Gateway
-
-
-class GatewayFactory(Protocol):
-    async def __call__(
-        self,
-        urls: Sequence[str],
-        settings: dict[str, Any] | None = None,
-        docs: Sequence[dict[str, Any]] = (),
-        *,
-        keys: bool = True,
-        access_log: bool = False,
-        scrape: bool = True,
-    ) -> Gateway: ...
 
 
 @pytest.fixture
@@ -61,15 +50,6 @@ async def relgw() -> AsyncIterator[GatewayFactory]:
         await gw.stop()
 
 
-_LISTENING = re.compile(r"listening on \S*http://127\.0\.0\.1:(\d+)")
-
-
-class ServeFactory(Protocol):
-    async def __call__(
-        self, docs: Sequence[dict[str, Any]], *extra: str, key_file: bool = False
-    ) -> GatewayProcess: ...
-
-
 @pytest.fixture
 async def served(tmp_path: Path) -> AsyncIterator[ServeFactory]:
     """Factory: ``sluicegate serve --config FILE`` in a child process on a free port (with
@@ -92,7 +72,7 @@ async def served(tmp_path: Path) -> AsyncIterator[ServeFactory]:
         children.append(child)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            found = next((m for line in out + child.log if (m := _LISTENING.search(line))), None)
+            found = next((m for line in out + child.log if (m := LISTENING.search(line))), None)
             if found:
                 child.port = int(found.group(1))
                 return child

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 import yaml
@@ -81,6 +81,11 @@ INFLIGHT_METRICS = (M_RUNNING, M_ENDPOINT_INFLIGHT)
 F_API_KEY_FILE = "--api-key-file"
 F_ALLOW_EMPTY_CONFIG = "--allow-empty-config"
 
+LISTENING = re.compile(r"listening on \S*http://127\.0\.0\.1:(\d+)")
+"""How ``serve`` announces its address (the port it bound for ``--port 0``)."""
+NOT_APPLIED = "not applied"
+"""What the gateway logs when a reload is refused and the running configuration kept."""
+
 IDLE_TIMEOUT_S = 0.8
 """The gateway's idle (and slow-head) timeout in these tests, instead of 75 s."""
 SMALL_BODY_LIMIT = 64 * 1024
@@ -132,6 +137,29 @@ def write_config(path: Path, docs: Sequence[dict[str, Any]]) -> None:
 
 
 # ---------------------------------------------------------------------------- gateways
+
+
+class GatewayFactory(Protocol):
+    """The ``relgw`` fixture: :func:`start_gateway`, stopped at the test's end."""
+
+    async def __call__(
+        self,
+        urls: Sequence[str],
+        settings: dict[str, Any] | None = None,
+        docs: Sequence[dict[str, Any]] = (),
+        *,
+        keys: bool = True,
+        access_log: bool = False,
+        scrape: bool = True,
+    ) -> Gateway: ...
+
+
+class ServeFactory(Protocol):
+    """The ``served`` fixture: ``sluicegate serve`` as a child process."""
+
+    async def __call__(
+        self, docs: Sequence[dict[str, Any]], *extra: str, key_file: bool = False
+    ) -> GatewayProcess: ...
 
 
 def _quick_idle_server(*args: Any, **kwargs: Any) -> HttpServer:

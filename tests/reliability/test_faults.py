@@ -31,12 +31,12 @@ from support import (
     S_MAX_RETRIES,
     S_OUTLIER,
     S_REQUEST_TIMEOUT,
+    GatewayFactory,
     assert_inflight_zero,
     child_env,
     samples,
 )
 
-from conftest import GatewayFactory
 from sluicegate.gateway.app import Gateway
 from sluicegate.sim.faults import Faults
 from sluicegate.sim.server import SimCluster

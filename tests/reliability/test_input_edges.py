@@ -23,6 +23,7 @@ from support import (
     S_MAX_BUFFERED,
     S_MAX_CONNECTIONS,
     S_TRUST_CONTROL,
+    GatewayFactory,
     RecordingUpstream,
     child_env,
     close_quietly,
@@ -37,7 +38,6 @@ from support import (
     send_raw,
 )
 
-from conftest import GatewayFactory
 from sluicegate.api.loader import ConfigError, build_config
 
 HUGE = 10**23

@@ -18,7 +18,9 @@ from support import (
     AUTH,
     BASE,
     F_ALLOW_EMPTY_CONFIG,
+    NOT_APPLIED,
     GatewayProcess,
+    ServeFactory,
     close_quietly,
     fast_settings,
     gateway_doc,
@@ -27,7 +29,6 @@ from support import (
     pool_doc,
 )
 
-from conftest import ServeFactory
 from sluicegate.sim.server import SimCluster
 
 STALLED_CLIENTS = 20
@@ -38,8 +39,6 @@ SEND_FOR_S = 3.0
 RSS_GROWTH_BOUND = 64 * 1024 * 1024
 """Most the gateway's RSS may grow while 20 unauthenticated 15 MiB uploads stall
 (bytes): the documented bound (docs/reliability.md)."""
-NOT_APPLIED = "not applied"
-"""What the gateway logs when it keeps the running configuration."""
 
 
 async def _status(http: aiohttp.ClientSession, port: int, model: str, key: bool = True) -> int:
