@@ -83,12 +83,6 @@ async def test_bad_input(port: int, case: Case) -> None:
     await run_case(case, port)
 
 
-@pytest.mark.parametrize("case", HARDENED, ids=[c.id for c in HARDENED])
-async def test_bad_input_hardened(port: int, case: Case) -> None:
-    """Issue 14."""
-    await run_case(case, port)
-
-
 async def serve_valid(row: Valid, port: int) -> None:
     ex = await send_raw(
         port, row.data, head_only=row.head_only, close_wait_s=0.05, pause_s=row.pause_s
@@ -105,6 +99,16 @@ async def serve_valid(row: Valid, port: int) -> None:
 @pytest.mark.parametrize("row", VALID, ids=[r.id for r in VALID])
 async def test_valid_input(port: int, row: Valid) -> None:
     await serve_valid(row, port)
+
+
+# ---------------------------------------------------------------------------- issue 14
+# The hardening work's promises: these fail until its branches are merged.
+
+
+@pytest.mark.parametrize("case", HARDENED, ids=[c.id for c in HARDENED])
+async def test_bad_input_hardened(port: int, case: Case) -> None:
+    """Issue 14."""
+    await run_case(case, port)
 
 
 @pytest.mark.parametrize("row", VALID_HARDENED, ids=[r.id for r in VALID_HARDENED])

@@ -103,6 +103,24 @@ async def test_a_huge_max_tokens_reaches_the_server_exactly(relgw: GatewayFactor
     await _huge_max_tokens(relgw, BASE)
 
 
+async def test_a_client_rewrite_header_is_not_forwarded(relgw: GatewayFactory) -> None:
+    upstream = RecordingUpstream()
+    await upstream.start()
+    try:
+        gw = await relgw([upstream.url])
+        data = request(body=good_body(), headers=[(REWRITE_HEADER, BASE)])
+        ex = await send_raw(gw.port, data, close_wait_s=0.0)
+        close_quietly(ex.writer)
+        assert [a.status for a in ex.answers] == [200]
+        assert REWRITE_HEADER not in upstream.headers[-1]
+    finally:
+        await upstream.stop()
+
+
+# ---------------------------------------------------------------------------- issue 14
+# The hardening work's promises: these fail until its branches are merged.
+
+
 async def test_a_huge_max_tokens_survives_a_model_rewrite(relgw: GatewayFactory) -> None:
     """Issue 14: a rewritten model name re-encodes the body; the integer must not turn
     into a float on the way."""
@@ -129,20 +147,6 @@ async def test_a_non_utf8_request_id_is_answered_and_logged(
     assert len(access) == 2, [r.getMessage() for r in caplog.records]
     assert orjson.loads(access[0].getMessage())["status"] == 200
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
-
-
-async def test_a_client_rewrite_header_is_not_forwarded(relgw: GatewayFactory) -> None:
-    upstream = RecordingUpstream()
-    await upstream.start()
-    try:
-        gw = await relgw([upstream.url])
-        data = request(body=good_body(), headers=[(REWRITE_HEADER, BASE)])
-        ex = await send_raw(gw.port, data, close_wait_s=0.0)
-        close_quietly(ex.writer)
-        assert [a.status for a in ex.answers] == [200]
-        assert REWRITE_HEADER not in upstream.headers[-1]
-    finally:
-        await upstream.stop()
 
 
 async def test_a_client_rewrite_header_without_trust_is_ignored(
