@@ -83,8 +83,9 @@ F_ALLOW_EMPTY_CONFIG = "--allow-empty-config"
 
 LISTENING = re.compile(r"listening on \S*http://127\.0\.0\.1:(\d+)")
 """How ``serve`` announces its address (the port it bound for ``--port 0``)."""
-NOT_APPLIED = "not applied"
-"""What the gateway logs when a reload is refused and the running configuration kept."""
+
+RELOAD_LOGGED = "configuration"
+"""A word of every line the gateway logs about a reload (applied, or refused)."""
 
 IDLE_TIMEOUT_S = 0.8
 """The gateway's idle (and slow-head) timeout in these tests, instead of 75 s."""
@@ -183,6 +184,7 @@ async def start_gateway(
     spec = fast_settings(**({S_API_KEYS: [API_KEY]} if keys else {}), **(settings or {}))
     config = build_config([pool_doc(urls), gateway_doc(**spec), *docs])
     gw = Gateway(config, GatewayOptions(RuntimeOptions(), access_log=access_log))
+    # The gateway module builds its HttpServer by this name; if that changes, so must this.
     original = gateway_app.HttpServer
     gateway_app.HttpServer = _quick_idle_server  # type: ignore[misc]
     try:
