@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -224,3 +225,51 @@ async def test_allow_empty_config_applies_an_empty_reload(
         while await _status(http, gw.port, BASE, key=False) == 200:
             assert time.monotonic() < deadline, "the empty configuration was not applied"
             await asyncio.sleep(0.05)
+
+
+def _bomb(inflated_mib: int) -> bytes:
+    """A gzip body that inflates to ``inflated_mib`` MiB of one JSON string."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # wbits 31: the gzip format
+    parts = [packer.compress(b'{"model": "%s", "prompt": "' % BASE.encode())]
+    block = b"a" * (1 << 20)
+    parts += [packer.compress(block) for _ in range(inflated_mib)]
+    parts += [packer.compress(b'"}'), packer.flush()]
+    return b"".join(parts)
+
+
+async def test_a_zip_bomb_costs_bounded_memory(sim_cluster: Any, served: ServeFactory) -> None:
+    """Issue 14: 256 MiB of JSON in ~255 KiB of gzip (far under maxBodyBytes on the wire)
+    is a 413, and inflating it costs the gateway less than RSS_GROWTH_BOUND of memory: it
+    stops at maxBodyBytes of output."""
+    cluster: SimCluster = await sim_cluster(replicas=1)
+    gw = await served([pool_doc(cluster.urls), gateway_doc(**fast_settings())])
+    bomb = await asyncio.to_thread(_bomb, 256)
+    async with aiohttp.ClientSession() as http:
+        await _until_served(http, gw.port, BASE, key=False)
+        for _ in range(10):
+            assert await _status(http, gw.port, BASE, key=False) == 200
+        baseline = peak = gw.rss_bytes()
+        answered = asyncio.Event()
+
+        async def watch() -> None:
+            nonlocal peak
+            while not answered.is_set():
+                peak = max(peak, gw.rss_bytes())
+                await asyncio.sleep(0.01)
+
+        watcher = asyncio.create_task(watch())
+        headers = {"content-encoding": "gzip", "content-type": "application/json"}
+        try:
+            async with http.post(
+                f"http://127.0.0.1:{gw.port}/v1/completions", data=bomb, headers=headers
+            ) as r:
+                status = r.status
+                await r.read()
+        finally:
+            answered.set()
+            await watcher
+        peak = max(peak, gw.rss_bytes())
+        assert status == 413
+        growth = peak - baseline
+        assert growth <= RSS_GROWTH_BOUND, f"RSS grew {growth / 2**20:.1f} MiB"
+        assert await _status(http, gw.port, BASE, key=False) == 200
