@@ -1,10 +1,12 @@
 """The catalogue of bad inputs, as data: what is sent (raw bytes) and what the client must see.
 
-Two tables: :data:`CURRENT` holds what the gateway already does; :data:`HARDENED` what
+Refusals: :data:`CURRENT` holds what the gateway already does, :data:`HARDENED` what
 issue 14 (hardening) adds. ``test_bad_input.py`` runs every row the same way: send the
 bytes on a new connection, expect ``before`` pipelined answers of 200, then ``status``
 with an error message matching ``names`` (a case-insensitive regex), the connection closed
-if ``closes``, and a good request served afterwards. docs/reliability.md lists each row.
+if ``closes``, and a good request served afterwards. :data:`VALID` and
+:data:`VALID_HARDENED` are odd but valid inputs that must be served. docs/reliability.md
+lists every row (``test_catalogue.py`` checks it does).
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ class Case:
     """Good requests pipelined ahead of the bad one, each answered 200 first, in order."""
     closes: bool = False
     """The connection must be closed after the answer (its input cannot be trusted)."""
-    head_only: bool = False
     settings: dict[str, Any] = field(default_factory=dict)
     """Extra GatewayConfig spec fields for this case's gateway."""
     wait_s: float = 3.0

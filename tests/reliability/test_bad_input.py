@@ -57,7 +57,6 @@ async def check(case: Case, port: int) -> None:
         port,
         case.data,
         answers=case.before + 1,
-        head_only=case.head_only,
         # A closing connection closes at once; an open one must not idle into the timeout.
         close_wait_s=1.0 if case.closes else 0.05,
         timeout_s=case.wait_s,
