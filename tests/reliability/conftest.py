@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+import uvloop
 from support import (
     API_KEY,
     F_API_KEY_FILE,
@@ -87,3 +88,13 @@ async def served(tmp_path: Path) -> AsyncIterator[ServeFactory]:
     yield make
     for child in children:
         await asyncio.to_thread(child.stop)
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]] | None:
+    """The bad-input catalogue runs on asyncio's loop and on uvloop (the one ``serve``
+    runs on): transports differ in how they close and pause."""
+    if item.path.name == "test_bad_input.py":
+        return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+    return None
