@@ -92,9 +92,9 @@ async def served(tmp_path: Path) -> AsyncIterator[ServeFactory]:
 
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
-) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]] | None:
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
     """The bad-input catalogue runs on asyncio's loop and on uvloop (the one ``serve``
     runs on): transports differ in how they close and pause."""
     if item.path.name == "test_bad_input.py":
         return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
-    return None
+    return {"asyncio": asyncio.new_event_loop}
