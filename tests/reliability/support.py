@@ -38,6 +38,8 @@ from sluicegate.sim.server import ReplicaOptions, SimCluster
 
 BASE = "tiny-llama"
 """The model every simulated replica serves (the ``tiny`` profile)."""
+OTHER_MODEL = "tiny-llama-b"
+"""A second model the recording upstream lists (a target a rewrite can choose)."""
 API_KEY = "rel-suite-key-0123456789"
 """A valid key (API keys must be at least 16 characters)."""
 SECOND_KEY = "rel-suite-key-trusted-98765"
@@ -416,7 +418,8 @@ def assert_inflight_zero(text: str) -> None:
 
 class RecordingUpstream:
     """A model server that answers every completion and keeps the raw bodies and headers
-    it received (to check what the gateway forwarded, byte for byte)."""
+    it received (to check what the gateway forwarded, byte for byte). It lists two
+    models, :data:`BASE` and :data:`OTHER_MODEL`."""
 
     def __init__(self) -> None:
         self.bodies: list[bytes] = []
@@ -465,7 +468,8 @@ class RecordingUpstream:
         )
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"data": [{"id": BASE, "parent": None}]})
+        models = [{"id": name, "parent": None} for name in (BASE, OTHER_MODEL)]
+        return web.json_response({"data": models})
 
 
 # ---------------------------------------------------------------------------- subprocess

@@ -15,15 +15,19 @@ from typing import Any
 import orjson
 import pytest
 from support import (
+    API_KEY,
     BASE,
     F_API_KEY_FILE,
     GOOD,
     IDLE_TIMEOUT_S,
+    OTHER_MODEL,
     S_API_KEYS,
     S_MAX_BODY,
     S_MAX_BUFFERED,
     S_MAX_CONNECTIONS,
     S_TRUST_CONTROL,
+    S_TRUSTED_KEYS,
+    SECOND_KEY,
     GatewayFactory,
     RecordingUpstream,
     child_env,
@@ -150,19 +154,42 @@ async def test_a_non_utf8_request_id_is_answered_and_logged(
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
 
 
-async def test_a_client_rewrite_header_without_trust_is_ignored(
-    sim_cluster: Any, relgw: GatewayFactory
-) -> None:
+async def _models_sent(
+    relgw: GatewayFactory, settings: dict[str, Any], key: str, target: str
+) -> list[str]:
+    """``alias`` requests (split 100 % to the served model) sent with ``key`` and a
+    rewrite header naming ``target``: the model each one reached the server with."""
+    upstream = RecordingUpstream()
+    await upstream.start()
+    try:
+        gw = await relgw([upstream.url], settings, [model_doc("alias", {BASE: 1})], keys=False)
+        data = request(
+            body={**good_body(), "model": "alias"},
+            auth=False,
+            headers=[("Authorization", f"Bearer {key}"), (REWRITE_HEADER, target)],
+        )
+        for _ in range(3):
+            ex = await send_raw(gw.port, data, close_wait_s=0.0)
+            close_quietly(ex.writer)
+            assert [a.status for a in ex.answers] == [200], [a.message() for a in ex.answers]
+        return [orjson.loads(b)["model"] for b in upstream.bodies]
+    finally:
+        await upstream.stop()
+
+
+async def test_a_client_rewrite_header_without_trust_is_ignored(relgw: GatewayFactory) -> None:
     """Issue 14: without trustControlHeaders a client cannot pick the target model; the
     InferenceModel's weighted split still applies."""
-    cluster = await sim_cluster(replicas=1)
-    gw = await relgw(cluster.urls, {S_TRUST_CONTROL: False}, [model_doc("alias", {BASE: 1})])
-    body = {**good_body(), "model": "alias"}
-    for target in ("a-model-nobody-serves", "tiny-llama-evil"):
-        ex = await send_raw(gw.port, request(body=body, headers=[(REWRITE_HEADER, target)]))
-        close_quietly(ex.writer)
-        assert [a.status for a in ex.answers] == [200], [a.message() for a in ex.answers]
-        assert orjson.loads(ex.answers[0].body)["model"] == "alias"
+    settings = {S_API_KEYS: [API_KEY], S_TRUST_CONTROL: False}
+    assert await _models_sent(relgw, settings, API_KEY, OTHER_MODEL) == [BASE] * 3
+
+
+async def test_a_trusted_key_may_rewrite_the_model(relgw: GatewayFactory) -> None:
+    """Issue 14: a key listed in trustedApiKeys is trusted with control headers (an
+    in-cluster caller); the others are not."""
+    settings = {S_API_KEYS: [API_KEY, SECOND_KEY], S_TRUSTED_KEYS: [SECOND_KEY]}
+    assert await _models_sent(relgw, settings, SECOND_KEY, OTHER_MODEL) == [OTHER_MODEL] * 3
+    assert await _models_sent(relgw, settings, API_KEY, OTHER_MODEL) == [BASE] * 3
 
 
 async def test_over_the_connection_cap_is_503_with_retry_after(
