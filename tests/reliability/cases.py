@@ -453,13 +453,15 @@ HARDENED: list[Case] = [
         r"host",
         closes=True,
     ),
-    # --- a bad request inside a pipeline: the ones before it answered, then its 400
+    # --- a bad request inside a pipeline: the ones before it answered, then its error,
+    # then the close (the good request written after it is never answered)
     Case(
         "pipeline/smuggling-after-two-good",
         GOOD
         + GOOD
         + _head_with(b"Content-Length: 5", b"Transfer-Encoding: chunked")
-        + _CHUNKED_SMUGGLE,
+        + _CHUNKED_SMUGGLE
+        + GOOD,  # after the bad one: never answered
         400,
         r"content-length|transfer-encoding",
         before=2,
@@ -467,7 +469,7 @@ HARDENED: list[Case] = [
     ),
     Case(
         "pipeline/oversized-after-two-good",
-        GOOD + GOOD + _head_with(b"Content-Length: %d" % (SMALL_BODY_LIMIT + 1)),
+        GOOD + GOOD + _head_with(b"Content-Length: %d" % (SMALL_BODY_LIMIT + 1)) + GOOD,
         413,
         r"larger than|too large",
         before=2,
@@ -475,7 +477,7 @@ HARDENED: list[Case] = [
     ),
     Case(
         "pipeline/garbage-after-one-good",
-        GOOD + b"THIS IS NOT HTTP\r\n\r\n",
+        GOOD + b"THIS IS NOT HTTP\r\n\r\n" + GOOD,
         400,
         r"malformed|method",
         before=1,
