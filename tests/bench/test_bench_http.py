@@ -209,7 +209,11 @@ def test_gateway_documents_scale_scrapes_to_simulated_time() -> None:
     assert [e["address"] for e in pool["spec"]["endpoints"]] == ["127.0.0.1:9000", "127.0.0.1:9001"]
     assert [e["name"] for e in pool["spec"]["endpoints"]] == ["sim-0", "sim-1"]
     assert extra == list(scenario.extra_docs)
-    assert gateway["spec"] == {"scrapeIntervalMs": 25.0, "metricsStalenessMs": 500.0}
+    assert gateway["spec"] == {
+        "scrapeIntervalMs": 25.0,
+        "metricsStalenessMs": 500.0,
+        "trustControlHeaders": True,
+    }
     floor = gateway_documents([], scenario, 0.01)[-1]["spec"]
     assert floor["scrapeIntervalMs"] == MIN_SCRAPE_INTERVAL_MS
 
