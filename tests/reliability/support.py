@@ -64,7 +64,7 @@ S_METRICS_AUTH = "metricsAuth"
 
 OUTLIER_SETTINGS: dict[str, Any] = {
     "consecutive5xx": 3,
-    "consecutiveGatewayFailures": 3,
+    "consecutiveGatewayFailure": 3,
     "baseEjectionTimeMs": 400,
     "maxEjectionPercent": 50,
 }

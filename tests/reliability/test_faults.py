@@ -353,7 +353,7 @@ async def _ejected(http: aiohttp.ClientSession, gw: Gateway) -> tuple[float, flo
 
 
 _5XX = OUTLIER_SETTINGS["consecutive5xx"]
-_GATEWAY = OUTLIER_SETTINGS["consecutiveGatewayFailures"]
+_GATEWAY = OUTLIER_SETTINGS["consecutiveGatewayFailure"]
 # A 500 is passed to the client and so is a first-byte timeout (the request may still be
 # running there); 502-504 and resets are retried on the other server, unseen.
 EJECTING_FAULTS: dict[str, tuple[dict[str, Any], int, bool]] = {
@@ -373,7 +373,7 @@ async def test_a_failing_server_is_ejected_and_returns_after_recovery(
     sim_cluster: Any, relgw: GatewayFactory, http: aiohttp.ClientSession, fault: str
 ) -> None:
     """Issue 14: a server failing every request (a 5xx storm, resets, a hang) is ejected
-    after ``consecutive5xx`` / ``consecutiveGatewayFailures`` failures in a row: it fails
+    after ``consecutive5xx`` / ``consecutiveGatewayFailure`` failures in a row: it fails
     at most that many requests per ejection, and the client sees none of them where a
     retry was possible. Healthy again, it gets traffic back after ``baseEjectionTimeMs``."""
     changes, in_a_row, seen_by_client = EJECTING_FAULTS[fault]
