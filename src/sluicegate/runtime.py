@@ -173,6 +173,7 @@ class Runtime:
                 self.datastore, self.clock, outlier_settings(settings.outlier_detection)
             )
             self.outlier.on_eject.append(self.metrics.endpoint_ejected)
+            self.collector.on_reachable.append(self.outlier.reachable_again)
             self._outlier_task = asyncio.create_task(self._outlier_loop(), name="outlier")
 
     async def _outlier_loop(self) -> None:

@@ -67,9 +67,11 @@ OUTLIER_SETTINGS: dict[str, Any] = {
     "consecutiveGatewayFailure": 3,
     "baseEjectionTimeMs": 400,
     "maxEjectionPercent": 50,
+    "stallTimeoutMs": 300,
 }
-"""``outlierDetection`` for the fault tests: ejected after 3 failures in a row, back after
-0.4 s (Envoy's outlier detection fields, in the project's camelCase with ms)."""
+"""``outlierDetection`` for the fault tests: ejected after 3 failures in a row, or after
+0.3 s without progress while requests wait on it (stalled); back after 0.4 s (Envoy's
+outlier detection fields, in the project's camelCase with ms)."""
 
 # Metrics the gateway exports.
 M_RUNNING = "inference_objective_running_requests"

@@ -354,8 +354,9 @@ async def _ejected(http: aiohttp.ClientSession, gw: Gateway) -> tuple[float, flo
 
 _5XX = OUTLIER_SETTINGS["consecutive5xx"]
 _GATEWAY = OUTLIER_SETTINGS["consecutiveGatewayFailure"]
-# A 500 is passed to the client and so is a first-byte timeout (the request may still be
-# running there); 502-504 and resets are retried on the other server, unseen.
+# A 500 is passed to the client; 502-504 and resets are retried on the other server,
+# unseen, and so are the requests a hung server holds: found stalled, it is ejected and
+# their connections are cut, so they are retried elsewhere before any byte reached them.
 EJECTING_FAULTS: dict[str, tuple[dict[str, Any], int, bool]] = {
     # fault on server 0 -> (its fields, failures in a row that eject, the client sees them)
     "500": ({"error_rate": 1.0, "error_status": 500}, _5XX, True),
@@ -363,7 +364,7 @@ EJECTING_FAULTS: dict[str, tuple[dict[str, Any], int, bool]] = {
     "503": ({"error_rate": 1.0, "error_status": 503}, _5XX, False),
     "504": ({"error_rate": 1.0, "error_status": 504}, _5XX, False),
     "reset": ({"reset_after_tokens": 0}, _GATEWAY, False),
-    "hang": ({"hang": True}, _GATEWAY, True),
+    "hang": ({"hang": True}, _GATEWAY, False),
 }
 HEALTHY = {"error_rate": 0.0, "reset_after_tokens": None, "hang": False}
 

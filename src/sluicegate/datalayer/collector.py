@@ -74,6 +74,10 @@ class Collector:
         requests waiting for room)."""
         self.on_eject: list[EjectionListener] = []
         """Told of each scrape-failure ejection (for metrics)."""
+        self.on_reachable: list[Callable[[Endpoint], None]] = []
+        """Called when a scrape succeeds after enough failed ones to have ejected the
+        endpoint: unreachable for a while, it answers again (e.g. to end an ejection for
+        refused connections)."""
         self._stopping: set[asyncio.Task[None]] = set()
         """Tasks of removed endpoints, cancelled but maybe not finished yet."""
         self._running = False
@@ -128,6 +132,8 @@ class Collector:
             health.scrape_ejected = False
             health.sync()
             log.info("endpoint %s (%s) answers its scrapes again", endpoint.name, endpoint.address)
+            for listener in self.on_reachable:
+                listener(endpoint)
 
     def _believable(self, endpoint: Endpoint, new: EngineMetrics) -> bool:
         """Whether scrape ``new`` shows the endpoint's state now (see the module)."""

@@ -195,6 +195,21 @@ class OutlierDetector:
             return
         self._eject(endpoint, reason, detail or result.value)
 
+    def reachable_again(self, endpoint: Endpoint) -> None:
+        """``endpoint`` answers its scrapes again after failing enough of them to be ejected
+        for it: it was unreachable and is back (typically a restarted server). An ejection
+        for gateway failures (connections refused, reset, timed out) ends now, on probation
+        — one failed request ejects it again — instead of when its time is up; like Envoy's
+        ``successful_active_health_check_uneject_host``, but only for the failures a
+        working scrape disproves (a server that answers 5xx, or hangs its generations, also
+        answers its scrapes)."""
+        health = endpoint.health
+        if health.ejected_until is not None and health.ejection_reason in (
+            CONSECUTIVE_GATEWAY_FAILURE,
+            PROBATION,
+        ):
+            self._return(endpoint)
+
     def tick(self) -> None:
         """Return endpoints whose ejection is over, act on stalled ones, and run the
         interval's statistical tests when it is due. O(endpoints)."""
