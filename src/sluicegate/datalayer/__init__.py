@@ -1,0 +1,104 @@
+"""The data layer: the endpoints, what the gateway knows about each, and keeping it fresh.
+
+- :mod:`~sluicegate.datalayer.endpoint` — ``Endpoint`` and its state (``EngineMetrics``,
+  ``ServedModels``, ``InFlight``, ``Health``);
+- :mod:`~sluicegate.datalayer.datastore` — the endpoint set: ``Datastore``, ``Pool``,
+  ``EndpointSpec``;
+- :mod:`~sluicegate.datalayer.pools` — from configuration to endpoint set
+  (``static_endpoints``, ``sync_pools``);
+- :mod:`~sluicegate.datalayer.collector` — metric scrapes, served-model lists, health
+  (``Collector``);
+- :mod:`~sluicegate.datalayer.parsers` — model servers' Prometheus metrics per engine;
+- :mod:`~sluicegate.datalayer.outlier`, :mod:`~sluicegate.datalayer.stall` — taking out
+  endpoints whose requests fail or stall (``OutlierDetector``).
+
+The names are imported on first use (lazy): ``import sluicegate.framework`` runs this file
+for :mod:`~sluicegate.datalayer.endpoint` alone and must not load the collector, its HTTP
+client or the metrics parser.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "Collector": "sluicegate.datalayer.collector",
+    "CollectorSettings": "sluicegate.datalayer.collector",
+    "Datastore": "sluicegate.datalayer.datastore",
+    "EndpointSpec": "sluicegate.datalayer.datastore",
+    "Pool": "sluicegate.datalayer.datastore",
+    "SAME_ITERATION_S": "sluicegate.datalayer.endpoint",
+    "Endpoint": "sluicegate.datalayer.endpoint",
+    "EngineMetrics": "sluicegate.datalayer.endpoint",
+    "Health": "sluicegate.datalayer.endpoint",
+    "InFlight": "sluicegate.datalayer.endpoint",
+    "ServedModels": "sluicegate.datalayer.endpoint",
+    "OutlierDetector": "sluicegate.datalayer.outlier",
+    "OutlierSettings": "sluicegate.datalayer.outlier",
+    "Result": "sluicegate.datalayer.outlier",
+    "classify_status": "sluicegate.datalayer.outlier",
+    "ENGINES": "sluicegate.datalayer.parsers",
+    "MetricsParseError": "sluicegate.datalayer.parsers",
+    "MetricsParser": "sluicegate.datalayer.parsers",
+    "EndpointsByPool": "sluicegate.datalayer.pools",
+    "static_endpoints": "sluicegate.datalayer.pools",
+    "sync_pools": "sluicegate.datalayer.pools",
+    "stalled": "sluicegate.datalayer.stall",
+}
+
+if TYPE_CHECKING:
+    from sluicegate.datalayer.collector import Collector, CollectorSettings
+    from sluicegate.datalayer.datastore import Datastore, EndpointSpec, Pool
+    from sluicegate.datalayer.endpoint import (
+        SAME_ITERATION_S,
+        Endpoint,
+        EngineMetrics,
+        Health,
+        InFlight,
+        ServedModels,
+    )
+    from sluicegate.datalayer.outlier import (
+        OutlierDetector,
+        OutlierSettings,
+        Result,
+        classify_status,
+    )
+    from sluicegate.datalayer.parsers import ENGINES, MetricsParseError, MetricsParser
+    from sluicegate.datalayer.pools import EndpointsByPool, static_endpoints, sync_pools
+    from sluicegate.datalayer.stall import stalled
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "ENGINES",
+    "SAME_ITERATION_S",
+    "Collector",
+    "CollectorSettings",
+    "Datastore",
+    "Endpoint",
+    "EndpointSpec",
+    "EndpointsByPool",
+    "EngineMetrics",
+    "Health",
+    "InFlight",
+    "MetricsParseError",
+    "MetricsParser",
+    "OutlierDetector",
+    "OutlierSettings",
+    "Pool",
+    "Result",
+    "ServedModels",
+    "classify_status",
+    "stalled",
+    "static_endpoints",
+    "sync_pools",
+]

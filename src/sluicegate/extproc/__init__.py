@@ -13,6 +13,10 @@ Protocol translation only:
 - :mod:`~sluicegate.extproc.health`, :mod:`~sluicegate.extproc.metrics` — health, metrics;
 - :mod:`~sluicegate.extproc.server` — the servers and their lifecycle;
 - :mod:`~sluicegate.extproc.run` — the command (configuration file or Kubernetes).
+
+The re-exports are eager: whoever imports this package runs the picker's server, which
+loads the gRPC stack anyway. ``RunOptions``/``run_extproc`` stay in
+:mod:`~sluicegate.extproc.run`: they would add configuration reloading and the console.
 """
 
 from sluicegate.extproc.server import ExtProcOptions, ExtProcServer

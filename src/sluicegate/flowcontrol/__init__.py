@@ -5,4 +5,51 @@ slower. With flow control on, such requests wait in the gateway in priority band
 (higher priority first), fair across flows (tenants) within a band, ordered within a flow,
 bounded in count and bytes, each with a time to live. Sheddable requests (negative
 priority) are refused with 429 instead of queued when the pool is saturated.
+
+- :mod:`~sluicegate.flowcontrol.controller` — ``FlowController`` of one pool, its
+  ``FlowControlSettings`` and per-band ``BandPolicy``;
+- :mod:`~sluicegate.flowcontrol.config` — ``build_flow_control`` from an
+  ``EndpointPickerConfig`` (``FlowControlSetup``);
+- :mod:`~sluicegate.flowcontrol.policies` — the built-in policy plugins, registered by
+  :mod:`sluicegate.builtins`, not exported here.
+
+The names are imported on first use (lazy): importing a policy plugin runs this file, and a
+plugin leans on the framework layer only, so this file must not load the controller.
 """
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "POOL_ANNOTATION": "sluicegate.flowcontrol.config",
+    "FlowControlSetup": "sluicegate.flowcontrol.config",
+    "build_flow_control": "sluicegate.flowcontrol.config",
+    "BandPolicy": "sluicegate.flowcontrol.controller",
+    "FlowControlSettings": "sluicegate.flowcontrol.controller",
+    "FlowController": "sluicegate.flowcontrol.controller",
+}
+
+if TYPE_CHECKING:
+    from sluicegate.flowcontrol.config import POOL_ANNOTATION, FlowControlSetup, build_flow_control
+    from sluicegate.flowcontrol.controller import BandPolicy, FlowController, FlowControlSettings
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "POOL_ANNOTATION",
+    "BandPolicy",
+    "FlowControlSettings",
+    "FlowControlSetup",
+    "FlowController",
+    "build_flow_control",
+]
