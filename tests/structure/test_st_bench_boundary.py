@@ -9,7 +9,10 @@ Read from the source (nothing is imported). Two checks, both over every module u
   names are every function, class, assignment target and ``self._x = …`` attribute under
   ``bench/``; an underscored attribute outside that set can only be someone else's private.
   This is a heuristic (it cannot tell a lab name from a same-named private of another
-  package), so the lab avoids reusing the gateway's private names on foreign objects.
+  package), so the lab avoids reusing the gateway's private names on foreign objects;
+- **subclasses**: a lab class whose base comes from outside the lab touches none of the
+  base's private names through ``self`` (the base's ``__slots__``, ``self._x`` attributes
+  and ``_x`` methods, read from its source).
 """
 
 from __future__ import annotations
@@ -110,12 +113,86 @@ def foreign_private_attributes(trees: dict[Path, ast.Module]) -> list[str]:
     ]
 
 
+def _module_file(module: str) -> Path | None:
+    base = SRC.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.exists():
+            return path
+    return None
+
+
+def _find_class(module: str, name: str, depth: int = 0) -> ast.ClassDef | None:
+    """The definition of ``module.name``, following re-exports (``from x import name``)."""
+    path = _module_file(module)
+    if path is None or depth > 5:
+        return None
+    tree = ast.parse(path.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and any(a.name == name for a in node.names):
+            return _find_class(_absolute(node, path), name, depth + 1)
+    return None
+
+
+def _private_members(cls: ast.ClassDef) -> set[str]:
+    names = {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    for node in ast.walk(cls):
+        if _assigns_slots(node):
+            names.update(
+                c.value
+                for c in ast.walk(node)
+                if isinstance(c, ast.Constant) and isinstance(c.value, str)
+            )
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if node.value.id == "self" and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+    return {n for n in names if _private(n)}
+
+
+def inherited_privates(trees: dict[Path, ast.Module]) -> list[str]:
+    """``file:line Class._name`` for each private of a foreign base a lab class touches."""
+    found: list[str] = []
+    for path, tree in trees.items():
+        imported = {
+            alias.asname or alias.name: _absolute(node, path)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+            for alias in node.names
+        }
+        local = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+        for cls in local.values():
+            forbidden: set[str] = set()
+            bases = [b.id for b in cls.bases if isinstance(b, ast.Name)]
+            while bases:  # up through the lab's own classes to the foreign ones
+                base = bases.pop()
+                if base in local:
+                    bases += [b.id for b in local[base].bases if isinstance(b, ast.Name)]
+                elif _outside_bench(imported.get(base, "")):
+                    foreign = _find_class(imported[base], base)
+                    forbidden |= _private_members(foreign) if foreign else set()
+            found += [
+                f"{path.relative_to(SRC)}:{node.lineno} {cls.name}.{node.attr}"
+                for node in ast.walk(cls)
+                if isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "self"
+                and node.attr in forbidden
+            ]
+    return found
+
+
 def test_bench_imports_no_private_names() -> None:
     assert private_imports(_trees()) == []
 
 
 def test_bench_reads_no_foreign_private_attributes() -> None:
     assert foreign_private_attributes(_trees()) == []
+
+
+def test_bench_subclasses_touch_no_private_of_their_base() -> None:
+    assert inherited_privates(_trees()) == []
 
 
 def test_the_checks_catch_what_they_forbid() -> None:
@@ -138,3 +215,12 @@ def test_the_checks_catch_what_they_forbid() -> None:
         "sluicegate.gateway._inner",
     ]
     assert [line.split(" ", 1)[1] for line in foreign_private_attributes(trees)] == ["._too_large"]
+    subclass = (
+        "from sluicegate.gateway.http import Responder\n"
+        "class Mine(Responder):\n"
+        "    def send(self):\n"
+        "        self._started = True\n"
+        "        self.begin()\n"
+    )
+    trees = {path: ast.parse(subclass)}
+    assert [line.split(" ", 1)[1] for line in inherited_privates(trees)] == ["Mine._started"]

@@ -9,10 +9,12 @@ proxy relay — answers every request; only the front server differs:
 - ``uvicorn``: `uvicorn <https://www.uvicorn.org/>`_'s httptools protocol under a minimal
   ASGI app, one process, uvloop, no access log.
 
-Each library request becomes a :class:`~sluicegate.gateway.http.Request` and the Gateway's
-handler gets a responder that maps ``send``/``stream``/``write``/``end`` onto the
-server's response API. As with the gateway's own server, a body over ``maxBodyBytes`` is
-a 413 without reading it, and a client that disconnects cancels the handler (so the
+Each library request becomes a :class:`~sluicegate.gateway.http.Request` and goes to
+:meth:`Gateway.handle_request <sluicegate.gateway.app.Gateway.handle_request>` (the API-key
+check, then the route) with a :class:`~sluicegate.gateway.http.Responder` subclass that maps
+``send``/``stream``/``write``/``end`` onto the server's response API. As with the gateway's
+own server, a body over ``maxBodyBytes`` is a 413 without reading it
+(:meth:`~sluicegate.gateway.app.Gateway.refuse_too_large`), and a client that disconnects cancels the handler (so the
 upstream request is abandoned). The libraries do not cancel the app: for granian a
 callback on its ``client_disconnect()`` future cancels the request's task; for uvicorn a
 watcher task per request waits for ``receive()`` to say ``http.disconnect`` (uvicorn's
