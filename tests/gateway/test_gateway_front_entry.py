@@ -50,19 +50,22 @@ async def test_handle_request_checks_keys_then_routes(
     gw = await gateway(await sim_cluster(replicas=1), api_keys=[KEY])
     refused = Recorder()
     await gw.handle_request(request("/v1/models", {"x-request-id": "r-1"}), refused)
-    assert refused.answer is not None and refused.ended
+    assert refused.answer is not None
+    assert refused.ended
     status, headers, body = refused.answer
     assert (status, headers["x-request-id"]) == (401, "r-1")
     assert json.loads(body)["error"]["code"] == "invalid_api_key"
 
     served = Recorder()
     await gw.handle_request(request("/v1/models", {"authorization": f"Bearer {KEY}"}), served)
-    assert served.answer is not None and served.answer[0] == 200
+    assert served.answer is not None
+    assert served.answer[0] == 200
     assert json.loads(served.answer[2])["object"] == "list"
 
     missing = Recorder()
     await gw.handle_request(request("/nope", {"authorization": f"Bearer {KEY}"}), missing)
-    assert missing.answer is not None and missing.answer[0] == 404
+    assert missing.answer is not None
+    assert missing.answer[0] == 404
 
 
 async def test_refuse_too_large_is_a_413(sim_cluster: Any, gateway: GatewayFactory) -> None:
@@ -73,12 +76,14 @@ async def test_refuse_too_large_is_a_413(sim_cluster: Any, gateway: GatewayFacto
     status, headers, body = answer.answer
     assert (status, headers["x-request-id"]) == (413, "r-2")
     error = json.loads(body)["error"]
-    assert error["code"] == "body_too_large" and "1024 bytes" in error["message"]
+    assert error["code"] == "body_too_large"
+    assert "1024 bytes" in error["message"]
 
 
 def test_a_second_answer_is_refused() -> None:
     answer = Recorder()
     answer.send(200, [])
-    assert answer.started and answer.ended
+    assert answer.started
+    assert answer.ended
     with pytest.raises(RuntimeError, match="already been started"):
         answer.send(200, [])

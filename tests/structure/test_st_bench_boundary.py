@@ -145,9 +145,13 @@ def _private_members(cls: ast.ClassDef) -> set[str]:
                 for c in ast.walk(node)
                 if isinstance(c, ast.Constant) and isinstance(c.value, str)
             )
-        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-            if node.value.id == "self" and isinstance(node.ctx, ast.Store):
-                names.add(node.attr)
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+            and isinstance(node.ctx, ast.Store)
+        ):
+            names.add(node.attr)
     return {n for n in names if _private(n)}
 
 

@@ -14,11 +14,12 @@ Each library request becomes a :class:`~sluicegate.gateway.http.Request` and goe
 check, then the route) with a :class:`~sluicegate.gateway.http.Responder` subclass that maps
 ``send``/``stream``/``write``/``end`` onto the server's response API. As with the gateway's
 own server, a body over ``maxBodyBytes`` is a 413 without reading it
-(:meth:`~sluicegate.gateway.app.Gateway.refuse_too_large`), and a client that disconnects cancels the handler (so the
-upstream request is abandoned). The libraries do not cancel the app: for granian a
-callback on its ``client_disconnect()`` future cancels the request's task; for uvicorn a
-watcher task per request waits for ``receive()`` to say ``http.disconnect`` (uvicorn's
-``send`` after a disconnect returns silently, so without it a stream runs to its end).
+(:meth:`~sluicegate.gateway.app.Gateway.refuse_too_large`), and a client that disconnects
+cancels the handler (so the upstream request is abandoned). The libraries do not cancel
+the app: for granian a callback on its ``client_disconnect()`` future cancels the request's
+task; for uvicorn a watcher task per request waits for ``receive()`` to say
+``http.disconnect`` (uvicorn's ``send`` after a disconnect returns silently, so without it a
+stream runs to its end).
 Granian ends a streamed answer when its stream transport is released, so the responder
 drops it at :meth:`end`.
 
