@@ -101,7 +101,7 @@ async def test_disconnect_cancels_only_an_unfinished_answer() -> None:
         sent.append(message)
 
     class _Gateway:
-        async def _handle(self, request: object, responder: servers._AsgiResponder) -> None:
+        async def handle_request(self, request: object, responder: servers._AsgiResponder) -> None:
             responder.stream(200, [])
             await responder.write(b"x")
             await asyncio.sleep(10)  # a long generation
@@ -148,7 +148,7 @@ def test_table_compares_medians_per_cpu_second_with_the_best_library() -> None:
 
 async def test_granian_disconnect_callback_cancels_the_request_task() -> None:
     class _Gateway:
-        async def _handle(self, request: object, responder: servers._RsgiResponder) -> None:
+        async def handle_request(self, request: object, responder: servers._RsgiResponder) -> None:
             responder.stream(200, [])
             await asyncio.sleep(10)  # a long generation
 

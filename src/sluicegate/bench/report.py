@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from sluicegate.bench.extras import PLOTS, bench_extra
 from sluicegate.bench.goals import check
 from sluicegate.bench.scenarios import Scenario
 
@@ -158,10 +159,11 @@ def _itl_table(results: dict[str, Any]) -> list[str]:
 
 def plots(results: dict[str, Any], out: Path) -> list[Path]:
     """Draw the run's figures into ``out``; returns the files written."""
-    import matplotlib
+    with bench_extra(*PLOTS):
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
 
     unit = results["load_unit"]
     policies = list(dict.fromkeys(run_label(r) for r in results["runs"]))
@@ -243,7 +245,7 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
 
 
 def _save(fig: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # imported (and checked) by plots()
 
     fig.savefig(path, dpi=110)
     plt.close(fig)

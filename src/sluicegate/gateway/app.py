@@ -327,6 +327,25 @@ class Gateway:
         )
         send_error(responder, error, request_id_from(request.headers.get("x-request-id")))
 
+    # The entry for front servers other than the gateway's own (the lab's library-server
+    # adapters): the same checks and handler, in the order the own server applies them.
+
+    async def handle_request(self, request: Request, responder: Responder) -> None:
+        """Answer one request whose body has been read in full, as the gateway's own server
+        does: the API-key check (a 401 without running the route), then the route. Errors
+        are answered as OpenAI-style bodies; a ConnectionError (the client left mid-answer)
+        and cancellation propagate."""
+        refusal = self._check_head(request)
+        if refusal is not None:
+            responder.send(refusal.status, refusal.headers, refusal.body)
+            return
+        await self._handle(request, responder)
+
+    def refuse_too_large(self, request: Request, responder: Responder) -> None:
+        """Answer 413 to a request whose body is over ``maxBodyBytes`` (call it before
+        reading the body: the gateway's own server never reads one that large)."""
+        self._too_large(request, responder)
+
     async def _generate(
         self, request: Request, responder: Responder, request_id: str, kind: RequestKind
     ) -> None:

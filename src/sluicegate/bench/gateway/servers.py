@@ -9,14 +9,17 @@ proxy relay — answers every request; only the front server differs:
 - ``uvicorn``: `uvicorn <https://www.uvicorn.org/>`_'s httptools protocol under a minimal
   ASGI app, one process, uvloop, no access log.
 
-Each library request becomes a :class:`~sluicegate.gateway.http.Request` and the Gateway's
-handler gets a responder that maps ``send``/``stream``/``write``/``end`` onto the
-server's response API. As with the gateway's own server, a body over ``maxBodyBytes`` is
-a 413 without reading it, and a client that disconnects cancels the handler (so the
-upstream request is abandoned). The libraries do not cancel the app: for granian a
-callback on its ``client_disconnect()`` future cancels the request's task; for uvicorn a
-watcher task per request waits for ``receive()`` to say ``http.disconnect`` (uvicorn's
-``send`` after a disconnect returns silently, so without it a stream runs to its end).
+Each library request becomes a :class:`~sluicegate.gateway.http.Request` and goes to
+:meth:`Gateway.handle_request <sluicegate.gateway.app.Gateway.handle_request>` (the API-key
+check, then the route) with a :class:`~sluicegate.gateway.http.Responder` subclass that maps
+``send``/``stream``/``write``/``end`` onto the server's response API. As with the gateway's
+own server, a body over ``maxBodyBytes`` is a 413 without reading it
+(:meth:`~sluicegate.gateway.app.Gateway.refuse_too_large`), and a client that disconnects
+cancels the handler (so the upstream request is abandoned). The libraries do not cancel
+the app: for granian a callback on its ``client_disconnect()`` future cancels the request's
+task; for uvicorn a watcher task per request waits for ``receive()`` to say
+``http.disconnect`` (uvicorn's ``send`` after a disconnect returns silently, so without it a
+stream runs to its end).
 Granian ends a streamed answer when its stream transport is released, so the responder
 drops it at :meth:`end`.
 
@@ -81,23 +84,12 @@ async def _start(gateway: Gateway) -> None:
 
 
 class _LibraryResponder(Responder):
-    """A :class:`Responder` that writes through a library server's response API.
-
-    It does not call ``Responder.__init__`` (which wants one of our connections): it sets
-    the state its properties read, and replaces every method the Gateway calls.
-    """
+    """A :class:`Responder` that writes through a library server's response API."""
 
     __slots__ = ()
 
     def __init__(self) -> None:
-        self._started = False
-        self._ended = False
-        self.keep_alive = True  # the library server decides
-
-    def _begin(self) -> None:
-        if self._started:
-            raise RuntimeError("the answer has already been started")
-        self._started = True
+        super().__init__(keep_alive=True)  # the library server decides
 
 
 async def _cancel_on_disconnect(
@@ -117,9 +109,9 @@ async def _run_handler(
 ) -> None:
     if disconnected is None:
         with contextlib.suppress(ConnectionError):  # the client left mid-answer
-            await gateway._handle(request, responder)  # the HTTP server's entry
+            await gateway.handle_request(request, responder)
         return
-    handler = asyncio.ensure_future(gateway._handle(request, responder))
+    handler = asyncio.ensure_future(gateway.handle_request(request, responder))
     watcher = asyncio.ensure_future(_cancel_on_disconnect(disconnected(), handler, responder))
     try:
         await handler
@@ -156,12 +148,12 @@ class _RsgiResponder(_LibraryResponder):
         self._stream: Any = None
 
     def send(self, status: int, headers: Iterable[tuple[str, str]], body: bytes = b"") -> None:
-        self._begin()
+        self.begin()
         self._proto.response_bytes(status, list(headers), body)  # it adds content-length
-        self._ended = True
+        self.mark_ended()
 
     def stream(self, status: int, headers: Iterable[tuple[str, str]]) -> None:
-        self._begin()
+        self.begin()
         self._stream = self._proto.response_stream(status, list(headers))
 
     async def write(self, data: bytes) -> None:
@@ -173,7 +165,7 @@ class _RsgiResponder(_LibraryResponder):
 
     async def end(self, last: bytes = b"") -> None:
         await self.write(last)
-        self._ended = True
+        self.mark_ended()
         self._stream = None  # the stream ends when its transport is released
 
 
@@ -197,7 +189,7 @@ class RsgiGateway:
         responder = _RsgiResponder(proto)
         limit = self.gateway.config.gateway.max_body_bytes
         if _too_long(request, limit):
-            self.gateway._too_large(request, responder)  # answered unread, as ours does
+            self.gateway.refuse_too_large(request, responder)  # answered unread, as ours does
             return
         if "content-length" in request.headers:
             request.body = await proto()
@@ -207,7 +199,7 @@ class RsgiGateway:
             async for chunk in proto:
                 size += len(chunk)
                 if size > limit:
-                    self.gateway._too_large(request, responder)
+                    self.gateway.refuse_too_large(request, responder)
                     return
                 parts.append(chunk)
             request.body = b"".join(parts)
@@ -234,7 +226,7 @@ async def _run_watched(
 
     disconnected.add_done_callback(on_disconnect)
     try:
-        await gateway._handle(request, responder)
+        await gateway.handle_request(request, responder)
     except asyncio.CancelledError:
         if not left:
             raise
@@ -266,7 +258,7 @@ class _AsgiResponder(_LibraryResponder):
         self._whole: bytes | None = None
 
     def _start(self, status: int, headers: Iterable[tuple[str, str]], length: int | None) -> None:
-        self._begin()
+        self.begin()
         raw = [(n.encode("latin-1"), v.encode("utf-8", "surrogateescape")) for n, v in headers]
         if length is not None:
             raw.append((b"content-length", b"%d" % length))
@@ -277,7 +269,7 @@ class _AsgiResponder(_LibraryResponder):
         # sent by flush() as soon as the handler returns (right after this, in the Gateway).
         self._start(status, headers, len(body))
         self._whole = body
-        self._ended = True
+        self.mark_ended()
 
     def stream(self, status: int, headers: Iterable[tuple[str, str]]) -> None:
         self._start(status, headers, None)
@@ -288,7 +280,7 @@ class _AsgiResponder(_LibraryResponder):
 
     async def end(self, last: bytes = b"") -> None:
         await self._piece(last, more=False)
-        self._ended = True
+        self.mark_ended()
 
     async def _piece(self, data: bytes, more: bool) -> None:
         if self._pending_head is not None:
@@ -325,7 +317,7 @@ class AsgiGateway:
         responder = _AsgiResponder(send)
         limit = self.gateway.config.gateway.max_body_bytes
         if _too_long(request, limit):
-            self.gateway._too_large(request, responder)
+            self.gateway.refuse_too_large(request, responder)
             await responder.flush()
             return
         parts: list[bytes] = []
@@ -337,7 +329,7 @@ class AsgiGateway:
             parts.append(message.get("body", b""))
             size += len(parts[-1])
             if size > limit:
-                self.gateway._too_large(request, responder)
+                self.gateway.refuse_too_large(request, responder)
                 await responder.flush()
                 return
             if not message.get("more_body"):

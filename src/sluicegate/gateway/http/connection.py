@@ -33,7 +33,7 @@ from sluicegate.gateway.http.messages import (
     error_answer,
     log,
 )
-from sluicegate.gateway.http.responder import Responder
+from sluicegate.gateway.http.responder import ConnectionResponder
 
 if TYPE_CHECKING:
     from sluicegate.gateway.http.server import HttpServer
@@ -401,7 +401,7 @@ class _HttpConnection(asyncio.Protocol):
     async def _run(self, request: Request, keep_alive: bool, answer: Refusal | None) -> None:
         server = self.server
         while True:
-            responder = Responder(self, request, keep_alive and not server.stopping)
+            responder = ConnectionResponder(self, request, keep_alive and not server.stopping)
             try:
                 if answer is None:
                     await server.handler(request, responder)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -11,29 +12,22 @@ if TYPE_CHECKING:
     from sluicegate.gateway.http.connection import _HttpConnection
 
 
-class Responder:
-    """Writes the answer to one request on its connection."""
+class Responder(ABC):
+    """What a handler writes one answer through: :meth:`send` it whole, or :meth:`stream`
+    it, :meth:`write` its pieces and :meth:`end` it.
 
-    __slots__ = (
-        "_conn",
-        "_ended",
-        "_head_only",
-        "_held",
-        "_http_10",
-        "_started",
-        "_streaming",
-        "keep_alive",
-    )
+    This base keeps the state every responder shares (:attr:`started`, :attr:`ended`,
+    :attr:`keep_alive`). The gateway's own server answers through a
+    :class:`ConnectionResponder`; a front server of another kind (the lab's library-server
+    adapters, :mod:`sluicegate.bench.gateway.servers`) subclasses this, calls :meth:`begin`
+    before its status goes out and :meth:`mark_ended` once the answer is whole.
+    """
 
-    def __init__(self, conn: _HttpConnection, request: Request, keep_alive: bool) -> None:
-        self._conn = conn
-        self._http_10 = request.http_version == "1.0"
-        self._head_only = request.method == "HEAD"
+    __slots__ = ("_ended", "_started", "keep_alive")
+
+    def __init__(self, keep_alive: bool = True) -> None:
         self._started = False
         self._ended = False
-        self._streaming = False
-        self._held = b""
-        """A streamed answer's head, written together with its first piece."""
         self.keep_alive = keep_alive
         """Whether the connection stays open after this answer."""
 
@@ -46,6 +40,51 @@ class Responder:
     def ended(self) -> bool:
         """Whether the whole answer has been written (:meth:`send`, or :meth:`end`)."""
         return self._ended
+
+    def begin(self) -> None:
+        """Mark the answer started; a second answer to the same request is a RuntimeError."""
+        if self._started:
+            raise RuntimeError("the answer has already been started")
+        self._started = True
+
+    def mark_ended(self) -> None:
+        """Mark the whole answer written."""
+        self._ended = True
+
+    @abstractmethod
+    def send(self, status: int, headers: Iterable[tuple[str, str]], body: bytes = b"") -> None:
+        """The whole answer at once."""
+
+    @abstractmethod
+    def stream(self, status: int, headers: Iterable[tuple[str, str]]) -> None:
+        """Start a streamed answer; then :meth:`write` its pieces and :meth:`end` it."""
+
+    @abstractmethod
+    async def write(self, data: bytes) -> None:
+        """Send one piece of a streamed answer (waiting while the client is slow)."""
+
+    @abstractmethod
+    async def end(self, last: bytes = b"") -> None:
+        """End a streamed answer, with ``last`` as its final piece."""
+
+
+class ConnectionResponder(Responder):
+    """Writes the answer to one request on its connection (the gateway's own server)."""
+
+    __slots__ = ("_conn", "_head_only", "_held", "_http_10", "_streaming")
+
+    def __init__(self, conn: _HttpConnection, request: Request, keep_alive: bool) -> None:
+        # The base's fields are set here rather than through super().__init__(): one call
+        # fewer for every request on the hot path.
+        self._conn = conn
+        self._http_10 = request.http_version == "1.0"
+        self._head_only = request.method == "HEAD"
+        self._started = False
+        self._ended = False
+        self._streaming = False
+        self._held = b""
+        """A streamed answer's head, written together with its first piece."""
+        self.keep_alive = keep_alive
 
     def send(self, status: int, headers: Iterable[tuple[str, str]], body: bytes = b"") -> None:
         """The whole answer at once."""
