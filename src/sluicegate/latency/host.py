@@ -1,9 +1,9 @@
 """The latency predictor a picker provides its plugins, and its lifecycle.
 
-:func:`build_predictor` turns the ``latencyPredictor`` settings into the service the
+:class:`PredictorHost` turns the ``latencyPredictor`` settings into the service the
 ``predicted-latency-producer`` looks up: an :class:`InProcessPredictor` (the default,
 trained on the picker's own traffic in a worker thread) or a :class:`RemotePredictor`
-(prediction and training servers). :class:`PredictorHost` starts and stops it with the
+(prediction and training servers), starts and stops it with the
 picker and exports its metrics.
 
 At start the in-process predictor loads the models saved in its model directory

@@ -19,3 +19,7 @@ and the picker) and builds the request bodies both measurements send;
 
 Nothing here asserts anything about time; numbers depend on the machine and its load.
 """
+
+__all__: list[str] = []
+"""Nothing is re-exported: the modules are the API (the entry point is
+:func:`sluicegate.bench.extproc.report.report`)."""

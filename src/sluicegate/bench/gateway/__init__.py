@@ -33,3 +33,7 @@ started with a deadline and stopped in ``finally``; only 127.0.0.1 is used. On a
 machine, ``SLUICEGATE_BENCH_NICE=-10`` (root) runs every benchmark process, and its
 scheduler autogroup, ahead of other work.
 """
+
+__all__: list[str] = []
+"""Nothing is re-exported: the modules are the API (the entry point is
+:func:`sluicegate.bench.gateway.report.report`)."""

@@ -50,3 +50,7 @@ The parts, in the order a run uses them:
 Process management shared with other benchmarks is in :mod:`sluicegate.bench.processes`,
 Prometheus histogram reading in :mod:`sluicegate.bench.loadgen`.
 """
+
+__all__: list[str] = []
+"""Nothing is re-exported: the modules are the API (the entry point is
+:func:`sluicegate.bench.http.run.run_plan_http`)."""

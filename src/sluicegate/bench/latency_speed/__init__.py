@@ -23,3 +23,7 @@ import only ``api`` and ``datalayer``.
 
 Nothing here asserts; the report says which goals are met.
 """
+
+__all__: list[str] = []
+"""Nothing is re-exported: the modules are the API (the entry point is
+:func:`sluicegate.bench.latency_speed.report.report`)."""
