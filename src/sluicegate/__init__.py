@@ -8,8 +8,10 @@ the framework layer (:mod:`sluicegate.framework`). They are imported on first us
 
 from __future__ import annotations
 
-from importlib import import_module, metadata
-from typing import TYPE_CHECKING, Any
+from importlib import metadata
+from typing import TYPE_CHECKING
+
+from sluicegate import lazy
 
 try:
     __version__ = metadata.version("sluicegate")
@@ -37,13 +39,7 @@ if TYPE_CHECKING:
     from sluicegate.runtime import Runtime, RuntimeOptions
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'sluicegate' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy.exports(__name__, _EXPORTS, globals())
 
 
 __all__ = [

@@ -5,7 +5,7 @@ Layers, lowest first (a module may import its own package and lower layers only)
 
 | rank | packages |
 |---|---|
-| 0 | ``api``, ``clock``, ``lax``, ``tokens``, ``errors``, ``instruments``, ``upstream`` |
+| 0 | ``api``, ``clock``, ``lax``, ``lazy``, ``tokens``, ``errors``, ``instruments``, ``upstream`` |
 | 1 | ``datalayer`` |
 | 2 | ``framework``, ``k8s`` |
 | 3 | ``latency``, ``metrics`` |
@@ -30,7 +30,9 @@ import pytest
 from import_graph import PACKAGE, SRC, cycles, import_graph
 
 RANKS = {
-    **dict.fromkeys(("api", "clock", "lax", "tokens", "errors", "instruments", "upstream"), 0),
+    **dict.fromkeys(
+        ("api", "clock", "lax", "lazy", "tokens", "errors", "instruments", "upstream"), 0
+    ),
     "datalayer": 1,
     **dict.fromkeys(("framework", "k8s"), 2),
     **dict.fromkeys(("latency", "metrics"), 3),
@@ -127,7 +129,12 @@ def test_importing_the_framework_loads_no_plugin() -> None:
         check=True,
         env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
     ).stdout.split()
-    allowed = ("sluicegate.framework", "sluicegate.clock", "sluicegate.datalayer")
+    allowed = (
+        "sluicegate.framework",
+        "sluicegate.clock",
+        "sluicegate.datalayer",
+        "sluicegate.lazy",
+    )
     assert [m for m in loaded if m != PACKAGE and not m.startswith(allowed)] == []
     assert "sluicegate.datalayer.endpoint" in loaded
     assert not [m for m in loaded if m.startswith("sluicegate.datalayer.") and "endpoint" not in m]

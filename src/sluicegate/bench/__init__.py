@@ -9,8 +9,9 @@ modules pull in the whole gateway, matplotlib and the ShareGPT dataset.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sluicegate import lazy
 
 _EXPORTS = {
     "SCENARIOS": "sluicegate.bench.scenarios",
@@ -28,13 +29,7 @@ if TYPE_CHECKING:
     from sluicegate.bench.scenarios import SCENARIOS, get_scenario
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'sluicegate.bench' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy.exports(__name__, _EXPORTS, globals())
 
 
 __all__ = ["REPORTS", "SCENARIOS", "RunPlan", "get_scenario", "run_plan", "write"]

@@ -19,8 +19,9 @@ client or the metrics parser.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sluicegate import lazy
 
 _EXPORTS = {
     "Collector": "sluicegate.datalayer.collector",
@@ -69,13 +70,7 @@ if TYPE_CHECKING:
     from sluicegate.datalayer.stall import stalled
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy.exports(__name__, _EXPORTS, globals())
 
 
 __all__ = [

@@ -19,8 +19,9 @@ plugin leans on the framework layer only, so this file must not load the control
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sluicegate import lazy
 
 _EXPORTS = {
     "POOL_ANNOTATION": "sluicegate.flowcontrol.config",
@@ -36,13 +37,7 @@ if TYPE_CHECKING:
     from sluicegate.flowcontrol.controller import BandPolicy, FlowController, FlowControlSettings
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy.exports(__name__, _EXPORTS, globals())
 
 
 __all__ = [

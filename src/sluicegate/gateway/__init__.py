@@ -13,8 +13,9 @@ this file, and the HTTP server alone must not load the runtime and every plugin.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sluicegate import lazy
 
 _EXPORTS = {
     "Gateway": "sluicegate.gateway.app",
@@ -42,13 +43,7 @@ if TYPE_CHECKING:
     from sluicegate.gateway.run import ServeOptions, embedded_config, serve
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy.exports(__name__, _EXPORTS, globals())
 
 
 __all__ = [

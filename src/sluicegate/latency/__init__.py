@@ -26,8 +26,9 @@ features and the predictor interface alone and must not load XGBoost.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sluicegate import lazy
 
 _EXPORTS = {
     "LatencyCalibration": "sluicegate.latency.calibration",
@@ -86,13 +87,7 @@ if TYPE_CHECKING:
     from sluicegate.latency.trainserver import TrainingServer, TrainServerOptions, serve_training
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy.exports(__name__, _EXPORTS, globals())
 
 
 __all__ = [

@@ -16,8 +16,9 @@ leans on the framework layer only, so this file must not load the configuration 
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sluicegate import lazy
 
 _EXPORTS = {
     "DEFAULT_PRESET": "sluicegate.scheduling.config",
@@ -43,13 +44,7 @@ if TYPE_CHECKING:
     from sluicegate.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy.exports(__name__, _EXPORTS, globals())
 
 
 __all__ = [

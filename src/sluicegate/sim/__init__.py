@@ -17,8 +17,9 @@ and must not load the HTTP server or Prometheus client.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sluicegate import lazy
 
 _EXPORTS = {
     "ApiError": "sluicegate.sim.api",
@@ -67,13 +68,7 @@ if TYPE_CHECKING:
     from sluicegate.sim.text import PromptError, render_chat, render_prompt
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy.exports(__name__, _EXPORTS, globals())
 
 
 __all__ = [
