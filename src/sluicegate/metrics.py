@@ -9,12 +9,10 @@ scheduler. sluicegate's own additions are prefixed ``sluicegate_``. Latencies ar
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from sluicegate.clock import Clock
 from sluicegate.datalayer.datastore import Datastore
@@ -26,6 +24,13 @@ from sluicegate.instruments import (
     GaugeSeries,
     Histogram,
     HistogramSeries,
+)
+from sluicegate.live_metrics import (
+    ClientCollector,
+    ClientCounts,
+    FlowCollector,
+    FlowState,
+    PoolCollector,
 )
 
 # Request latency buckets 5 ms .. 1 h; TPOT 0.5 ms .. 360 s (GIE's, in that ``metrics.go``).
@@ -179,9 +184,9 @@ class GatewayMetrics:
         self.attempt_success = self.scheduler_attempts.labels("success")
         self._series: dict[tuple[str, str], ModelSeries] = {}
         self._prediction_series: dict[tuple[str, str], PredictionSeries] = {}
-        r.register(_PoolCollector(datastore, clock, staleness_s, prefix_index_size))
+        r.register(PoolCollector(datastore, clock, staleness_s, prefix_index_size))
         if flow is not None:
-            r.register(_FlowCollector(flow))
+            r.register(FlowCollector(flow))
 
     def _define_request_metrics(self, r: CollectorRegistry) -> None:
         """Per model (``model_name``, ``target_model_name``): requests, errors, latencies,
@@ -406,7 +411,7 @@ class GatewayMetrics:
     def watch_client_connections(self, counts: ClientCounts) -> None:
         """Export the HTTP server's client-connection counters, read from ``counts`` when
         scraped (the standalone gateway; call once)."""
-        self.registry.register(_ClientCollector(counts))
+        self.registry.register(ClientCollector(counts))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -440,163 +445,9 @@ class PredictionSeries:
     tpot_duration: HistogramSeries
 
 
-@dataclass(frozen=True, slots=True)
-class ClientConnections:
-    """The standalone gateway's client side, as its HTTP server counts it."""
-
-    open: int
-    """Client connections open now."""
-    refused: int
-    """Connections refused by the server's client limits since start."""
-    buffered_body_bytes: int
-    """Request-body bytes held now, across all connections (bytes)."""
-    body_timeouts: int
-    """Requests whose body did not arrive within ``bodyTimeoutMs``, since start."""
-
-
-ClientCounts = Callable[[], ClientConnections]
-
-
-class _ClientCollector(Collector):
-    """Client-connection gauges and counters, read when scraped."""
-
-    def __init__(self, counts: ClientCounts) -> None:
-        self._counts = counts
-
-    def describe(self) -> Iterator[Metric]:
-        return iter(())
-
-    def collect(self) -> Iterator[Metric]:
-        now = self._counts()
-        yield GaugeMetricFamily(
-            "sluicegate_client_connections", "Client connections open.", value=now.open
-        )
-        yield CounterMetricFamily(
-            "sluicegate_client_connections_refused",
-            "Client connections refused by the client limits (maxConnections, ...).",
-            value=now.refused,
-        )
-        yield GaugeMetricFamily(
-            "sluicegate_request_body_buffered_bytes",
-            "Request-body bytes buffered across client connections.",
-            value=now.buffered_body_bytes,
-        )
-        yield CounterMetricFamily(
-            "sluicegate_request_body_timeouts",
-            "Requests whose body did not arrive within bodyTimeoutMs.",
-            value=now.body_timeouts,
-        )
-
-
-FlowState = Callable[[], Iterable[tuple[str, float, Iterable[tuple[int, int, int]]]]]
-"""(pool, saturation, [(priority, queued requests, queued bytes)]) for each pool."""
-
-
-class _FlowCollector(Collector):
-    """Flow-control queue sizes and pool saturation, read when scraped."""
-
-    def __init__(self, state: FlowState) -> None:
-        self._state = state
-
-    def describe(self) -> Iterator[Metric]:
-        return iter(())
-
-    def collect(self) -> Iterator[Metric]:
-        size = GaugeMetricFamily(
-            "inference_extension_flow_control_queue_size",
-            "Requests waiting in flow control, by pool and priority.",
-            labels=["inference_pool", "priority"],
-        )
-        size_bytes = GaugeMetricFamily(
-            "inference_extension_flow_control_queue_bytes",
-            "Bytes of request bodies waiting in flow control.",
-            labels=["inference_pool", "priority"],
-        )
-        saturation = GaugeMetricFamily(
-            "inference_extension_flow_control_pool_saturation",
-            "Pool saturation as the flow control detector sees it (1.0 = full).",
-            labels=["inference_pool"],
-        )
-        for pool, pool_saturation, bands in self._state():
-            saturation.add_metric([pool], pool_saturation)
-            for priority, requests, nbytes in bands:
-                size.add_metric([pool, str(priority)], requests)
-                size_bytes.add_metric([pool, str(priority)], nbytes)
-        yield from (size, size_bytes, saturation)
-
-
-class _PoolCollector(Collector):
-    """Per-pool gauges computed from endpoint state at scrape time."""
-
-    def __init__(
-        self,
-        datastore: Datastore,
-        clock: Clock,
-        staleness_s: float,
-        prefix_index_size: Callable[[], int] | None,
-    ) -> None:
-        self._datastore = datastore
-        self._clock = clock
-        self._staleness = staleness_s
-        self._prefix_size = prefix_index_size
-
-    def describe(self) -> Iterator[Metric]:
-        return iter(())
-
-    def collect(self) -> Iterator[Metric]:
-        now = self._clock.now()
-        kv = GaugeMetricFamily(
-            "inference_pool_average_kv_cache_utilization",
-            "Mean KV-cache use of the pool's fresh endpoints (0..1).",
-            labels=["name"],
-        )
-        queue = GaugeMetricFamily(
-            "inference_pool_average_queue_size",
-            "Mean waiting requests per fresh endpoint.",
-            labels=["name"],
-        )
-        running = GaugeMetricFamily(
-            "inference_pool_average_running_requests",
-            "Mean running requests per fresh endpoint.",
-            labels=["name"],
-        )
-        ready = GaugeMetricFamily(
-            "inference_pool_ready_pods", "Endpoints neither ejected nor stale.", labels=["name"]
-        )
-        ejected = GaugeMetricFamily(
-            "sluicegate_endpoints_ejected",
-            "Endpoints out of scheduling now (failed requests or scrapes).",
-            labels=["pool"],
-        )
-        per_pod = GaugeMetricFamily(
-            "inference_pool_per_pod_queue_size",
-            "Waiting requests per endpoint.",
-            labels=["name", "model_server_pod"],
-        )
-        inflight = GaugeMetricFamily(
-            "sluicegate_endpoint_inflight_requests",
-            "Requests this gateway has in flight per endpoint.",
-            labels=["name", "model_server_pod"],
-        )
-        for pool in self._datastore.pools.values():
-            fresh = [
-                e
-                for e in pool.endpoints
-                if not e.health.ejected and not e.is_stale(now, self._staleness)
-            ]
-            n = len(fresh)
-            kv.add_metric([pool.name], sum(e.kv_usage() for e in fresh) / n if n else 0.0)
-            queue.add_metric([pool.name], sum(e.waiting for e in fresh) / n if n else 0.0)
-            running.add_metric([pool.name], sum(e.running for e in fresh) / n if n else 0.0)
-            ready.add_metric([pool.name], n)
-            ejected.add_metric([pool.name], sum(1 for e in pool.endpoints if e.health.ejected))
-            for e in pool.endpoints:
-                per_pod.add_metric([pool.name, e.name], e.waiting)
-                inflight.add_metric([pool.name, e.name], e.inflight.requests)
-        yield from (kv, queue, running, ready, ejected, per_pod, inflight)
-        if self._prefix_size is not None:
-            size = GaugeMetricFamily(
-                "inference_extension_prefix_indexer_size", "Block hashes held by the prefix index."
-            )
-            size.add_metric([], self._prefix_size())
-            yield size
+__all__ = [
+    "UNKNOWN_MODEL_LABEL",
+    "GatewayMetrics",
+    "ModelSeries",
+    "PredictionSeries",
+]

@@ -19,7 +19,7 @@ from gw_support import GatewayFactory, gateway_doc, model_doc, pool_doc
 from sluicegate.api.loader import build_config
 from sluicegate.gateway.app import Gateway
 from sluicegate.gateway.http import Refusal, Request
-from sluicegate.metrics import ClientConnections
+from sluicegate.live_metrics import ClientConnections
 
 BASE = "tiny-llama"
 KEY = "acceptedKey0123456789"

@@ -7,7 +7,7 @@ Layers, lowest first (a module may import its own package and lower layers only)
 |---|---|
 | 0 | ``api``, ``clock``, ``lax``, ``lazy``, ``tokens``, ``errors``, ``instruments``, ``upstream`` |
 | 1 | ``datalayer`` |
-| 2 | ``framework``, ``k8s`` |
+| 2 | ``framework``, ``k8s``, ``live_metrics`` |
 | 3 | ``latency``, ``metrics`` |
 | 4 | ``scheduling``, ``flowcontrol``, ``config_watch`` |
 | 5 | ``builtins`` (the one composition point of the built-in plugins) |
@@ -34,7 +34,7 @@ RANKS = {
         ("api", "clock", "lax", "lazy", "tokens", "errors", "instruments", "upstream"), 0
     ),
     "datalayer": 1,
-    **dict.fromkeys(("framework", "k8s"), 2),
+    **dict.fromkeys(("framework", "k8s", "live_metrics"), 2),
     **dict.fromkeys(("latency", "metrics"), 3),
     **dict.fromkeys(("scheduling", "flowcontrol", "config_watch"), 4),
     "builtins": 5,

@@ -33,7 +33,7 @@ from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.errors import GatewayError
 from sluicegate.gateway.http import HttpServer, Refusal, Request, Responder
 from sluicegate.gateway.proxy import Proxy, ProxySettings, upstream_headers
-from sluicegate.metrics import ClientConnections
+from sluicegate.live_metrics import ClientConnections
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.ids import request_id_from
 from sluicegate.requestcontrol.parse import (
