@@ -119,7 +119,7 @@ async def _run_handler(
         if not handler.cancelled():
             raise  # the server cancelled us: not a client disconnect
     except ConnectionError:
-        pass  # the client left mid-answer
+        return  # the client left mid-answer
     finally:
         watcher.cancel()
 
@@ -232,7 +232,7 @@ async def _run_watched(
             raise
         task.uncancel()
     except ConnectionError:
-        pass  # the client left mid-answer
+        return  # the client left mid-answer
     finally:
         disconnected.remove_done_callback(on_disconnect)
 

@@ -259,19 +259,17 @@ class _HttpConnection(asyncio.Protocol):
         if length > server.max_body_bytes:
             self._answer_early(request, _TOO_LARGE)
             return
-        if not has_body:
-            pass  # no body to decode or to hold
-        elif coded and not self._start_decoding(request):
-            return
-        elif length and self._inflater is None:
-            if server.buffered_body_bytes + length > server.max_buffered_body_bytes:
-                self._answer_early(request, server.buffers_full)
+        if has_body:  # (a request without one has nothing to decode or to hold)
+            if coded and not self._start_decoding(request):
                 return
-            server.buffered_body_bytes += length
-            self._body_bytes = length
-        else:
-            self._counted = self._inflater is None
-        if has_body:
+            if length and self._inflater is None:
+                if server.buffered_body_bytes + length > server.max_buffered_body_bytes:
+                    self._answer_early(request, server.buffers_full)
+                    return
+                server.buffered_body_bytes += length
+                self._body_bytes = length
+            else:
+                self._counted = self._inflater is None
             self.in_body = True
             self.body_since = self._loop.time()
         if expect and self._task is None and version != "1.0":
