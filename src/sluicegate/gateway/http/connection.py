@@ -262,14 +262,9 @@ class _HttpConnection(asyncio.Protocol):
         if has_body:  # (a request without one has nothing to decode or to hold)
             if coded and not self._start_decoding(request):
                 return
-            if length and self._inflater is None:
-                if server.buffered_body_bytes + length > server.max_buffered_body_bytes:
-                    self._answer_early(request, server.buffers_full)
-                    return
-                server.buffered_body_bytes += length
-                self._body_bytes = length
-            else:
-                self._counted = self._inflater is None
+            # Bytes count against the budget as they arrive, a declared length too: heads
+            # alone, their bodies never sent, must not be able to hold it all.
+            self._counted = self._inflater is None
             self.in_body = True
             self.body_since = self._loop.time()
         if expect and self._task is None and version != "1.0":
@@ -301,7 +296,7 @@ class _HttpConnection(asyncio.Protocol):
             self._inflate(body)
             return
         self._body.append(body)
-        if self._counted:  # chunked, without a length
+        if self._counted:
             server = self.server
             size = len(body)
             self._body_bytes += size
@@ -520,3 +515,10 @@ class _HttpConnection(asyncio.Protocol):
     def task(self) -> asyncio.Task[None] | None:
         """The handler task answering this connection's requests, if any."""
         return self._task
+
+    @property
+    def answering(self) -> bool:
+        """Whether a request is being answered (its task not finished): a connection closed
+        after its last answer keeps its finished task, and is idle all the same."""
+        task = self._task
+        return task is not None and not task.done()

@@ -115,7 +115,7 @@ class HttpServer:
                     late = now - conn.body_since >= self.body_timeout_s
                     if late and not conn.reading_paused:
                         conn.body_timed_out()
-                elif conn.task is None and now - conn.idle_since >= self.idle_timeout_s:
+                elif not conn.answering and now - conn.idle_since >= self.idle_timeout_s:
                     if conn.closed:
                         conn.close()  # its last bytes were never taken
                     else:
