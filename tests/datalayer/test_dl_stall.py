@@ -58,10 +58,14 @@ class Env:
             scraped_at=self.clock.now(), generation_tokens=self.counters[i]
         )
 
-    def run(self, seconds: float, each_step: object = None) -> None:
-        """Tick every STEP_S for ``seconds``, calling ``each_step()`` before each tick."""
+    def run(self, seconds: float, each_step: object = None, scrapes: bool = True) -> None:
+        """Tick every STEP_S for ``seconds``; before each tick every endpoint is scraped
+        (its counter unmoved; unless ``scrapes`` is False) and ``each_step()`` called."""
         for _ in range(round(seconds / STEP_S)):
             self.clock.advance(STEP_S)
+            if scrapes:
+                for i in range(len(self.counters)):
+                    self.scrape(i)
             if callable(each_step):
                 each_step()
             self.detector.tick()
@@ -130,7 +134,7 @@ def test_the_clock_starts_again_after_the_requests_ended() -> None:
     env.busy(0)
     env.run(STALL_S - 3 * STEP_S)  # busy for less than a timeout since it was idle
     assert env.ejections == []
-    env.run(4 * STEP_S)
+    env.run(5 * STEP_S)
     assert env.ejections == [("ep-0", STALLED)]
 
 
@@ -141,9 +145,13 @@ def test_off_at_zero_and_for_engines_without_a_token_counter() -> None:
     assert env.ejections == []
     assert env.stalls == []
     env = Env()
-    env.ep(0).metrics = EngineMetrics(scraped_at=env.clock.now())  # generation_tokens None
+
+    def no_counter() -> None:  # fresh scrapes of an engine that reports no token counter
+        env.ep(0).metrics = EngineMetrics(scraped_at=env.clock.now())
+
+    no_counter()
     env.busy(0)
-    env.run(5 * STALL_S)
+    env.run(5 * STALL_S, each_step=no_counter)
     assert env.ejections == []
     assert env.stalls == []
     assert not stalled(env.ep(0), env.clock.now() + 1e6, STALL_S)
@@ -205,3 +213,15 @@ def test_the_setting() -> None:
     assert outlier_settings(OutlierDetectionSettings.model_validate({"stallTimeoutMs": 0}))
     with pytest.raises(ValidationError):
         OutlierDetectionSettings.model_validate({"stallTimeoutMs": -1})
+
+
+def test_without_new_scrapes_nothing_is_judged() -> None:
+    """Scrapes failing or slower than their timeout leave the last snapshot in place: its
+    counter tells nothing, so a busy endpoint is not found stalled on it."""
+    env = Env()
+    env.busy(0, requests=2)
+    env.run(3 * STALL_S, scrapes=False)
+    assert env.ejections == []
+    assert env.stalls == []
+    env.run(STALL_S + 2 * STEP_S)  # scrapes again, its counter still: stalled
+    assert env.ejections == [("ep-0", STALLED)]

@@ -203,6 +203,9 @@ class Health:
     requests in flight there; None while it had none (see ``datalayer.stall``)."""
     progress_counter: float | None = None
     """Its generated-token counter at the last stall check."""
+    progress_scraped_at: float | None = None
+    """When the scrape the last stall check saw was taken (clock s): a check that finds
+    no newer one judges nothing."""
 
     def sync(self) -> None:
         """Recompute ``ejected`` from its two sources."""

@@ -10,7 +10,9 @@ from a long generation. The endpoint as a whole can: a server that works shows
   streamed chunks, of any request), or
 - its generated-token counter (``EngineMetrics.generation_tokens``) moving between checks:
   a server decoding any request of its batch, ours or not, counts tokens every iteration,
-  so one busy with a long prefill for one request still moves it for the others;
+  so one busy with a long prefill for one request still moves it for the others. Only a
+  check that sees a new scrape judges: without one (scrapes failing or slower than their
+  timeout, ``/metrics`` frozen) the counter tells nothing and the clock starts afresh;
 
 and the clock of "no progress" runs only while this gateway has requests in flight there
 (``InFlight.requests > 0``): it starts when the first of them is seen in flight. An endpoint
@@ -49,7 +51,15 @@ def stalled(endpoint: Endpoint, now: float, timeout_s: float) -> bool:
     if endpoint.inflight.requests <= 0:
         health.progress_at = None  # nothing to wait for: the clock starts afresh later
         health.progress_counter = counter
+        health.progress_scraped_at = metrics.scraped_at if metrics is not None else None
         return False
+    assert metrics is not None  # (the counter came from it)
+    if metrics.scraped_at == health.progress_scraped_at:
+        # No new scrape since the last check (scrapes failing or slow, metrics frozen):
+        # the counter tells nothing, so nothing is judged and the clock starts afresh.
+        health.progress_at = None
+        return False
+    health.progress_scraped_at = metrics.scraped_at
     start = health.progress_at
     if start is None or counter != health.progress_counter:
         start = now  # first seen busy, or its counter moved since the last check

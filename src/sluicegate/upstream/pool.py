@@ -101,20 +101,26 @@ class UpstreamPool:
         return sum(1 for response in live if response.waiting) if live else 0
 
     def abort(self, scheme: str, host: str, port: int, reason: str = "") -> int:
-        """End every exchange in progress with endpoint ``(scheme, host, port)`` now: its
-        connection is closed and its reader gets
+        """End the exchanges in progress with endpoint ``(scheme, host, port)`` that wait
+        for its bytes now (see :meth:`waiting`; one held up by a slow client reading what
+        arrived is left alone): each connection is closed and its reader gets
         :class:`~sluicegate.upstream.errors.UpstreamAbortedError` (saying why: ``reason``).
         Idle connections are left alone. Returns how many exchanges were aborted."""
-        live = self._live.pop((scheme, host, port), None)
+        key = (scheme, host, port)
+        live = self._live.get(key)
         if not live:
             return 0
         authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         why = f": {reason}" if reason else ""
-        for response in list(live):
+        stuck = [response for response in live if response.waiting]
+        for response in stuck:
+            live.discard(response)
             response.abort(
                 UpstreamAbortedError(f"the gateway aborted the exchange with {authority}{why}")
             )
-        return len(live)
+        if not live:
+            self._live.pop(key, None)
+        return len(stuck)
 
     async def request(
         self,
