@@ -43,8 +43,11 @@ class GatewayError(Exception):
         code: str | None = None,
         retry_after_s: int | None = None,
         reason: str | None = None,
+        detail: str = "",
     ) -> None:
         super().__init__(message)
+        self.detail = detail
+        """What the operator needs to know beyond ``message`` (logged, never sent)."""
         self.status = status
         self.message = message
         self.param = param

@@ -162,6 +162,9 @@ _RATIO = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 _MODEL = ("model_name", "target_model_name")
 UNKNOWN_MODEL_LABEL = "_unknown"
 """``model_name`` of requests refused because no endpoint serves the model they named."""
+ANY_MODEL_LABEL = "_any"
+"""``model_name`` of rewrite decisions by a rule without ``matches``: such a rule takes
+any name a client sends, so the name is not a label (configured names only are)."""
 
 
 class GatewayMetrics:
@@ -181,6 +184,7 @@ class GatewayMetrics:
         self._define_upstream_metrics(r)
         self._define_flow_control_metrics(r)
         self._define_prediction_metrics(r)
+        self._define_rewrite_metrics(r)
         self.attempt_success = self.scheduler_attempts.labels("success")
         self._series: dict[tuple[str, str], ModelSeries] = {}
         self._prediction_series: dict[tuple[str, str], PredictionSeries] = {}
@@ -318,6 +322,23 @@ class GatewayMetrics:
             registry=r,
         )
 
+    def _define_rewrite_metrics(self, r: CollectorRegistry) -> None:
+        """InferenceModelRewrite decisions (GIE's name and labels, ``metrics.go`` at
+        1748e829). Every label is a configured name: the rewrite, the matched model name
+        (``_any`` for a rule without matches) and the chosen target."""
+        self.rewrite_decisions = Counter(
+            "inference_extension_model_rewrite_decisions",
+            "Requests whose model an InferenceModelRewrite rewrote, by rewrite, requested "
+            "model and chosen target.",
+            ("model_rewrite_name", "model_name", "target_model"),
+            registry=r,
+        )
+
+    def rewrite_decided(self, rewrite: str, matched: str, target: str) -> None:
+        """Count one rewrite decision; ``matched`` is the rule's exact name, or "" for a
+        rule without matches."""
+        self.rewrite_decisions.labels(rewrite, matched or ANY_MODEL_LABEL, target).inc()
+
     def endpoint_ejected(self, endpoint: Endpoint, reason: str) -> None:
         """Count an ejection (the outlier detector's and the collector's listener)."""
         self.ejections.labels(endpoint.pool, endpoint.name, reason).inc()
@@ -446,6 +467,7 @@ class PredictionSeries:
 
 
 __all__ = [
+    "ANY_MODEL_LABEL",
     "UNKNOWN_MODEL_LABEL",
     "GatewayMetrics",
     "ModelSeries",

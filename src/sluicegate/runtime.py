@@ -134,6 +134,10 @@ class Runtime:
         self._outlier_task: asyncio.Task[None] | None = None
         self._expiry: asyncio.TimerHandle | None = None
         self._discovered: EndpointsByPool | None = None
+        self._warned_empty: set[str] = set()
+        """Pools whose emptiness has been logged (logged again once they had endpoints)."""
+        self._logged_unserved: set[str] = set()
+        """Not-served refusals already logged (bounded; emptied on every reload)."""
         sync_pools(self.datastore, config, static_endpoints(config))
 
     # ------------------------------------------------------------------ lifecycle
@@ -166,6 +170,7 @@ class Runtime:
             ),
         )
         self.collector.on_scrape.append(self._on_scrape)
+        self.collector.on_models.append(self._on_models)
         self.collector.on_eject.append(self.metrics.endpoint_ejected)
         self.collector.start()
         if settings.outlier_detection.enabled:
@@ -175,6 +180,7 @@ class Runtime:
             self.outlier.on_eject.append(self.metrics.endpoint_ejected)
             self.collector.on_reachable.append(self.outlier.reachable_again)
             self._outlier_task = asyncio.create_task(self._outlier_loop(), name="outlier")
+        self._warn_empty_pools()
 
     async def _outlier_loop(self) -> None:
         detector = self.outlier
@@ -240,13 +246,19 @@ class Runtime:
         self.config = config
         self.director.models = models
         self.director.prediction_default = new_predictor.prediction_based_scheduling_default
+        discovered = self._discovered is not None
         sync_pools(
             self.datastore,
             config,
             self._discovered if self._discovered is not None else static_endpoints(config),
+            discovered=discovered,
         )
         self.built = self.director.built = built
         self.director.set_flow(flow)
+        self._logged_unserved.clear()
+        self.director.reject_unservable()
+        if not discovered and self.collector is not None:  # started: a reload of the file
+            self._warn_empty_pools()
         log.info(
             "configuration applied: %d pool(s), %d model(s), %d endpoint(s)%s",
             len(self.datastore.pools),
@@ -279,6 +291,10 @@ class Runtime:
         started = time.perf_counter() if started is None else started
         try:
             admitted = self.director.admit(parsed, request_id, headers, subset)
+            rewrite = admitted.rewrite
+            if rewrite is not None and rewrite.rewrite is not None:
+                target = admitted.request.target_model
+                metrics.rewrite_decided(rewrite.rewrite, rewrite.public_name, target)
             state = await self.director.prefetch(admitted) if self.built.fetchers else None
             waiter: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()
             result = self.director.submit(admitted, _Waiter(self, waiter), state)
@@ -297,6 +313,8 @@ class Runtime:
             # made-up names cannot use up the label sets real models' errors need.
             model = UNKNOWN_MODEL_LABEL if exc.reason == "unknown-model" else parsed.model
             metrics.errors.labels(model, "", str(exc.status)).inc()
+            if exc.detail:
+                self._log_refusal(exc)
             raise
         metrics.attempt_success.inc()
         match = dispatch.state.get(PREFIX_MATCH)
@@ -384,6 +402,38 @@ class Runtime:
         self.director.expire()
         self._arm_expiry()
 
+    def _on_models(self, endpoint: Endpoint) -> None:
+        """A served-model list changed: queued requests for a target no endpoint lists
+        any more are answered now."""
+        if self.director.waiting_requests():
+            self.director.reject_unservable()
+
+    def _log_refusal(self, error: GatewayError) -> None:
+        """Log a refusal's operator detail once per distinct message (bounded)."""
+        key = f"{error.message} {error.detail}"
+        if key in self._logged_unserved or len(self._logged_unserved) >= _MAX_LOGGED:
+            return
+        self._logged_unserved.add(key)
+        log.warning("%s (%s)", error.message, error.detail)
+
+    def _warn_empty_pools(self) -> None:
+        """One log line for each configured pool without endpoints, saying what is missing
+        and how to fix it (again only after it had endpoints in between)."""
+        for name, pool in self.datastore.pools.items():
+            if pool.endpoints:
+                self._warned_empty.discard(name)
+            elif name not in self._warned_empty:
+                self._warned_empty.add(name)
+                log.warning(
+                    "InferencePool '%s' has no endpoints, so its requests are answered 503: %s",
+                    name,
+                    pool.empty_hint,
+                )
+
+    def empty_pools(self) -> list[str]:
+        """Pools with no endpoint at all (none configured or discovered), by name."""
+        return sorted(name for name, pool in self.datastore.pools.items() if not pool.endpoints)
+
     def _on_scrape(self, endpoint: Endpoint) -> None:
         """Fresh metrics may show room for waiting requests."""
         if self.director.controllers():
@@ -461,6 +511,10 @@ class Runtime:
         # Only streamed answers: the gateway sees no first token of a non-streamed one,
         # so its TTFT (and TPOT) cannot be judged against the SLO.
         self.metrics.slo_violations.labels(model, target, kind).inc()
+
+
+_MAX_LOGGED = 256
+"""Distinct refusal details logged between two reloads."""
 
 
 def outlier_settings(spec: OutlierDetectionSettings) -> OutlierSettings:

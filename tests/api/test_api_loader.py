@@ -565,7 +565,7 @@ def test_document_numbers_count_empty_documents() -> None:
 @pytest.mark.parametrize(
     ("api_version", "kind"),
     [
-        (ALPHA2, "InferenceModelRewrite"),
+        (ALPHA2, "InferencePoolImport"),
         (V1, "InferencePoolImport"),
         (EPC_LLMD, "Frobnicator"),
         (GW, "Gateway"),

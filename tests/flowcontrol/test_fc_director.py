@@ -395,26 +395,57 @@ def test_capacity_rejection_is_429() -> None:
     assert env.waiting() == 2
 
 
-def test_no_endpoints_requests_wait_then_expire_or_find_new_endpoints() -> None:
+def test_no_endpoints_is_a_503_at_once_and_queued_requests_are_answered() -> None:
+    # A pool without endpoints can serve nothing until its endpoint set changes: new
+    # requests are refused at once, queued ones as soon as the director is told.
     env = FlowEnv(gated(flowControl={"defaultRequestTTL": "30s"}))
     specs = [EndpointSpec(e.name, e.host, e.port) for e in env.endpoints()]
+    first = env.queued("standard", "first")  # never scraped: no room yet
+    assert env.director.reject_unservable() == 0
     env.datastore.set_endpoints(POOL, [])  # scaled to zero
-    first = env.queued("standard", "first")
-    env.shed("sheddable")
-    assert env.director.pump() == 0
-    env.clock.advance(30.0)
-    assert env.director.expire() == 1
+    assert env.director.reject_unservable() == 1
     assert env.rejected[0][0] is first
-    assert env.rejected[0][1].status == 503
-    second = env.queued("critical", "second")
-    env.clock.advance(10.0)
+    error = env.rejected[0][1]
+    assert (error.status, error.code) == (503, "no_endpoint")
+    assert "pool 'pool' has no endpoints" in error.message
+    assert env.waiting() == 0
+    assert env.director.expire(env.clock.now() + 60.0) == 0  # nothing left to time out
+    with pytest.raises(GatewayError) as info:
+        env.submit("critical", "refused")
+    assert info.value.status == 503
+    assert "pool 'pool' has no endpoints" in info.value.message
     env.datastore.set_endpoints(POOL, specs)  # scaled back up
     env.scrape_all()
-    assert env.director.pump() == 1
+    second = env.submit("critical", "second")
+    assert isinstance(second, QueueItem)
     assert second.state is ItemState.DISPATCHED
     assert env.names() == ["second"]
     env.finish_all()
     env.assert_balanced()
+
+
+def test_queued_request_answered_when_its_target_is_no_longer_listed() -> None:
+    env = FlowEnv(gated())
+    item = env.queued("standard", "waits")  # target "base", never scraped: no room
+    for e in env.endpoints():
+        e.models = ServedModels(frozenset({"other"}), frozenset(), env.clock.now())
+    env.endpoints()[0].health.ejected = True  # ejected endpoints count: they come back
+    assert env.director.reject_unservable() == 1
+    assert env.rejected == [(item, env.rejected[0][1])]
+    error = env.rejected[0][1]
+    assert (error.status, error.reason) == (503, "model-not-served")
+    assert "'standard'" in error.message  # the client's name, not the target
+    assert "'base'" in error.detail
+    assert "other" in error.detail
+
+
+def test_queued_request_waits_while_some_endpoint_has_not_listed_its_models() -> None:
+    env = FlowEnv(gated())
+    item = env.queued("standard", "waits")
+    env.endpoints()[0].models = ServedModels(frozenset({"other"}), frozenset(), 1.0)
+    env.endpoints()[1].models = ServedModels()  # not listed yet
+    assert env.director.reject_unservable() == 0
+    assert item.state is ItemState.QUEUED
 
 
 def test_stale_metrics_hold_requests_until_a_fresh_scrape() -> None:

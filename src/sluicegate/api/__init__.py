@@ -3,7 +3,8 @@
 - :mod:`~sluicegate.api.loader` — reading and cross-checking a configuration
   (``load_config``, ``parse_config``, ``build_config`` → ``Config``; ``ConfigError``);
 - :mod:`~sluicegate.api.resources` — the resource models: ``InferencePool``,
-  ``InferenceModel``, ``InferenceObjective``, ``EndpointPickerConfig``, ``GatewayConfig``
+  ``InferenceModel``, ``InferenceModelRewrite``, ``InferenceObjective``,
+  ``EndpointPickerConfig``, ``GatewayConfig``
   and their parts;
 - :mod:`~sluicegate.api.units` — durations (``Seconds``, ``parse_duration_s``) and sizes
   (``parse_bytes``, bytes) as a configuration spells them;
@@ -29,6 +30,7 @@ from sluicegate.api.resources import (
     GatewayConfig,
     GatewaySettings,
     InferenceModel,
+    InferenceModelRewrite,
     InferenceObjective,
     InferencePool,
     LabelSelector,
@@ -49,6 +51,7 @@ __all__ = [
     "GatewayConfig",
     "GatewaySettings",
     "InferenceModel",
+    "InferenceModelRewrite",
     "InferenceObjective",
     "InferencePool",
     "KeySourceError",

@@ -22,6 +22,7 @@ from sluicegate.api.resources import (
     GatewayConfig,
     GatewaySettings,
     InferenceModel,
+    InferenceModelRewrite,
     InferenceObjective,
     InferencePool,
 )
@@ -45,6 +46,8 @@ class Config:
     models: dict[str, InferenceModel] = field(default_factory=dict)
     """InferenceModels by their public ``modelName``."""
     objectives: dict[str, InferenceObjective] = field(default_factory=dict)
+    rewrites: dict[str, InferenceModelRewrite] = field(default_factory=dict)
+    """InferenceModelRewrites by name, in the order they were read."""
     picker: EndpointPickerConfig | None = None
     gateway: GatewaySettings = field(default_factory=GatewaySettings)
     skipped: list[str] = field(default_factory=list)
@@ -139,6 +142,10 @@ def _add(config: Config, obj: BaseModel, label: str, problems: list[str]) -> Non
         if obj.metadata.name in config.objectives:
             problems.append(f"{label}: duplicate InferenceObjective {obj.metadata.name!r}")
         config.objectives[obj.metadata.name] = obj
+    elif isinstance(obj, InferenceModelRewrite):
+        if obj.metadata.name in config.rewrites:
+            problems.append(f"{label}: duplicate InferenceModelRewrite {obj.metadata.name!r}")
+        config.rewrites[obj.metadata.name] = obj
     elif isinstance(obj, EndpointPickerConfig):
         if config.picker is not None:
             problems.append(f"{label}: only one EndpointPickerConfig is allowed")
@@ -148,9 +155,10 @@ def _add(config: Config, obj: BaseModel, label: str, problems: list[str]) -> Non
 
 
 def _cross_check(config: Config, labels: dict[int, str], problems: list[str]) -> None:
-    referrers: list[InferenceModel | InferenceObjective] = [
+    referrers: list[InferenceModel | InferenceObjective | InferenceModelRewrite] = [
         *config.models.values(),
         *config.objectives.values(),
+        *config.rewrites.values(),
     ]
     for obj in referrers:
         ref = obj.spec.pool_ref.name

@@ -9,6 +9,9 @@ InferenceModel, 1748e829 otherwise — https://github.com/kubernetes-sigs/gatewa
   pool may list its servers in ``spec.endpoints`` (a sluicegate extension).
 - ``InferenceModel`` v1alpha2 — ``modelName``, ``criticality``, weighted ``targetModels``.
 - ``InferenceObjective`` v1alpha2 — ``priority`` (negative = sheddable).
+- ``InferenceModelRewrite`` v1alpha2 — rules mapping a requested model name (``Exact``
+  matches, or every name when a rule has no ``matches``) to weighted ``targets``
+  (``modelRewrite``); GIE's ``apix/v1alpha2/inferencemodelrewrite_types.go`` at 1748e829.
 - ``EndpointPickerConfig`` — ``plugins`` and ``schedulingProfiles`` (GIE and llm-d groups).
 - ``GatewayConfig`` (``sluicegate.dev/v1alpha1``) — settings of the standalone gateway.
 
@@ -18,6 +21,7 @@ ignored; field names are the manifests' camelCase.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -41,12 +45,23 @@ class Model(BaseModel):
 class ObjectMeta(BaseModel):
     """Kubernetes object metadata; fields other than these are accepted and ignored."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
     name: Annotated[str, Field(min_length=1, max_length=253)]
     namespace: str = "default"
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
+    creation_timestamp: str | None = Field(None, alias="creationTimestamp")
+    """RFC 3339 (sorts as text); decides which InferenceModelRewrite is older."""
+
+    @field_validator("creation_timestamp", mode="before")
+    @classmethod
+    def _timestamp(cls, value: object) -> object:
+        # YAML reads an unquoted timestamp as a datetime; the API server sends text.
+        if isinstance(value, datetime):
+            aware = value if value.tzinfo else value.replace(tzinfo=UTC)
+            return aware.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return value
 
 
 class Resource(Model):
@@ -202,6 +217,59 @@ class InferenceObjectiveSpec(Model):
 class InferenceObjective(Resource):
     kind: Literal["InferenceObjective"]
     spec: InferenceObjectiveSpec
+
+
+# ---------------------------------------------------------------------------- InferenceModelRewrite
+
+
+class ModelMatch(Model):
+    type: Literal["Exact"] = "Exact"
+    """The only match type the API defines (its default)."""
+    value: Annotated[str, Field(min_length=1, max_length=256)]
+
+
+class RewriteMatch(Model):
+    model: ModelMatch
+
+
+class RewriteTarget(Model):
+    model_rewrite: Annotated[str, Field(min_length=1, max_length=253)]
+    """The model name the request is sent upstream with."""
+    weight: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+
+
+class RewriteRule(Model):
+    matches: Annotated[list[RewriteMatch], Field(max_length=64)] = Field(default_factory=list)
+    """Any of these names (logical OR); empty: every requested name."""
+    targets: Annotated[list[RewriteTarget], Field(min_length=1, max_length=64)]
+
+    @model_validator(mode="after")
+    def _targets(self) -> RewriteRule:
+        problems: list[str] = []
+        weighted = [t.weight is not None for t in self.targets]
+        if any(weighted) and not all(weighted):
+            problems.append("targets weights must be set on all targets or on none")
+        names = [t.model_rewrite for t in self.targets]
+        if len(set(names)) != len(names):
+            problems.append("targets modelRewrite names must be unique")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def exact_models(self) -> list[str]:
+        """The matched names in order, without repeats (empty for a generic rule)."""
+        return list(dict.fromkeys(m.model.value for m in self.matches))
+
+
+class InferenceModelRewriteSpec(Model):
+    pool_ref: PoolRef
+    rules: Annotated[list[RewriteRule], Field(min_length=1, max_length=256)]
+
+
+class InferenceModelRewrite(Resource):
+    kind: Literal["InferenceModelRewrite"]
+    spec: InferenceModelRewriteSpec
 
 
 # ---------------------------------------------------------------------------- EndpointPickerConfig
@@ -454,6 +522,7 @@ KINDS: dict[str, type[BaseModel]] = {
     "InferencePool": InferencePool,
     "InferenceModel": InferenceModel,
     "InferenceObjective": InferenceObjective,
+    "InferenceModelRewrite": InferenceModelRewrite,
     "EndpointPickerConfig": EndpointPickerConfig,
     "GatewayConfig": GatewayConfig,
 }

@@ -78,6 +78,9 @@ class Collector:
         """Called when a scrape succeeds after enough failed ones to have ejected the
         endpoint: unreachable for a while, it answers again (e.g. to end an ejection for
         refused connections)."""
+        self.on_models: list[Callable[[Endpoint], None]] = []
+        """Called when an endpoint's served-model list changed (its first listing
+        included): a target no endpoint lists any more can be refused."""
         self._stopping: set[asyncio.Task[None]] = set()
         """Tasks of removed endpoints, cancelled but maybe not finished yet."""
         self._running = False
@@ -246,7 +249,12 @@ class Collector:
         models = parse_models(payload, self.clock.now())
         if models is None:
             return False
+        old = endpoint.models
         endpoint.models = models
+        listed = (models.base_models, models.adapters)
+        if not old.known or (old.base_models, old.adapters) != listed:
+            for listener in self.on_models:
+                listener(endpoint)
         return True
 
     async def _get(self, endpoint: Endpoint, path: str) -> tuple[int, bytes]:

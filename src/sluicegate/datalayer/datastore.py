@@ -35,6 +35,8 @@ class Pool:
     endpoints: list[Endpoint] = field(default_factory=list)
     failure_mode: str = "FailClose"
     annotations: dict[str, str] = field(default_factory=dict)
+    empty_hint: str = "no endpoint has been discovered for it"
+    """Why the pool may have no endpoints and what fixes it (for the 503 it answers then)."""
 
     def get(self, name: str) -> Endpoint | None:
         for e in self.endpoints:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from sluicegate.api.loader import Config
+from sluicegate.api.resources import InferencePool
 from sluicegate.datalayer.datastore import Datastore, EndpointSpec
 
 EndpointsByPool = Mapping[str, Iterable[EndpointSpec]]
@@ -39,12 +40,33 @@ def static_endpoints(config: Config) -> dict[str, list[EndpointSpec]]:
     return out
 
 
-def sync_pools(datastore: Datastore, config: Config, endpoints: EndpointsByPool) -> None:
+def empty_pool_hint(pool: InferencePool, discovered: bool) -> str:
+    """What a pool without endpoints lacks, and the fix, in a few words: its endpoints
+    come from Kubernetes (``discovered``) or from its ``spec.endpoints`` list."""
+    labels = ",".join(f"{k}={v}" for k, v in sorted(pool.spec.match_labels.items()))
+    if discovered:
+        if not labels:
+            return "its selector is empty, so it selects no pod"
+        return f"no Ready pod with an IP carries its selector's labels ({labels})"
+    fix = (
+        "list the model servers under spec.endpoints (address: host:port), "
+        "or run `sluicegate extproc --kubernetes` to find pods by its selector"
+    )
+    if labels:
+        return f"its selector ({labels}) is read only with --kubernetes; {fix}"
+    return fix
+
+
+def sync_pools(
+    datastore: Datastore, config: Config, endpoints: EndpointsByPool, *, discovered: bool = False
+) -> None:
     """Make ``datastore`` hold exactly the pools of ``endpoints`` and their endpoints.
 
     Endpoints that stay (same name, host and port) keep their state (metrics, in-flight
-    counts); pools that vanished are removed. Each pool's annotations and failure mode come
-    from ``config``. Call it from the event loop (the datastore is single-threaded).
+    counts); pools that vanished are removed. Each pool's annotations, failure mode and
+    empty-pool hint come from ``config`` (``discovered``: the endpoints are Kubernetes
+    pods, not the file's lists). Call it from the event loop (the datastore is
+    single-threaded).
     """
     for name in list(datastore.pools):
         if name not in endpoints:
@@ -56,3 +78,4 @@ def sync_pools(datastore: Datastore, config: Config, endpoints: EndpointsByPool)
             pool = datastore.pools[name]
             pool.annotations = dict(resource.metadata.annotations)
             pool.failure_mode = resource.spec.failure_mode
+            pool.empty_hint = empty_pool_hint(resource, discovered)

@@ -414,7 +414,18 @@ class Gateway:
         responder.send(200, headers, self.metrics.render())
 
     async def _health(self, request: Request, responder: Responder, request_id: str) -> None:
-        responder.send(200, [_JSON], b'{"status":"ok"}')
+        # Liveness: 200 while the process serves, whatever the pools hold (a restart
+        # would not add endpoints); the body names pools nothing can be routed to.
+        empty = self.runtime.empty_pools()
+        if not empty:
+            responder.send(200, [_JSON], b'{"status":"ok"}')
+            return
+        pools = self.runtime.datastore.pools
+        body = {
+            "status": "degraded",
+            "empty_pools": [{"pool": name, "fix": pools[name].empty_hint} for name in empty],
+        }
+        responder.send(200, [_JSON], orjson.dumps(body))
 
     async def _ready(self, request: Request, responder: Responder, request_id: str) -> None:
         ready = self.runtime.ready_endpoints()

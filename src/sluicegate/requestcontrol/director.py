@@ -4,7 +4,10 @@ Synchronous and free of I/O, in the order of GIE's director (at 1748e829,
 https://github.com/kubernetes-sigs/gateway-api-inference-extension/blob/1748e829/pkg/epp/requestcontrol/director.go):
 
 1. :meth:`Director.admit` resolves the model — public name → pool, target model (weighted),
-   priority — and builds the scheduling view of the request;
+   priority — and builds the scheduling view of the request. A request no endpoint can
+   serve is a 503 here, queueing or not: its pool has no endpoints, or every endpoint has
+   listed its models and none lists the target (until the first listing, nothing is
+   known and the request goes on);
 2. :meth:`Director.submit` runs the admitters, then admission control:
    - flow control off for the pool: a sheddable request is refused (429) when the pool is
      saturated; everything else is scheduled at once;
@@ -19,8 +22,10 @@ https://github.com/kubernetes-sigs/gateway-api-inference-extension/blob/1748e829
 A request that waits is handed back through the :class:`Ticket` it was submitted with:
 ``dispatched`` when it leaves the queue, ``rejected`` when it cannot be served (time to
 live, no endpoint). :meth:`Director.pump` must be called whenever room may have appeared
-(a request finished, fresh metrics arrived) and :meth:`Director.expire` at
-:meth:`Director.next_deadline`.
+(a request finished, fresh metrics arrived), :meth:`Director.expire` at
+:meth:`Director.next_deadline`, and :meth:`Director.reject_unservable` when the endpoint set
+or a served-model list changed (queued requests nothing can serve any more are answered
+503 at once instead of waiting out their time to live).
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from sluicegate.framework import (
 )
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.jsonbytes import replace_top_level_string
-from sluicegate.requestcontrol.models import ModelTable
+from sluicegate.requestcontrol.models import ModelRoute, ModelTable
 from sluicegate.requestcontrol.parse import ParsedRequest
 from sluicegate.scheduling.config import BuiltScheduler
 
@@ -67,6 +72,8 @@ class Admitted:
     """The endpoints serving the target model as admission found them, handed to the
     first :meth:`Director.candidates` call (scheduled at once, that is in the same
     event-loop step) and then dropped: later calls look again."""
+    rewrite: ModelRoute | None = None
+    """The InferenceModelRewrite route that chose the target, if one did."""
 
 
 class Ticket(Protocol):
@@ -145,9 +152,11 @@ class Director:
         pool_name = model_route.pool if model_route is not None else self.models.default_pool
         if pool_name is None:
             raise unknown_model(parsed.model)
-        if pool_name not in self.datastore.pools:
-            raise no_endpoint(f"pool '{pool_name}' has no endpoints")
-        pool = self.datastore.pools[pool_name]
+        pool = self.datastore.pools.get(pool_name)
+        if pool is None or not pool.endpoints:
+            # Nothing can serve it until the endpoint set changes: answered now, even
+            # with flow control (a queued request would only wait out its TTL).
+            raise empty_pool(pool_name, pool)
         allowed = None if subset is None else frozenset(subset)
         if allowed is not None and not any(e.address in allowed for e in pool.endpoints):
             raise no_endpoint(
@@ -155,7 +164,13 @@ class Director:
                 if not allowed
                 else f"no endpoint of pool '{pool_name}' is in the endpoint subset hint"
             )
-        if parsed.model_rewrite:
+        # An InferenceModelRewrite rule beats the trusted rewrite header, which beats an
+        # InferenceModel's targets (GIE at 1748e829: pkg/epp/handlers/request.go takes
+        # the header, then pkg/epp/requestcontrol/director.go applies a matching rule).
+        rewrite = model_route if model_route is not None and model_route.rewrite else None
+        if rewrite is not None:
+            target = rewrite.next_target()
+        elif parsed.model_rewrite:
             target = parsed.model_rewrite
         elif model_route is not None:
             target = model_route.next_target()
@@ -163,8 +178,11 @@ class Director:
             target = parsed.model
         by_config = model_route is not None or bool(parsed.model_rewrite)
         serving = self._serving(pool, target)
-        if serving is None and not by_config:
-            raise unknown_model(parsed.model)
+        if serving is None:
+            if not by_config:
+                raise unknown_model(parsed.model)
+            if never_served(pool, target):
+                raise not_served(pool, parsed.model, target)
         request = LLMRequest(
             request_id=request_id,
             model=parsed.model,
@@ -189,7 +207,7 @@ class Director:
                 else parsed.prediction_based
             ),
         )
-        return Admitted(request, pool, parsed, by_config, allowed, serving or [])
+        return Admitted(request, pool, parsed, by_config, allowed, serving or [], rewrite)
 
     def submit(
         self, admitted: Admitted, ticket: Ticket | None = None, state: CycleState | None = None
@@ -346,6 +364,27 @@ class Director:
         del self._waiting[item]
         return True
 
+    def reject_unservable(self) -> int:
+        """Answer at once (503) every waiting request no endpoint can serve any more: its
+        pool has no endpoints left, or every endpoint lists its models and none has the
+        request's target. Call it when the endpoint set or a served-model list changed;
+        returns how many were answered."""
+        doomed: list[tuple[QueueItem, _Waiting, GatewayError]] = []
+        for item, entry in self._waiting.items():
+            admitted = entry.admitted
+            pool = self.datastore.pools.get(admitted.pool.name)
+            if pool is None or not pool.endpoints:
+                doomed.append((item, entry, empty_pool(admitted.pool.name, pool)))
+            elif never_served(pool, admitted.request.target_model):
+                model, target = admitted.request.model, admitted.request.target_model
+                doomed.append((item, entry, not_served(pool, model, target)))
+        for item, entry, error in doomed:
+            controller = self._controllers.get(entry.admitted.pool.name)
+            if controller is not None and controller.cancel(item):
+                del self._waiting[item]
+                entry.ticket.rejected(item, error)
+        return len(doomed)
+
     def waiting_requests(self) -> int:
         """Requests queued in every pool (each leaves through its ticket or a cancel)."""
         return len(self._waiting)
@@ -428,6 +467,41 @@ class Director:
         return serving or None
 
 
+def never_served(pool: Pool, target: str) -> bool:
+    """Every endpoint of ``pool`` (ejected ones too: they come back) has listed its models
+    and none lists ``target``. False before the first listing: nothing is known yet."""
+    endpoints = pool.endpoints
+    return all(e.models.known for e in endpoints) and not any(
+        e.models.serves(target) for e in endpoints
+    )
+
+
+def empty_pool(name: str, pool: Pool | None) -> GatewayError:
+    """The 503 for a request whose pool has no endpoint at all."""
+    hint = pool.empty_hint if pool is not None else "it has no endpoint list"
+    return no_endpoint(f"pool '{name}' has no endpoints: {hint}")
+
+
+_LISTED_NAMES = 8
+"""Served names a ``not_served`` detail shows (the log line stays short)."""
+
+
+def not_served(pool: Pool, model: str, target: str) -> GatewayError:
+    """The 503 for a target model no endpoint of ``pool`` lists. The client is told its own
+    model name (the target may be an adapter it was never told of); the log is told the
+    target and what the endpoints do serve."""
+    served = sorted({n for e in pool.endpoints for n in e.models.base_models | e.models.adapters})
+    shown = ", ".join(served[:_LISTED_NAMES]) + (" ..." if len(served) > _LISTED_NAMES else "")
+    error = no_endpoint(
+        f"no endpoint of pool '{pool.name}' serves model '{model}': the model it is routed "
+        "to is not among the models the pool's servers list; fix the target model name in "
+        "the gateway's configuration or the servers' served model names"
+    )
+    error.reason = "model-not-served"
+    error.detail = f"target model '{target}'; the endpoints list: {shown or 'nothing'}"
+    return error
+
+
 def _response_headers(state: CycleState) -> dict[str, str]:
     headers = state.get(RESPONSE_HEADERS)
     return dict(headers) if headers else {}
@@ -442,4 +516,13 @@ def _rewritten_body(parsed: ParsedRequest, target: str) -> bytes | None:
     return replace_top_level_string(parsed.raw, "model", target)
 
 
-__all__ = ["Admitted", "Director", "Dispatch", "GatewayError", "Ticket"]
+__all__ = [
+    "Admitted",
+    "Director",
+    "Dispatch",
+    "GatewayError",
+    "Ticket",
+    "empty_pool",
+    "never_served",
+    "not_served",
+]

@@ -12,6 +12,24 @@ Priority (for shedding and flow control) comes from the request's objective head
 ``priority-mix`` objectives,
 https://github.com/llm-d/llm-d-benchmark/blob/8bc9f1dd/workload/profiles/priority-mix/priority_mix.yaml.in),
 else 0.
+
+An ``InferenceModelRewrite`` maps requested names to weighted ``targets`` the same way
+(GIE at 1748e829: ``apix/v1alpha2/inferencemodelrewrite_types.go`` for the shape,
+``pkg/epp/datastore/modelrewritestore.go`` for the precedence,
+https://github.com/kubernetes-sigs/gateway-api-inference-extension/tree/1748e829). Which
+route a requested name takes, first match wins:
+
+1. a rewrite rule with an ``Exact`` match on the name — among several, the oldest
+   InferenceModelRewrite (``creationTimestamp``; in a file without timestamps, the first
+   read), then the first rule in it;
+2. an ``InferenceModel`` whose ``modelName`` is the name;
+3. a rewrite rule without ``matches`` (it matches every name), the oldest first;
+4. none: the name is sent as is to the only pool.
+
+GIE has no InferenceModel next to the rewrites, so 2 is ours: a named model beats a
+catch-all rule, an exact rewrite beats the older kind. A rewrite route keeps the
+criticality of an InferenceModel of the same name for its priority. GIE draws the target
+at random by weight; the split here is the same smooth round-robin as InferenceModel's.
 """
 
 from __future__ import annotations
@@ -32,6 +50,8 @@ class ModelRoute:
     targets: list[str]
     weights: list[int]
     priority: int
+    rewrite: str | None = None
+    """The InferenceModelRewrite whose rule made this route; None for an InferenceModel."""
     _current: list[int] = field(default_factory=list)
 
     def next_target(self) -> str:
@@ -58,18 +78,47 @@ class ModelTable:
     def __init__(self, config: Config) -> None:
         self.default_pool = next(iter(config.pools)) if len(config.pools) == 1 else None
         self.routes: dict[str, ModelRoute] = {}
+        """Every configured public name (exact rewrite matches and InferenceModels)."""
+        self.generic: ModelRoute | None = None
+        """The rewrite rule without matches that takes every other name (its
+        ``public_name`` is empty)."""
+        priorities: dict[str, int] = {}
         for public, model in config.models.items():
             spec = model.spec
             targets = [t.name for t in spec.target_models] or [public]
             weights = [t.weight or 1 for t in spec.target_models] or [1]
-            priority = CRITICALITY_PRIORITY[spec.criticality or "Standard"]
+            priority = priorities[public] = CRITICALITY_PRIORITY[spec.criticality or "Standard"]
             self.routes[public] = ModelRoute(public, spec.pool_ref.name, targets, weights, priority)
+        self._add_rewrites(config, priorities)
         self.objectives: dict[str, int] = {
             name: obj.spec.priority or 0 for name, obj in config.objectives.items()
         }
 
+    def _add_rewrites(self, config: Config, priorities: dict[str, int]) -> None:
+        # Oldest first; objects without a timestamp after those with one, in file order
+        # (sorted() is stable).
+        ordered = sorted(
+            config.rewrites.values(), key=lambda r: r.metadata.creation_timestamp or "~"
+        )
+        exact: dict[str, ModelRoute] = {}
+        for rewrite in ordered:
+            pool, name = rewrite.spec.pool_ref.name, rewrite.metadata.name
+            for rule in rewrite.spec.rules:
+                targets = [t.model_rewrite for t in rule.targets]
+                weights = [t.weight or 1 for t in rule.targets]
+                models = rule.exact_models
+                if not models and self.generic is None:
+                    self.generic = ModelRoute("", pool, targets, weights, 0, name)
+                for public in models:
+                    if public not in exact:
+                        priority = priorities.get(public, 0)
+                        route = ModelRoute(public, pool, targets, list(weights), priority, name)
+                        exact[public] = route
+        self.routes.update(exact)
+
     def route(self, public_name: str) -> ModelRoute | None:
-        return self.routes.get(public_name)
+        """The route of a requested name (see the module docstring), or None."""
+        return self.routes.get(public_name) or self.generic
 
     def priority(self, route: ModelRoute | None, objective: str | None) -> int:
         """The request's priority: objective header first, then criticality, else 0."""
