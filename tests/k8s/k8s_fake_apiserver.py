@@ -46,12 +46,14 @@ CRDS = (
     ("inference.networking.x-k8s.io", "v1alpha2", "inferencepools"),
     ("inference.networking.x-k8s.io", "v1alpha2", "inferencemodels"),
     ("inference.networking.x-k8s.io", "v1alpha2", "inferenceobjectives"),
+    ("inference.networking.x-k8s.io", "v1alpha2", "inferencemodelrewrites"),
 )
 KINDS = {
     "pods": "Pod",
     "inferencepools": "InferencePool",
     "inferencemodels": "InferenceModel",
     "inferenceobjectives": "InferenceObjective",
+    "inferencemodelrewrites": "InferenceModelRewrite",
 }
 PLURALS = {kind: plural for plural, kind in KINDS.items()}
 
@@ -490,6 +492,25 @@ def model(
         "kind": "InferenceModel",
         "metadata": {"name": name, "namespace": "default"},
         "spec": spec,
+    }
+
+
+def rewrite(name: str, pool: str, rules: list[tuple[list[str], list[tuple[str, int]]]]) -> Json:
+    """An InferenceModelRewrite: ``rules`` are (matched names, [(target, weight)])."""
+    return {
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha2",
+        "kind": "InferenceModelRewrite",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "poolRef": {"group": "inference.networking.k8s.io", "name": pool},
+            "rules": [
+                {
+                    "matches": [{"model": {"type": "Exact", "value": m}} for m in matches],
+                    "targets": [{"modelRewrite": t, "weight": w} for t, w in targets],
+                }
+                for matches, targets in rules
+            ],
+        },
     }
 
 

@@ -40,7 +40,13 @@ def test_project_custom_keeps_spec_and_identity_only() -> None:
     assert obj.document == {
         "apiVersion": "inference.networking.k8s.io/v1",
         "kind": "InferencePool",
-        "metadata": {"name": "p", "namespace": "default", "annotations": {"a": "b"}},
+        "metadata": {
+            "name": "p",
+            "namespace": "default",
+            "annotations": {"a": "b"},
+            # Kept: the older InferenceModelRewrite wins a name two of them match.
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
         "spec": raw["spec"],
     }
     del raw["apiVersion"], raw["kind"]  # list items may omit them

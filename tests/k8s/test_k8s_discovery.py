@@ -50,7 +50,7 @@ async def until(predicate: object) -> None:
             await asyncio.sleep(0.005)
 
 
-async def watching(apiserver: FakeApiServer, count: int = 5) -> None:
+async def watching(apiserver: FakeApiServer, count: int = 6) -> None:
     """Wait until the server holds ``count`` open watches (one per collection): the
     discovery is synced once every list is done, a moment before its watches arrive."""
     await until(lambda: apiserver.active_watches == count)
@@ -348,7 +348,7 @@ async def test_dropped_watch_resumes_from_last_version(
     # A clean end of the stream (server-side timeout) is followed by a new watch.
     watches = disc.pods.watches
     apiserver.end_watches()
-    await until(lambda: disc.pods.watches > watches and apiserver.active_watches == 5)
+    await until(lambda: disc.pods.watches > watches and apiserver.active_watches == 6)
     apiserver.apply(pod("vllm-c", VLLM, ip="10.0.0.3"))
     await rec.wait_for(lambda d: d.names(POOL) == ["vllm-b-rank-0", "vllm-c-rank-0"])
     assert disc.pods.lists == 1
@@ -606,7 +606,7 @@ async def test_stop_cancels_everything(apiserver: FakeApiServer, api: object) ->
         await disc.wait_synced()
     await watching(apiserver)
     names = sorted(t.get_name() for t in new_tasks())
-    assert len(names) == 6  # 5 reflectors + the emitter
+    assert len(names) == 7  # 6 reflectors + the emitter
     assert all(n.startswith("sluicegate-k8s-") for n in names)
 
     await disc.stop()

@@ -203,9 +203,7 @@ def _strict(schema: Doc) -> Doc:
 
 def _crd_validate(doc: Doc) -> None:
     group, _, version = doc["apiVersion"].rpartition("/")
-    plural = {"InferencePool": "inferencepools", "InferenceModel": "inferencemodels"}.get(
-        doc["kind"], "inferenceobjectives"
-    )
+    plural = {k.kind: k.plural for k in ALL_KINDS}[doc["kind"]]
     schema = _strict(_version_schema(_crds()[(group, version, plural)], version))
     jsonschema.Draft202012Validator(schema).validate(doc)
 

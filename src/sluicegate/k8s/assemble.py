@@ -6,8 +6,10 @@ object is reported and left out while the valid ones are kept:
 
 - InferencePools first. When a pool name exists in both API groups, the
   ``inference.networking.k8s.io/v1`` object wins and the ``v1alpha2`` one is reported.
-- InferenceModels and InferenceObjectives are validated together with the pool they refer
-  to, so a reference to a missing (or invalid) pool is reported and the object left out.
+- InferenceModels, InferenceObjectives and InferenceModelRewrites are validated together
+  with the pool they refer to, so a reference to a missing (or invalid) pool is reported
+  and the object left out. Rewrites keep their ``creationTimestamp``: the older one wins a
+  name two of them match (``sluicegate.requestcontrol.models``).
   Two InferenceModels serving the same ``modelName``: the older one (creation time, then
   name) wins.
 - With a ``pool_name``, only that pool is kept, and objects that refer to other pools are
@@ -104,6 +106,7 @@ def assemble(
     *,
     pool_name: str | None = None,
     base: Config | None = None,
+    rewrites: Iterable[CustomObject] = (),
 ) -> Assembly:
     """Validate the objects and compute every pool's endpoints (see the module docstring)."""
     problems: list[str] = []
@@ -131,7 +134,7 @@ def assemble(
     # Models and objectives, each validated with the pool it refers to.
     accepted: list[CustomObject] = []
     served_by: dict[str, CustomObject] = {}
-    for group in (models, objectives):
+    for group in (models, objectives, rewrites):
         for obj in sorted(group, key=_age):
             ref = _pool_ref(obj)
             if pool_name is not None and ref is not None and ref != pool_name:

@@ -1,13 +1,14 @@
-"""Kubernetes discovery: watch pools, models, objectives and pods; report changes.
+"""Kubernetes discovery: watch pools, models, objectives, rewrites and pods; report changes.
 
 :class:`KubernetesDiscovery` runs one :class:`~sluicegate.k8s.reflector.Reflector` per
 collection (InferencePool v1 and v1alpha2, InferenceModel v1alpha2, InferenceObjective
-v1alpha2, Pod v1) in one namespace. After each burst of changes (events closer together than
-``debounce_s`` are coalesced) it assembles a :class:`Snapshot` — a
-:class:`~sluicegate.api.loader.Config`, every pool's endpoints and the problems found — and,
-if the Config or the endpoints differ from the last ones delivered, calls ``on_change(config,
-endpoints_by_pool)``. Nothing is delivered before every collection has been listed once (or
-found unavailable), so the first call already carries the complete state.
+v1alpha2, InferenceModelRewrite v1alpha2, Pod v1) in one namespace. After each burst of
+changes (events closer together than ``debounce_s`` are coalesced) it assembles a
+:class:`Snapshot` — a :class:`~sluicegate.api.loader.Config`, every pool's endpoints and
+the problems found — and, if the Config or the endpoints differ from the last ones
+delivered, calls ``on_change(config, endpoints_by_pool)``. Nothing is delivered before
+every collection has been listed once (or found unavailable), so the first call already
+carries the complete state.
 
 Typical use (what ``sluicegate extproc --kubernetes`` does)::
 
@@ -43,6 +44,7 @@ from sluicegate.k8s.kinds import (
     PODS,
     POOLS_V1,
     POOLS_V1ALPHA2,
+    REWRITES_V1ALPHA2,
     ResourceKind,
 )
 from sluicegate.k8s.objects import CustomObject, PodInfo, project_custom, project_pod
@@ -80,7 +82,7 @@ class KubernetesDiscovery:
 
     ``api`` is a kubernetes-asyncio ``ApiClient``; the caller owns it (and closes it after
     :meth:`stop`). ``base`` supplies the EndpointPickerConfig and GatewayConfig of the
-    emitted Config (pools, models and objectives in ``base`` are not used: in Kubernetes
+    emitted Config (pools, models, objectives and rewrites in ``base`` are not used: in Kubernetes
     they come from the API server).
     """
 
@@ -101,10 +103,10 @@ class KubernetesDiscovery:
         self.on_change = on_change
         self.base = base
         self.settings = settings or DiscoverySettings()
-        if base is not None and (base.pools or base.models or base.objectives):
+        if base is not None and (base.pools or base.models or base.objectives or base.rewrites):
             log.warning(
-                "kubernetes discovery: the pools, models and objectives of the configuration "
-                "file are ignored; they are read from the API server"
+                "kubernetes discovery: the pools, models, objectives and rewrites of the "
+                "configuration file are ignored; they are read from the API server"
             )
         rng = random.Random(seed)
         rs = self.settings.reflector
@@ -124,6 +126,7 @@ class KubernetesDiscovery:
         self.pools_v1alpha2 = custom(POOLS_V1ALPHA2)
         self.models = custom(MODELS_V1ALPHA2)
         self.objectives = custom(OBJECTIVES_V1ALPHA2)
+        self.rewrites = custom(REWRITES_V1ALPHA2)
         self.pods: Reflector[PodInfo] = Reflector(
             api, PODS, namespace, project_pod, self._changed, rs, random.Random(rng.random())
         )
@@ -139,7 +142,14 @@ class KubernetesDiscovery:
 
     @property
     def reflectors(self) -> tuple[Reflector[Any], ...]:
-        return (self.pools_v1, self.pools_v1alpha2, self.models, self.objectives, self.pods)
+        return (
+            self.pools_v1,
+            self.pools_v1alpha2,
+            self.models,
+            self.objectives,
+            self.rewrites,
+            self.pods,
+        )
 
     @property
     def synced(self) -> bool:
@@ -204,6 +214,7 @@ class KubernetesDiscovery:
             self.pods.store.values(),
             pool_name=self.pool_name,
             base=self.base,
+            rewrites=self.rewrites.store.values(),
         )
         problems = [r.unavailable for r in self.reflectors if r.unavailable]
         for r in self.reflectors:

@@ -50,12 +50,18 @@ MODELS_V1ALPHA2 = ResourceKind(
 OBJECTIVES_V1ALPHA2 = ResourceKind(
     "inference.networking.x-k8s.io", "v1alpha2", "inferenceobjectives", "InferenceObjective"
 )
+REWRITES_V1ALPHA2 = ResourceKind(
+    "inference.networking.x-k8s.io", "v1alpha2", "inferencemodelrewrites", "InferenceModelRewrite"
+)
+"""GIE's group for it (``apix/v1alpha2`` at 1748e829); llm-d-router moved it to ``llm-d.ai``
+(``apix/v1alpha2/zz_generated.register.go`` at ebab6879), which is not watched."""
 
 ALL_KINDS: tuple[ResourceKind, ...] = (
     POOLS_V1,
     POOLS_V1ALPHA2,
     MODELS_V1ALPHA2,
     OBJECTIVES_V1ALPHA2,
+    REWRITES_V1ALPHA2,
     PODS,
 )
 """Everything the discovery watches (the RBAC Role in ``deploy/`` grants exactly these)."""

@@ -2,8 +2,9 @@
 
 Objects are projected on arrival so memory stays proportional to what is used: a pod keeps
 its name, IP, readiness, deletion mark and labels (not its spec, status history or managed
-fields); a custom resource keeps ``apiVersion``, ``kind``, the identifying metadata and its
-``spec`` (``status`` and server-managed metadata are dropped, which also keeps them out of
+fields); a custom resource keeps ``apiVersion``, ``kind``, the identifying metadata (and
+``creationTimestamp``) and its ``spec`` (``status`` and other server-managed metadata are
+dropped, which also keeps them out of
 validation: ``sluicegate.api`` models reject unknown top-level fields).
 """
 
@@ -47,7 +48,8 @@ class CustomObject:
     created: str
     """``metadata.creationTimestamp`` (RFC 3339, so it sorts as text); "" if absent."""
     document: Mapping[str, Any]
-    """``{apiVersion, kind, metadata: {name, namespace, labels, annotations}, spec}``."""
+    """``{apiVersion, kind, metadata: {name, namespace, labels, annotations,
+    creationTimestamp}, spec}``."""
 
 
 def _metadata(raw: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -103,6 +105,8 @@ def project_custom(raw: Mapping[str, Any], kind: ResourceKind) -> CustomObject:
     if "spec" in raw:
         document["spec"] = raw["spec"]
     created = meta.get("creationTimestamp")
+    if isinstance(created, str):  # which InferenceModelRewrite is older decides precedence
+        metadata["creationTimestamp"] = created
     return CustomObject(
         kind=kind,
         name=meta["name"],
