@@ -3,10 +3,13 @@ take the server down."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+import yaml
 from ep_support import (
     BASE,
     DESTINATION,
@@ -146,6 +149,27 @@ async def test_no_eligible_endpoint_is_a_503(sim_cluster: Any, picker: Any) -> N
     # Without a body too.
     out = await refused(p, request_headers("/v1/models", method="GET", end_of_stream=True))
     assert out.status == 503
+
+
+async def test_a_pool_without_endpoints_is_a_503_at_once_even_with_queueing(
+    sim_cluster: Any, picker: Any
+) -> None:
+    # The published example beside the fixture's pool: its "qwen-pool" has a selector,
+    # no endpoints, and asks for queueing.
+    fixture = Path(__file__).parent.parent / "fixtures" / "published-priority-example.yaml"
+    docs = [d for d in yaml.safe_load_all(fixture.read_text()) if d]
+    cluster = await sim_cluster(replicas=1)
+    p = await picker(cluster, docs=docs)
+    pool = p.runtime.datastore.pools["qwen-pool"]
+    assert p.runtime.director.flow.enabled_for(pool.annotations)
+    started = time.perf_counter()
+    out = await refused(p, request_headers(), request_body(completion(model="travel-helper")))
+    assert time.perf_counter() - started < 1.0
+    assert (out.status, out.headers["retry-after"]) == (503, "1")
+    message = out.body["error"]["message"]
+    assert "pool 'qwen-pool' has no endpoints" in message
+    assert "spec.endpoints" in message
+    assert p.runtime.director.waiting_requests() == 0
 
 
 async def test_not_synced_yet_is_a_503(sim_cluster: Any, picker: Any) -> None:

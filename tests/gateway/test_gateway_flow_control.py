@@ -398,7 +398,8 @@ async def test_dispatched_just_as_the_client_leaves_is_released() -> None:
 async def test_ttl_expiry_is_503_with_an_openai_error_body(
     sim_cluster: Any, fc_gateway: FlowGatewayFactory, http: aiohttp.ClientSession
 ) -> None:
-    cluster = await sim_cluster(replicas=1, time_scale=1.0)
+    # The adapter is loaded: a target no server lists is refused at once, never queued.
+    cluster = await sim_cluster(replicas=1, time_scale=1.0, lora=[ADAPTER])
     picker = picker_doc(
         featureGates=["flowControl"],  # the gate: no annotation needed
         flowControl={"defaultRequestTTL": "1s", "maxRequests": 2},

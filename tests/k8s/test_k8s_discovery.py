@@ -17,6 +17,7 @@ from k8s_fake_apiserver import (
     pod,
     pool_v1,
     pool_v1alpha2,
+    rewrite,
 )
 from k8s_support import FAST, WAIT_S, Delivery, DiscoveryFactory, Recorder
 
@@ -28,6 +29,7 @@ from sluicegate.k8s import (
     KubernetesDiscovery,
     api_client_for,
 )
+from sluicegate.requestcontrol.models import ModelTable
 
 POOL = "llama3-8b"
 VLLM = {"app": "vllm-llama3-8b"}
@@ -239,6 +241,49 @@ async def test_inference_objective_priority_changes(
     await rec.wait_for(lambda d: d.config.objectives.keys() == {"standard", "critical"})
     apiserver.delete("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective", "standard")
     await rec.wait_for(lambda d: list(d.config.objectives) == ["critical"])
+
+
+async def test_model_rewrites_are_discovered_oldest_first_and_follow_updates(
+    apiserver: FakeApiServer, discovery: DiscoveryFactory
+) -> None:
+    apiserver.apply(pool_v1(POOL, VLLM, [8000]))
+    apiserver.apply(rewrite("canary", POOL, [(["llama"], [("llama-v1", 90), ("llama-v2", 10)])]))
+    apiserver.apply(rewrite("younger", POOL, [(["llama"], [("other", 1)]), ([], [("base", 1)])]))
+    apiserver.apply(rewrite("orphan", "no-such-pool", [(["x"], [("y", 1)])]))
+    bad = rewrite("no-targets", POOL, [(["z"], [])])
+    apiserver.apply(bad)
+    apiserver.apply(pod("vllm-a", VLLM, ip="10.0.0.1"))
+
+    disc, rec = await discovery()
+    cfg = rec.last.config
+    assert list(cfg.rewrites) == ["canary", "younger"]
+    assert cfg.rewrites["canary"].metadata.creation_timestamp  # kept: it decides precedence
+    table = ModelTable(cfg)
+    route = table.route("llama")
+    assert route is not None
+    assert (route.rewrite, route.targets, route.weights) == (
+        "canary",
+        ["llama-v1", "llama-v2"],
+        [90, 10],
+    )
+    generic = table.route("anything")
+    assert generic is not None
+    assert (generic.rewrite, generic.targets) == ("younger", ["base"])
+    text = "\n".join(disc.problems)
+    assert "InferenceModelRewrite default/orphan" in text
+    assert "unknown InferencePool 'no-such-pool'" in text
+    assert "InferenceModelRewrite default/no-targets" in text
+
+    # A new split applies on the next delivery; a deletion hands the name to the other.
+    apiserver.apply(rewrite("canary", POOL, [(["llama"], [("llama-v1", 50), ("llama-v2", 50)])]))
+    await rec.wait_for(
+        lambda d: [t.weight for t in d.config.rewrites["canary"].spec.rules[0].targets] == [50, 50]
+    )
+    apiserver.delete("inference.networking.x-k8s.io/v1alpha2", "InferenceModelRewrite", "canary")
+    last = await rec.wait_for(lambda d: "canary" not in d.config.rewrites)
+    route = ModelTable(last.config).route("llama")
+    assert route is not None
+    assert (route.rewrite, route.targets) == ("younger", ["other"])
 
 
 async def test_invalid_objects_are_reported_and_ignored(
