@@ -16,6 +16,8 @@
 from __future__ import annotations
 
 import copy
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -408,6 +410,45 @@ def test_kustomizations_list_every_file() -> None:
         subdirs = {p.name for p in path.parent.iterdir() if (p / "kustomization.yaml").is_file()}
         assert local <= listed, f"{path}: not listed: {local - listed}"
         assert {d for d in subdirs if d not in {"overlays", "gateway"}} <= listed, path
+
+
+def _listed_objects(directory: Path) -> set[tuple[str, str]]:
+    """(kind, name) of every object a kustomization's resources hold, recursively."""
+    data = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    out: set[tuple[str, str]] = set()
+    for entry in data.get("resources", []):
+        target = (directory / entry).resolve()
+        if target.is_dir():
+            out |= _listed_objects(target)
+        else:
+            out |= {(d["kind"], d["metadata"]["name"]) for d in _load(target)}
+    return out
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not on the PATH")
+@pytest.mark.parametrize(
+    "directory",
+    sorted(p.parent for p in DEPLOY.rglob("kustomization.yaml")),
+    ids=lambda p: str(p.relative_to(DEPLOY)) or "deploy",
+)
+def test_kustomize_renders_exactly_the_listed_objects(directory: Path) -> None:
+    kubectl = shutil.which("kubectl")
+    assert kubectl is not None
+    done = subprocess.run(
+        [kubectl, "kustomize", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    rendered = [d for d in yaml.safe_load_all(done.stdout) if d]
+    assert {(d["kind"], d["metadata"]["name"]) for d in rendered} == _listed_objects(directory)
+    assert len(rendered) == len(_listed_objects(directory))
+    if directory.name == "predictor-sidecars":  # the patches were applied
+        (deployment,) = [d for d in rendered if d["kind"] == "Deployment"]
+        names = [c["name"] for c in deployment["spec"]["template"]["spec"]["containers"]]
+        assert names == ["epp", "training-server", "prediction-server"]
 
 
 def test_gateway_resources_reference_each_other() -> None:
