@@ -836,3 +836,53 @@ spec:
 """
     with pytest.raises(ConfigError, match="distinct names: a"):
         parse_config(text)
+
+
+# ---------------------------------------------------------------------------- InferenceModelRewrite
+
+EXAMPLE_REWRITE = """
+apiVersion: inference.networking.x-k8s.io/v1alpha2
+kind: InferenceModelRewrite
+metadata:
+  name: canary
+  creationTimestamp: 2026-03-01T10:00:00Z
+spec:
+  poolRef: {group: inference.networking.k8s.io, kind: InferencePool, name: llama3-8b}
+  rules:
+  - matches:
+    - model: {type: Exact, value: llama}
+    - model: {value: llama-chat}
+    targets:
+    - {modelRewrite: llama-lora-v1, weight: 90}
+    - {modelRewrite: llama-lora-v2, weight: 10}
+  - targets: [{modelRewrite: base}]
+"""
+
+
+def test_inference_model_rewrite_loads() -> None:
+    config = parse_config(EXAMPLE_POOL_V1 + "---" + EXAMPLE_REWRITE)
+    rewrite = config.rewrites["canary"]
+    # An unquoted YAML timestamp is read as a datetime and kept as RFC 3339 text.
+    assert rewrite.metadata.creation_timestamp == "2026-03-01T10:00:00Z"
+    exact, generic = rewrite.spec.rules
+    assert exact.exact_models == ["llama", "llama-chat"]
+    assert [m.model.type for m in exact.matches] == ["Exact", "Exact"]  # the default
+    assert [(t.model_rewrite, t.weight) for t in exact.targets] == [
+        ("llama-lora-v1", 90),
+        ("llama-lora-v2", 10),
+    ]
+    assert generic.matches == []
+    assert generic.exact_models == []
+
+
+def test_inference_model_rewrite_cross_checks() -> None:
+    orphan = EXAMPLE_REWRITE.replace("name: llama3-8b}", "name: nowhere}")
+    problem = only_problem(EXAMPLE_POOL_V1 + "---" + orphan)
+    assert problem == (
+        "<config> document 2 (InferenceModelRewrite canary): spec.poolRef.name: "
+        "unknown InferencePool 'nowhere'"
+    )
+    twice = EXAMPLE_POOL_V1 + "---" + EXAMPLE_REWRITE + "---" + EXAMPLE_REWRITE
+    assert "duplicate InferenceModelRewrite 'canary'" in only_problem(twice)
+    no_rules = EXAMPLE_REWRITE.split("  rules:")[0] + "  rules: []\n"
+    assert "spec.rules" in only_problem(EXAMPLE_POOL_V1 + "---" + no_rules)

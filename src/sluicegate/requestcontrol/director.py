@@ -144,8 +144,9 @@ class Director:
         headers: Mapping[str, str] | None = None,
         subset: Collection[str] | None = None,
     ) -> Admitted:
-        """Resolve the model; raises 404 for a model nothing serves, 503 for an empty pool
-        or a ``subset`` (allowed ``host:port`` addresses) that names none of its endpoints.
+        """Resolve the model; raises 404 for a model nothing serves, 503 for a pool without
+        endpoints, a configured target every endpoint has listed its models without, or a
+        ``subset`` (allowed ``host:port`` addresses) that names none of the pool's endpoints.
         """
         now = self.clock.now()
         model_route = self.models.route(parsed.model)
