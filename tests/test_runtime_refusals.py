@@ -71,6 +71,20 @@ async def test_queued_request_answered_when_a_reload_empties_its_pool() -> None:
     await runtime.stop()
 
 
+async def test_the_empty_pool_message_says_where_endpoints_come_from() -> None:
+    runtime = Runtime(build_config([pool([])]))
+    with pytest.raises(GatewayError) as info:
+        await runtime.acquire(parsed("m"), "r", {})
+    assert "its selector (app=x) is read only with --kubernetes" in info.value.message
+    assert "spec.endpoints" in info.value.message
+    # Under Kubernetes the endpoints are pods: the fix is a matching Ready pod.
+    runtime.apply_config(build_config([pool([])]), {"p": []})
+    with pytest.raises(GatewayError) as info:
+        await runtime.acquire(parsed("m"), "r", {})
+    assert "no Ready pod with an IP carries its selector's labels (app=x)" in info.value.message
+    await runtime.stop()
+
+
 async def test_queued_request_answered_when_no_endpoint_lists_its_target_any_more() -> None:
     runtime = Runtime(build_config([pool(["127.0.0.1:9"]), catch_all("base")]))
     task = await queued(runtime, "anything")

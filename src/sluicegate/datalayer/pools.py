@@ -48,13 +48,13 @@ def empty_pool_hint(pool: InferencePool, discovered: bool) -> str:
         if not labels:
             return "its selector is empty, so it selects no pod"
         return f"no Ready pod with an IP carries its selector's labels ({labels})"
-    fix = (
-        "list the model servers under spec.endpoints (address: host:port), "
-        "or run `sluicegate extproc --kubernetes` to find pods by its selector"
-    )
+    listed = "list the model servers under spec.endpoints (address: host:port)"
     if labels:
-        return f"its selector ({labels}) is read only with --kubernetes; {fix}"
-    return fix
+        return (
+            f"its selector ({labels}) is read only with --kubernetes; {listed}, "
+            "or run `sluicegate extproc --kubernetes` to find pods by its selector"
+        )
+    return f"{listed}, or give it a selector and run `sluicegate extproc --kubernetes`"
 
 
 def sync_pools(
