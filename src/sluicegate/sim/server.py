@@ -33,6 +33,7 @@ from sluicegate.sim.text import (
     StopHit,
     find_stop,
     output_bytes,
+    output_text_token,
     render_chat,
     render_prompt,
 )
@@ -455,23 +456,31 @@ class Replica:
                 if budget >= 0:
                     produced = min(produced, c.sent + budget)
                     budget -= produced - c.sent
+                # Without a stop string to cut or hold back, each token's text is one piece.
+                plain = c.stop is None and hold_back == 0
+                seed = seq.output_seed
                 for i in range(c.sent, produced):
                     final = handle.done and i == handle.visible - 1
-                    end = c.keep(i + 1) if final else min(c.keep(i + 1), (i + 1) * 4 - hold_back)
-                    end = max(end, c.sent_bytes)
+                    if plain:
+                        text = output_text_token(seed, i)
+                        end = (i + 1) * BYTES_PER_TOKEN
+                    else:
+                        end = c.keep(i + 1)
+                        if not final:
+                            end = min(end, (i + 1) * BYTES_PER_TOKEN - hold_back)
+                        end = max(end, c.sent_bytes)
+                        text = c.text(c.sent_bytes, end)
                     logprobs = None
                     if top is not None:
                         logprobs = (
-                            api.chat_logprobs(seq.output_seed, i, i + 1, top)
+                            api.chat_logprobs(seed, i, i + 1, top)
                             if chat
-                            else api.completion_logprobs(
-                                seq.output_seed, i, i + 1, top, c.sent_bytes
-                            )
+                            else api.completion_logprobs(seed, i, i + 1, top, c.sent_bytes)
                         )
                     delta = api.choice(
                         chat,
                         c.index,
-                        c.text(c.sent_bytes, end),
+                        text,
                         seq.finish_reason if final else None,
                         c.stop_reason if final else None,
                         logprobs,

@@ -69,6 +69,15 @@ def output_token(seed: int, index: int) -> bytes:
     return VOCAB[_index(seed, index)]
 
 
+_VOCAB_TEXT: tuple[str, ...] = tuple(p.decode() for p in VOCAB)
+
+
+def output_text_token(seed: int, index: int) -> str:
+    """The ``index``-th generated token of the sequence with ``seed``, as text (the
+    streaming hot path: no bytes to join or decode)."""
+    return _VOCAB_TEXT[_index(seed, index)]
+
+
 def output_bytes(seed: int, start: int, end: int) -> bytes:
     """Generated tokens ``start``..``end-1`` of the sequence with ``seed``, concatenated."""
     vocab, golden, mix, mask = VOCAB, _GOLDEN, _MIX, _MASK64
