@@ -160,6 +160,20 @@ async def test_min_tokens_defers_the_stop(replica: Replica, http: aiohttp.Client
     assert deferred["usage"]["completion_tokens"] == 5
 
 
+async def test_min_tokens_delays_the_natural_end(
+    replica: Replica, http: aiohttp.ClientSession
+) -> None:
+    natural = await whole(http, replica, False, ignore_eos=False, max_tokens=2000)
+    length = natural["usage"]["completion_tokens"]
+    assert natural["choices"][0]["finish_reason"] == "stop"
+    longer = await whole(
+        http, replica, False, ignore_eos=False, max_tokens=2000, min_tokens=length + 5
+    )
+    assert longer["usage"]["completion_tokens"] == length + 5
+    assert longer["choices"][0]["finish_reason"] == "stop"
+    assert longer["choices"][0]["stop_reason"] is None  # the end-of-sequence token
+
+
 async def test_a_stop_that_never_occurs_changes_nothing(
     replica: Replica, http: aiohttp.ClientSession
 ) -> None:
