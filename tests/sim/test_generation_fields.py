@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 import aiohttp
+import openai
 import orjson
 import pytest
 
@@ -363,3 +364,32 @@ async def test_n_with_stop_and_logprobs_per_choice(
         assert " the" not in choice["text"]
         total += len(lp["tokens"])
     assert answer["usage"]["completion_tokens"] == total
+
+
+async def test_the_openai_sdk_reads_the_new_fields(client: openai.AsyncOpenAI) -> None:
+    completion = await client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=30, n=2, logprobs=2, stop=[" the", " and"]
+    )
+    assert [c.index for c in completion.choices] == [0, 1]
+    for c in completion.choices:
+        assert c.logprobs is not None
+        assert c.logprobs.tokens is not None
+        assert "".join(c.logprobs.tokens).startswith(c.text)
+
+    chat = await client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=10,
+        logprobs=True,
+        top_logprobs=2,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    tokens = 0
+    async for chunk in chat:
+        for choice in chunk.choices:
+            if choice.logprobs is not None and choice.logprobs.content:
+                tokens += len(choice.logprobs.content)
+                assert len(choice.logprobs.content[0].top_logprobs) == 2
+        if chunk.usage is not None:
+            assert chunk.usage.completion_tokens == tokens

@@ -133,7 +133,11 @@ def _parse_generate(raw: bytes, chat: bool) -> GenerateRequest:
     for field in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
         if body.get(field) is not None:
             as_float(body[field], field)
-    if n > 1 and body.get("temperature") is not None and as_float(body["temperature"], "t") == 0:
+    if (
+        n > 1
+        and body.get("temperature") is not None
+        and as_float(body["temperature"], "temperature") == 0
+    ):
         raise ApiError(400, f"n must be 1 when using greedy sampling, got {n}.", "n")
     min_tokens = 0 if body.get("min_tokens") is None else as_int(body["min_tokens"], "min_tokens")
     if min_tokens < 0:
