@@ -425,13 +425,18 @@ class Replica:
         reset_after = self.faults.reset_after_tokens
         budget = reset_after if reset_after is not None else -1  # tokens left before the cut
         role_sent = False
+        single = choices[0] if len(choices) == 1 else None
         while True:
             if budget == 0:
                 self._cut_connection(request)
                 return response
-            ready = [c for c in choices if c.sent < c.handle.visible]
+            # Runs once per step per stream: the common single choice skips the scans.
+            if single is not None:
+                ready = choices if single.sent < single.handle.visible else []
+            else:
+                ready = [c for c in choices if c.sent < c.handle.visible]
             if not ready:
-                if all(c.handle.done for c in choices):
+                if single.handle.done if single else all(c.handle.done for c in choices):
                     break
                 await event.wait()
                 event.clear()
