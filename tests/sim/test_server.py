@@ -401,7 +401,9 @@ BAD_REQUESTS: list[Any] = [
         "temperature",
         id="temperature-hot",
     ),
-    pytest.param("/v1/completions", {"model": MODEL, "prompt": "hi", "n": 2}, 400, "n", id="n-2"),
+    pytest.param(
+        "/v1/completions", {"model": MODEL, "prompt": "hi", "n": 65}, 400, "n", id="n-over-limit"
+    ),
     pytest.param(
         "/v1/completions",
         {"model": MODEL, "prompt": "hi", "stream": True, "stream_options": "yes"},

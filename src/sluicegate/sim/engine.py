@@ -455,6 +455,11 @@ _NATURAL_LENGTH_MEDIAN = 239.0
 _NATURAL_LENGTH_SIGMA = 0.66
 
 
+_MASK64 = (1 << 64) - 1
+_CHOICE_STRIDE = 0x9E3779B97F4A7C15
+"""Added to the seed per choice index, so each choice of a request answers differently."""
+
+
 def natural_output_length(seed: int) -> int:
     """Tokens a model would generate before its end-of-sequence token (deterministic)."""
     rng = random.Random(seed)
@@ -475,21 +480,26 @@ def new_sequence(
     lora: str | None = None,
     cache_salt: str = "",
     seed: int = 0,
+    choice: int = 0,
+    min_tokens: int = 0,
 ) -> Sequence:
     """A sequence for ``prompt`` bytes as an OpenAI-style request describes it.
 
     Without ``max_tokens`` the limit is what ``max_model_len`` leaves after the prompt. With
     ``ignore_eos`` the engine generates exactly the limit (finish reason ``length``);
     otherwise it stops at a natural length drawn from the prompt's hash, so the same prompt
-    always gets the same answer length (finish reason ``stop``), or at the limit.
+    always gets the same answer length (finish reason ``stop``), or at the limit. The
+    natural length is at least ``min_tokens`` (vLLM suppresses the end-of-sequence token until
+    then). Choice ``choice`` of an ``n > 1`` request gets its own answer (choice 0 the same
+    as ``n = 1``).
     """
     prompt_tokens = count_bytes_tokens(prompt)
     limit = max_tokens if max_tokens is not None else max(1, max_model_len - prompt_tokens)
-    output_seed = _xxh64(prompt, seed)
+    output_seed = _xxh64(prompt, (seed + choice * _CHOICE_STRIDE) & _MASK64)
     if ignore_eos:
         length, reason = limit, "length"
     else:
-        natural = natural_output_length(output_seed)
+        natural = max(natural_output_length(output_seed), min_tokens)
         length, reason = (natural, "stop") if natural < limit else (limit, "length")
     # The prefix-cache key covers the model or adapter and the cache salt, as vLLM's does.
     return Sequence(

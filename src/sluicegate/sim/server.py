@@ -28,8 +28,16 @@ from sluicegate.sim.engine import Engine, Sequence, new_sequence
 from sluicegate.sim.faults import Faults
 from sluicegate.sim.metrics import EngineMetrics
 from sluicegate.sim.profiles import EngineProfile
-from sluicegate.sim.text import PromptError, render_chat, render_prompt
-from sluicegate.tokens import count_bytes_tokens
+from sluicegate.sim.text import (
+    PromptError,
+    StopHit,
+    find_stop,
+    output_bytes,
+    output_text_token,
+    render_chat,
+    render_prompt,
+)
+from sluicegate.tokens import BYTES_PER_TOKEN, count_bytes_tokens
 
 log = logging.getLogger("sluicegate.sim")
 
@@ -53,6 +61,44 @@ class ReplicaOptions:
     seed: int = 0
     histogram_max_age_s: float = 0.0
     """How long ``/metrics`` may reuse its histograms' text, in wall seconds (0: never)."""
+
+
+@dataclass(slots=True, eq=False)
+class _Choice:
+    """One choice of a request: its sequence in the engine and what its answer keeps.
+
+    Text positions are in bytes of generated text, which is ASCII, so they are characters
+    too.
+    """
+
+    request_id: str
+    """The request's id, which the choices share (each sequence has its own)."""
+    index: int
+    handle: Handle
+    stop: StopHit | None
+    sent: int = 0
+    """Tokens streamed so far."""
+    sent_bytes: int = 0
+    """Bytes of text streamed so far."""
+
+    @property
+    def stop_reason(self) -> str | int | None:
+        """The stop string or token id that ended the answer; None for any other end."""
+        return self.stop.reason if self.stop is not None else None
+
+    def keep(self, tokens: int) -> int:
+        """Bytes of the first ``tokens`` tokens' text that the answer keeps."""
+        end = tokens * BYTES_PER_TOKEN
+        return min(end, self.stop.text_bytes) if self.stop is not None else end
+
+    def text(self, start: int, end: int) -> str:
+        """Generated text from byte ``start`` to ``end``."""
+        if end <= start:
+            return ""
+        first, last = start // BYTES_PER_TOKEN, -(-end // BYTES_PER_TOKEN)
+        chunk = output_bytes(self.handle.seq.output_seed, first, last)
+        offset = first * BYTES_PER_TOKEN
+        return chunk[start - offset : end - offset].decode()
 
 
 class Replica:
@@ -208,13 +254,33 @@ class Replica:
             raise api.ApiError(faults.error_status, "injected fault")
         params = api.parse_generate(await request.read(), chat)
         lora = self._resolve_model(params.model)
-        handle = self.driver.submit(self._sequence(params, lora))
+        request_id = self._check_context(params)
+        event = asyncio.Event()  # wakes the handler for any of the request's choices
+        choices: list[_Choice] = []
         try:
+            for index in range(params.n):
+                seq = self._sequence(params, lora, request_id, index)
+                stop = find_stop(
+                    seq.output_seed,
+                    seq.max_output_tokens,
+                    params.stop,
+                    params.stop_token_ids,
+                    params.include_stop_str,
+                    params.min_tokens,
+                )
+                if stop is not None:
+                    # The engine generates only up to the stop, so simulated time and the
+                    # batch reflect the shorter answer.
+                    seq.max_output_tokens = stop.tokens
+                    seq.finish_reason = "stop"
+                handle = self.driver.submit(seq, event)
+                choices.append(_Choice(request_id, index, handle, stop))
             if params.stream:
-                return await self._stream(request, handle, params)
-            return await self._respond_whole(request, handle, params)
+                return await self._stream(request, choices, event, params)
+            return await self._respond_whole(request, choices, event, params)
         finally:
-            self.driver.release(handle)
+            for c in choices:
+                self.driver.release(c.handle)
 
     def _resolve_model(self, model: str) -> str | None:
         if model == self.model_name:
@@ -223,8 +289,8 @@ class Replica:
             return model
         raise api.ApiError(404, f"The model `{model}` does not exist.", "model")
 
-    def _sequence(self, params: api.GenerateRequest, lora: str | None) -> Sequence:
-        """The engine sequence for a request; a 400 when it does not fit the context."""
+    def _check_context(self, params: api.GenerateRequest) -> str:
+        """A new request id; a 400 when the request does not fit the context."""
         profile = self.options.profile
         prompt_tokens = count_bytes_tokens(params.prompt)
         limit = min(profile.max_model_len, profile.kv_capacity_tokens)
@@ -239,17 +305,26 @@ class Replica:
                 "max_tokens" if params.max_tokens is not None else None,
             )
         prefix = "chatcmpl" if params.chat else "cmpl"
+        return f"{prefix}-{self.index}-{next(self._ids)}"
+
+    def _sequence(
+        self, params: api.GenerateRequest, lora: str | None, request_id: str, index: int
+    ) -> Sequence:
+        """The engine sequence of choice ``index`` (vLLM names a child ``{index}_{id}``)."""
+        profile = self.options.profile
         return new_sequence(
-            f"{prefix}-{self.index}-{next(self._ids)}",
+            request_id if params.n == 1 else f"{index}_{request_id}",
             params.prompt,
             arrival=self.driver.arrival_time(),
             max_tokens=params.max_tokens,
             ignore_eos=params.ignore_eos,
-            max_model_len=limit,
+            max_model_len=min(profile.max_model_len, profile.kv_capacity_tokens),
             model=self.model_name,
             lora=lora,
             cache_salt=params.cache_salt,
             seed=self.options.seed,
+            choice=index,
+            min_tokens=params.min_tokens,
         )
 
     def _cut_connection(self, request: web.Request) -> web.StreamResponse:
@@ -263,30 +338,65 @@ class Replica:
         return web.Response(status=500)
 
     async def _respond_whole(
-        self, request: web.Request, handle: Handle, params: api.GenerateRequest
+        self,
+        request: web.Request,
+        choices: list[_Choice],
+        event: asyncio.Event,
+        params: api.GenerateRequest,
     ) -> web.StreamResponse:
-        seq = handle.seq
         reset_after = self.faults.reset_after_tokens
-        while not handle.done:
-            await handle.event.wait()
-            handle.event.clear()
-            if reset_after is not None and handle.visible >= reset_after:
+        while not all(c.handle.done for c in choices):
+            await event.wait()
+            event.clear()
+            if reset_after is not None and sum(c.handle.visible for c in choices) >= reset_after:
                 return self._cut_connection(request)
+        bodies = []
+        for c in choices:
+            seq = c.handle.seq
+            logprobs = None
+            if params.logprobs is not None:
+                logprobs = (
+                    api.chat_logprobs(seq.output_seed, 0, seq.num_output, params.logprobs)
+                    if params.chat
+                    else api.completion_logprobs(
+                        seq.output_seed, 0, seq.num_output, params.logprobs, 0
+                    )
+                )
+            bodies.append(
+                api.choice(
+                    params.chat,
+                    c.index,
+                    c.text(0, c.keep(seq.num_output)),
+                    seq.finish_reason,
+                    c.stop_reason,
+                    logprobs,
+                    stream=False,
+                )
+            )
         body = api.completion_body(
-            seq.request_id,
+            choices[0].request_id,
             int(time.time()),
             params.model,
             params.chat,
-            seq.output_text(),
-            seq.finish_reason,
-            api.usage(seq.prompt_tokens, seq.num_output, seq.num_cached_prompt_tokens),
+            bodies,
+            self._usage(choices),
         )
         return web.Response(body=body, content_type="application/json", headers=self._headers())
 
+    @staticmethod
+    def _usage(choices: list[_Choice], partial: _Choice | None = None) -> dict[str, Any]:
+        """``usage``: the prompt once, every choice's tokens (or ``partial``'s streamed ones)."""
+        first = choices[0].handle.seq
+        generated = partial.sent if partial else sum(c.handle.seq.num_output for c in choices)
+        return api.usage(first.prompt_tokens, generated, first.num_cached_prompt_tokens)
+
     async def _stream(
-        self, request: web.Request, handle: Handle, params: api.GenerateRequest
+        self,
+        request: web.Request,
+        choices: list[_Choice],
+        event: asyncio.Event,
+        params: api.GenerateRequest,
     ) -> web.StreamResponse:
-        seq = handle.seq
         response = web.StreamResponse(
             headers={
                 **self._headers(),
@@ -308,62 +418,89 @@ class Replica:
         # finish it, which it treats as a premature disconnect (quietly), and _generate
         # aborts the request in the engine.
         created = int(time.time())
+        request_id = choices[0].request_id
         model, chat = params.model, params.chat
-        sent = 0
+        hold_back = params.hold_back
+        top = params.logprobs
         reset_after = self.faults.reset_after_tokens
+        budget = reset_after if reset_after is not None else -1  # tokens left before the cut
+        role_sent = False
+        single = choices[0] if len(choices) == 1 else None
         while True:
-            if reset_after is not None and sent >= reset_after:
+            if budget == 0:
                 self._cut_connection(request)
                 return response
-            if sent == handle.visible:
-                if handle.done:
+            # Runs once per step per stream: the common single choice skips the scans.
+            if single is not None:
+                ready = choices if single.sent < single.handle.visible else []
+            else:
+                ready = [c for c in choices if c.sent < c.handle.visible]
+            if not ready:
+                if single.handle.done if single else all(c.handle.done for c in choices):
                     break
-                await handle.event.wait()
-                handle.event.clear()
+                await event.wait()
+                event.clear()
                 continue
-            produced = handle.visible
-            if reset_after is not None:
-                produced = min(produced, reset_after)
             frames: list[bytes] = []
-            if chat and sent == 0:
-                # As vLLM does, the role arrives with the first token, not before it.
-                role_usage = api.usage(seq.prompt_tokens, 0, 0) if params.continuous_usage else None
-                frames.append(
-                    api.stream_chunk(
-                        seq.request_id, created, model, chat, "", None, role_usage, role=True
+            if chat and not role_sent:
+                # As vLLM does, the role arrives with the first token, not before it, one
+                # chunk per choice.
+                role_sent = True
+                first = choices[0].handle.seq
+                role_usage = (
+                    api.usage(first.prompt_tokens, 0, 0) if params.continuous_usage else None
+                )
+                for c in choices:
+                    role = api.choice(chat, c.index, "", None, None, None, stream=True, role=True)
+                    frames.append(
+                        api.stream_chunk(request_id, created, model, chat, [role], role_usage)
                     )
-                )
-            for i in range(sent, produced):
-                last = handle.done and i == handle.visible - 1
-                usage_block = (
-                    api.usage(seq.prompt_tokens, i + 1, seq.num_cached_prompt_tokens)
-                    if params.continuous_usage
-                    else None
-                )
-                frames.append(
-                    api.stream_chunk(
-                        seq.request_id,
-                        created,
-                        model,
+            for c in ready:
+                handle, seq = c.handle, c.handle.seq
+                produced = handle.visible
+                if budget >= 0:
+                    produced = min(produced, c.sent + budget)
+                    budget -= produced - c.sent
+                # Without a stop string to cut or hold back, each token's text is one piece.
+                plain = c.stop is None and hold_back == 0
+                seed = seq.output_seed
+                for i in range(c.sent, produced):
+                    final = handle.done and i == handle.visible - 1
+                    if plain:
+                        text = output_text_token(seed, i)
+                        end = (i + 1) * BYTES_PER_TOKEN
+                    else:
+                        end = c.keep(i + 1)
+                        if not final:
+                            end = min(end, (i + 1) * BYTES_PER_TOKEN - hold_back)
+                        end = max(end, c.sent_bytes)
+                        text = c.text(c.sent_bytes, end)
+                    logprobs = None
+                    if top is not None:
+                        logprobs = (
+                            api.chat_logprobs(seed, i, i + 1, top)
+                            if chat
+                            else api.completion_logprobs(seed, i, i + 1, top, c.sent_bytes)
+                        )
+                    delta = api.choice(
                         chat,
-                        seq.output_text(i, i + 1),
-                        seq.finish_reason if last else None,
-                        usage_block,
+                        c.index,
+                        text,
+                        seq.finish_reason if final else None,
+                        c.stop_reason if final else None,
+                        logprobs,
+                        stream=True,
                     )
-                )
+                    c.sent_bytes = end
+                    c.sent = i + 1
+                    usage_block = self._usage(choices, c) if params.continuous_usage else None
+                    frames.append(
+                        api.stream_chunk(request_id, created, model, chat, [delta], usage_block)
+                    )
             if not await send(b"".join(frames)):
                 return response
-            sent = produced
         if params.include_usage and not await send(
-            api.stream_chunk(
-                seq.request_id,
-                created,
-                model,
-                chat,
-                None,
-                None,
-                api.usage(seq.prompt_tokens, seq.num_output, seq.num_cached_prompt_tokens),
-            )
+            api.stream_chunk(request_id, created, model, chat, [], self._usage(choices))
         ):
             return response
         await send(api.STREAM_DONE)
