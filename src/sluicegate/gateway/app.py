@@ -1,8 +1,14 @@
 """The standalone gateway: an OpenAI-compatible HTTP server in front of a pool.
 
-Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models`` (public
-model names), ``GET /metrics``, ``GET /health`` (alive), ``GET /ready`` (some endpoint can
-take traffic); ``HEAD`` wherever ``GET`` is. Everything the gateway decides itself is
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (parsed, scheduled and
+proxied), ``GET /v1/models`` and ``GET /v1/models/{id}`` (the fleet's own list,
+:mod:`sluicegate.gateway.models_list`), ``GET /metrics``, ``GET /health`` (alive),
+``GET /ready`` (some endpoint can take traffic); ``HEAD`` wherever ``GET`` is. Every other
+path the servers' API namespaces hold (embeddings, the Responses API, tokenize, rerank,
+audio...) is passed through — the same scheduling, retries, metrics and streaming as
+completions, to the pool serving the body's ``model`` — unless it is one of the servers'
+administrative routes (:mod:`sluicegate.gateway.passthrough` says which). The route table
+is one dict lookup; only a miss looks further. Everything the gateway decides itself is
 answered with an OpenAI-style error body (see :mod:`sluicegate.errors`); an unexpected
 fault is logged and answered 500 without taking the server down.
 
