@@ -26,7 +26,17 @@ def test_a_responses_stream_reports_usage_in_response_completed() -> None:
     stats.end_stream()
     assert (stats.prompt_tokens, stats.completion_tokens, stats.cached_tokens) == (11, 3, 4)
     assert stats.usage().output_tokens == 3
-    assert stats.chunks == 0  # no chat choices: the counts come from the usage
+    assert stats.chunks == 3  # the text deltas, should the server report no usage
+
+
+def test_a_responses_stream_without_usage_counts_its_deltas() -> None:
+    stats = ResponseStats()
+    stats.observe_stream_chunk(
+        b"".join(event("response.output_text.delta", delta="x") for _ in range(4))
+    )
+    stats.observe_stream_chunk(event("response.completed", response={"id": "r"}))
+    stats.end_stream()
+    assert stats.usage().output_tokens == 4
 
 
 def test_whole_answers_of_other_routes() -> None:

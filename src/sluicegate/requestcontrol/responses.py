@@ -47,7 +47,8 @@ class ResponseStats:
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     chunks: int = 0
-    """Streamed token events seen (events with a choice, less the chat role event)."""
+    """Streamed token events seen (events with a choice, less the chat role event; for
+    the Responses API its ``response.output_text.delta`` events)."""
     _tail: bytes = field(default=b"", repr=False)
     """The incomplete last SSE event of the stream so far."""
 
@@ -79,7 +80,10 @@ class ResponseStats:
 
     def _observe_events(self, events: bytes) -> None:
         # vLLM writes compact JSON, so these byte patterns find the events with a choice.
-        self.chunks += events.count(b'"choices":[{') - events.count(b'"delta":{"role"')
+        chunks = events.count(b'"choices":[{') - events.count(b'"delta":{"role"')
+        if not chunks:  # not chat or completions: Responses API text deltas, if any
+            chunks = events.count(b'"type":"response.output_text.delta"')
+        self.chunks += chunks
         if b'"usage"' not in events:
             return
         for event in events.split(b"\n\n"):
