@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import struct
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -182,6 +183,20 @@ async def test_models_list_keeps_the_servers_fields(
         "vllm",
     )
     assert public["max_model_len"] == max_len
+
+
+async def test_models_list_does_not_wait_on_a_dead_server(
+    sim_cluster: Any, gateway: GatewayFactory, http: aiohttp.ClientSession
+) -> None:
+    cluster = await sim_cluster(replicas=2, lora=["only-on-both"])
+    gw = await gateway(cluster, settings={"modelsRefreshIntervalMs": 20})
+    await cluster.replicas[1].stop()
+    started = time.monotonic()
+    async with http.get(url(gw, "/v1/models")) as r:
+        assert r.status == 200
+        ids = {m["id"] for m in (await r.json())["data"]}
+    assert time.monotonic() - started < 0.5  # answered from the lists already fetched
+    assert ids == {BASE, "only-on-both"}
 
 
 async def test_models_retrieve_with_slashes_and_unknown(

@@ -78,7 +78,9 @@ async def test_embeddings_base64_shape(replica: Replica, http: aiohttp.ClientSes
 async def test_detokenize_inverts_tokenize(replica: Replica, http: aiohttp.ClientSession) -> None:
     for text in ("hello", "ünïcode ✓", "abcd"):
         async with http.post(replica.url + "/tokenize", json={"prompt": text}) as r:
-            tokens = (await r.json())["tokens"]
+            tokenized = await r.json()
+        assert set(tokenized) == {"count", "max_model_len", "tokens", "token_strs"}  # vLLM's
+        tokens = tokenized["tokens"]
         async with http.post(replica.url + "/detokenize", json={"tokens": tokens}) as r:
             assert await r.json() == {"prompt": text}
     for bad in ({"tokens": "x"}, {"tokens": [-1]}, {"tokens": [True]}, {}):

@@ -413,6 +413,7 @@ class Replica:
                 "count": len(tokens),
                 "max_model_len": self.options.profile.max_model_len,
                 "tokens": tokens,
+                "token_strs": None,  # vLLM's, unless ``return_token_strs``
             }
         )
 
