@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sluicegate.gateway.app import Gateway
 from sluicegate.gateway.proxy import SERVED_HEADER
+from sluicegate.sim.faults import Faults
 from sluicegate.sim.routes import EMBEDDING_DIMENSIONS, embedding_vector
 
 BASE = "tiny-llama"
@@ -354,3 +355,19 @@ async def test_head_wherever_get(
         async with http.head(url(gw, path)) as r:
             assert r.status == 200, path
             assert await r.read() == b""
+
+
+async def test_server_errors_on_a_pass_through_route_are_retried_elsewhere(
+    sim_cluster: Any, gateway: GatewayFactory, client: Client
+) -> None:
+    faults = {0: Faults(error_rate=1.0, error_status=503)}
+    cluster = await sim_cluster(replicas=2, faults=faults)
+    gw = await gateway(cluster, preset="round-robin")
+    sdk = client(gw)
+    for i in range(4):
+        raw = await sdk.responses.with_raw_response.create(
+            model=BASE, input=f"question {i}", max_output_tokens=2
+        )
+        assert raw.headers["x-inference-pod"] == cluster.replicas[1].pod_name
+        assert raw.parse().usage is not None
+    assert gw.metrics.retries.value >= 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,18 @@ def bind(handler: Callable[[Replica, web.Request], Any], replica: Replica) -> Ha
         return response
 
     return bound
+
+
+async def inject_faults(replica: Replica) -> None:
+    """The replica's request faults, as its completions route applies them: hang forever,
+    add latency, or fail with ``error_status`` at ``error_rate``."""
+    faults = replica.faults
+    if faults.hang:
+        await asyncio.Event().wait()
+    if faults.latency_ms > 0:
+        await asyncio.sleep(faults.latency_ms / 1000.0)
+    if faults.error_rate > 0 and replica._rng.random() < faults.error_rate:
+        raise api.ApiError(faults.error_status, "injected fault")
 
 
 def json_reply(replica: Replica, payload: object) -> web.Response:
@@ -63,4 +76,4 @@ def model_of(replica: Replica, body: dict[str, Any]) -> tuple[str, str | None]:
     raise api.ApiError(404, f"The model `{model}` does not exist.", "model")
 
 
-__all__ = ["bind", "json_body", "json_reply", "model_of", "replica_headers"]
+__all__ = ["bind", "inject_faults", "json_body", "json_reply", "model_of", "replica_headers"]

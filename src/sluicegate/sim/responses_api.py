@@ -23,7 +23,13 @@ from aiohttp import web
 
 from sluicegate.lax import LaxValueError, as_bool, as_int
 from sluicegate.sim import api
-from sluicegate.sim.reply import json_body, json_reply, model_of, replica_headers
+from sluicegate.sim.reply import (
+    inject_faults,
+    json_body,
+    json_reply,
+    model_of,
+    replica_headers,
+)
 from sluicegate.sim.text import PromptError, render_chat
 
 if TYPE_CHECKING:
@@ -111,6 +117,7 @@ def _text_part(text: str) -> dict[str, object]:
 
 
 async def responses(replica: Replica, request: web.Request) -> web.StreamResponse:
+    await inject_faults(replica)
     body = await json_body(request)
     model, lora = model_of(replica, body)
     try:

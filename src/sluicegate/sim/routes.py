@@ -29,7 +29,7 @@ from aiohttp import web
 
 from sluicegate.lax import LaxValueError, as_int
 from sluicegate.sim import api
-from sluicegate.sim.reply import bind, json_body, json_reply, model_of
+from sluicegate.sim.reply import bind, inject_faults, json_body, json_reply, model_of
 from sluicegate.sim.responses_api import responses
 from sluicegate.sim.text import PromptError, render_prompt
 from sluicegate.tokens import BYTES_PER_TOKEN, count_bytes_tokens
@@ -95,6 +95,7 @@ def _card(
 
 
 async def embeddings(replica: Replica, request: web.Request) -> web.Response:
+    await inject_faults(replica)
     body = await json_body(request)
     model, _ = model_of(replica, body)
     inputs = _embedding_inputs(body.get("input"))
