@@ -154,6 +154,7 @@ class Gateway:
             "/health": ("GET", self._health),
             "/ready": ("GET", self._ready),
         }
+        self._pass_through: Route = partial(self._generate, kind="other")
 
     @property
     def config(self) -> Config:
@@ -332,7 +333,7 @@ class Gateway:
         if path.startswith(MODEL_PREFIX):
             return "GET", self._model
         check_passed(request.method, path)
-        return request.method, partial(self._generate, kind="other")
+        return request.method, self._pass_through
 
     def _too_large(self, request: Request, responder: Responder) -> None:
         error = GatewayError(
