@@ -16,7 +16,13 @@ import orjson
 import pytest
 
 from sluicegate.clock import ManualClock
-from sluicegate.datalayer.collector import Collector, CollectorSettings, parse_models
+from sluicegate.datalayer.collector import (
+    MAX_LISTED_ENTRY_BYTES,
+    MAX_LISTED_MODELS,
+    Collector,
+    CollectorSettings,
+    parse_models,
+)
 from sluicegate.datalayer.datastore import Datastore, EndpointSpec
 from sluicegate.datalayer.endpoint import Endpoint, ServedModels
 from sluicegate.upstream import UpstreamPool
@@ -615,3 +621,16 @@ async def test_engines_without_a_token_counter_are_not_judged_frozen(
         assert ep.metrics.scraped_at == clock.now()
         clock.advance(0.5)
     assert ep.health.metrics_frozen_at is None
+
+
+def test_parse_models_keeps_the_entries_bounded() -> None:
+    card = {"id": "base", "object": "model", "root": "/m", "parent": None, "max_model_len": 8}
+    huge = {"id": "huge", "blob": "x" * (MAX_LISTED_ENTRY_BYTES + 1)}
+    many = [{"id": f"a{i}", "parent": "base"} for i in range(MAX_LISTED_MODELS + 5)]
+    models = parse_models({"data": [card, huge, *many]}, 1.0)
+    assert models is not None
+    assert models.entries[0] == card  # as the server wrote it
+    assert all(e["id"] != "huge" for e in models.entries)  # too long to keep
+    assert len(models.entries) == MAX_LISTED_MODELS
+    assert "huge" in models.base_models  # still served: only the entry is not kept
+    assert len(models.adapters) == MAX_LISTED_MODELS + 5

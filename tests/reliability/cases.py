@@ -324,8 +324,20 @@ CURRENT: list[Case] = [
         closes=True,
     ),
     # --- routes
-    Case("route/unknown", request("GET", "/v2/nothing"), 404, r"/v2/nothing"),
-    Case("route/unknown-under-v1", request("POST", "/v1/embeddings", OK_JSON), 404, r"route"),
+    # (/v1/... and /v2/... are passed through to the servers: their 404 is the server's.)
+    Case("route/unknown", request("GET", "/nothing"), 404, r"/nothing is not a route"),
+    Case(
+        "route/admin-not-passed",
+        request("POST", "/v1/load_lora_adapter", OK_JSON),
+        404,
+        r"administrative route",
+    ),
+    Case(
+        "route/disguised-admin-not-passed",
+        request("POST", "/v1/load%5Flora_adapter", OK_JSON),
+        404,
+        r"percent escapes",
+    ),
     Case("route/wrong-method", request("GET", "/v1/completions"), 405, r"POST"),
     Case("route/wrong-method-health", request("DELETE", "/health"), 405, r"GET"),
     # --- API keys

@@ -607,3 +607,93 @@ async def test_client_disconnect_aborts_the_request_on_the_server(
     )
     tokens = await server_metric(http, server, generated) - before[server.address]
     assert 5 <= tokens < max_tokens / 2, f"the server generated {tokens} of {max_tokens} tokens"
+
+
+# ---------------------------------------------------------------------- other routes
+
+
+async def test_tokenize_and_detokenize_pass_through(
+    gateway: Gateway, vllm_servers: list[VllmServer], http: aiohttp.ClientSession
+) -> None:
+    """vLLM's own /tokenize and /detokenize through the gateway (the tokenize answer's
+    shape is the one the simulator copies)."""
+    base = f"http://127.0.0.1:{gateway.port}"
+    text = "Hello there, general"
+    body = {"model": MODEL_NAME, "prompt": text, "add_special_tokens": False}
+    async with http.post(f"{base}/tokenize", json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        assert resp.headers[SERVED_HEADER] in addresses(vllm_servers)
+        tokenized = await resp.json()
+    assert set(tokenized) >= {"count", "max_model_len", "tokens"}
+    assert tokenized["count"] == len(tokenized["tokens"]) > 0
+    assert tokenized["max_model_len"] == MAX_MODEL_LEN
+    chat = {"model": MODEL_NAME, "messages": [{"role": "user", "content": text}]}
+    async with http.post(f"{base}/tokenize", json=chat) as resp:
+        assert resp.status == 200, await resp.text()
+        assert (await resp.json())["count"] > tokenized["count"]  # the chat template's tokens
+    back = {"model": MODEL_NAME, "tokens": tokenized["tokens"]}
+    async with http.post(f"{base}/detokenize", json=back) as resp:
+        assert resp.status == 200, await resp.text()
+        assert (await resp.json())["prompt"] == text
+
+
+async def test_model_list_keeps_vllms_fields(gateway: Gateway) -> None:
+    sdk = client(gateway)
+    try:
+        listed = {m.id: m.model_dump() for m in (await sdk.models.list()).data}
+        retrieved = (await sdk.models.retrieve(MODEL_NAME)).model_dump()
+        with pytest.raises(openai.NotFoundError):
+            await sdk.models.retrieve("no-such-model")
+    finally:
+        await sdk.close()
+    card = listed[MODEL_NAME]
+    assert card == retrieved
+    assert card["owned_by"] == "vllm"
+    assert card["parent"] is None
+    assert card["max_model_len"] == MAX_MODEL_LEN
+    assert str(card["root"]).endswith(MODEL_NAME)  # the model directory vLLM loaded
+
+
+async def test_responses_api_through_the_gateway(
+    gateway: Gateway, http: aiohttp.ClientSession
+) -> None:
+    """vLLM's Responses API, whole and streamed; the gateway reads the usage from the
+    answer and from the stream's ``response.completed`` event."""
+    sdk = client(gateway)
+    try:
+        whole = await sdk.responses.create(model=MODEL_NAME, input="Hello", max_output_tokens=8)
+        assert whole.usage is not None
+        assert 0 < whole.usage.output_tokens <= 8
+        completed = None
+        stream = await sdk.responses.create(
+            model=MODEL_NAME, input="Hello", max_output_tokens=8, stream=True
+        )
+        async for event in stream:
+            if event.type == "response.completed":
+                completed = event.response
+    finally:
+        await sdk.close()
+    assert completed is not None
+    assert completed.usage is not None
+    text = await gateway_metrics(http, gateway)
+    assert metric_value(text, "inference_objective_output_tokens_sum", **BY_MODEL) == (
+        whole.usage.output_tokens + completed.usage.output_tokens
+    )
+
+
+async def test_embeddings_and_admin_routes(
+    gateway: Gateway, vllm_servers: list[VllmServer], http: aiohttp.ClientSession
+) -> None:
+    """The test model is generative: vLLM serves no embeddings for it, and its refusal
+    comes back as vLLM wrote it (the route is passed through). Its administrative
+    routes are the gateway's 404, never reaching a server."""
+    base = f"http://127.0.0.1:{gateway.port}"
+    body = {"model": MODEL_NAME, "input": "hello", "encoding_format": "float"}
+    async with http.post(f"{base}/v1/embeddings", json=body) as resp:
+        assert resp.status in (400, 404, 405, 501), await resp.text()
+        assert resp.headers[SERVED_HEADER] in addresses(vllm_servers)
+    for path in ("/reset_prefix_cache", "/v1/load_lora_adapter", "/sleep", "/pause"):
+        async with http.post(f"{base}{path}", json={}) as resp:
+            assert resp.status == 404, path
+            assert SERVED_HEADER not in resp.headers
+            assert (await resp.json())["error"]["code"] == "not_found"

@@ -275,14 +275,25 @@ class Collector:
                 response.release()
 
 
+MAX_LISTED_MODELS = 1024
+"""Entries of one endpoint's ``/v1/models`` kept (for the gateway's merged list)."""
+MAX_LISTED_ENTRY_BYTES = 16 * 1024
+"""Longest entry kept, as JSON (vLLM's are a few hundred bytes)."""
+
+
 def parse_models(payload: object, now: float) -> ServedModels | None:
-    """Base models and adapters from a ``/v1/models`` answer; None if malformed."""
+    """Base models and adapters from a ``/v1/models`` answer; None if malformed. The first
+    :data:`MAX_LISTED_MODELS` entries (each at most :data:`MAX_LISTED_ENTRY_BYTES` long)
+    are kept as the server wrote them; the names of all of them count."""
     if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
         return None
     base: set[str] = set()
     adapters: set[str] = set()
+    entries: list[dict[str, object]] = []
     for entry in payload["data"]:
         if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
             continue
         (adapters if entry.get("parent") else base).add(entry["id"])
-    return ServedModels(frozenset(base), frozenset(adapters), now)
+        if len(entries) < MAX_LISTED_MODELS and len(orjson.dumps(entry)) <= MAX_LISTED_ENTRY_BYTES:
+            entries.append(entry)
+    return ServedModels(frozenset(base), frozenset(adapters), now, tuple(entries))

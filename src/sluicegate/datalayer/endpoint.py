@@ -17,6 +17,7 @@ Health (scrape failures, request failures and the ejections they cause) lives he
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -51,6 +52,10 @@ class ServedModels:
     base_models: frozenset[str] = frozenset()
     adapters: frozenset[str] = frozenset()
     fetched_at: float = -1.0
+    entries: tuple[Mapping[str, object], ...] = field(default=(), compare=False)
+    """The list's entries as the server wrote them (``id``, ``owned_by``, ``root``,
+    ``parent``, ``max_model_len``...), for the gateway's own ``/v1/models``; bounded by
+    the collector (``parse_models``)."""
 
     def serves(self, model: str) -> bool:
         return model in self.base_models or model in self.adapters

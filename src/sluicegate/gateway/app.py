@@ -1,8 +1,14 @@
 """The standalone gateway: an OpenAI-compatible HTTP server in front of a pool.
 
-Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models`` (public
-model names), ``GET /metrics``, ``GET /health`` (alive), ``GET /ready`` (some endpoint can
-take traffic); ``HEAD`` wherever ``GET`` is. Everything the gateway decides itself is
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (parsed, scheduled and
+proxied), ``GET /v1/models`` and ``GET /v1/models/{id}`` (the fleet's own list,
+:mod:`sluicegate.gateway.models_list`), ``GET /metrics``, ``GET /health`` (alive),
+``GET /ready`` (some endpoint can take traffic); ``HEAD`` wherever ``GET`` is. Every other
+path the servers' API namespaces hold (embeddings, the Responses API, tokenize, rerank,
+audio...) is passed through — the same scheduling, retries, metrics and streaming as
+completions, to the pool serving the body's ``model`` — unless it is one of the servers'
+administrative routes (:mod:`sluicegate.gateway.passthrough` says which). The route table
+is one dict lookup; only a miss looks further. Everything the gateway decides itself is
 answered with an OpenAI-style error body (see :mod:`sluicegate.errors`); an unexpected
 fault is logged and answered 500 without taking the server down.
 
@@ -32,6 +38,8 @@ from sluicegate.datalayer.collector import Collector
 from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.errors import GatewayError
 from sluicegate.gateway.http import HttpServer, Refusal, Request, Responder
+from sluicegate.gateway.models_list import MODEL_PREFIX, MODELS_PATH, model_entries, model_entry
+from sluicegate.gateway.passthrough import check_passed, generates
 from sluicegate.gateway.proxy import Proxy, ProxySettings, upstream_headers
 from sluicegate.live_metrics import ClientConnections
 from sluicegate.requestcontrol.dispatch import Dispatch
@@ -40,6 +48,7 @@ from sluicegate.requestcontrol.parse import (
     CONTROL_HEADERS,
     ROUTING_HEADERS,
     RequestKind,
+    parse_other,
     parse_request,
     without_routing_headers,
 )
@@ -140,11 +149,12 @@ class Gateway:
         self._routes: dict[str, tuple[str, Route]] = {
             "/v1/completions": ("POST", partial(self._generate, kind="completions")),
             "/v1/chat/completions": ("POST", partial(self._generate, kind="chat")),
-            "/v1/models": ("GET", self._models),
+            MODELS_PATH: ("GET", self._models),
             "/metrics": ("GET", self._metrics),
             "/health": ("GET", self._health),
             "/ready": ("GET", self._ready),
         }
+        self._pass_through: Route = partial(self._generate, kind="other")
 
     @property
     def config(self) -> Config:
@@ -294,9 +304,7 @@ class Gateway:
         try:
             route = self._routes.get(request.path)
             if route is None:
-                raise GatewayError(
-                    404, f"{request.method} {request.path} is not a route", code="not_found"
-                )
+                route = self._other_route(request)
             method, handler = route
             if request.method != method and (request.method != "HEAD" or method != "GET"):
                 raise GatewayError(
@@ -317,6 +325,15 @@ class Gateway:
                 raise
             error = GatewayError(500, "internal error in the gateway", code="internal_error")
             send_error(responder, error, request_id)
+
+    def _other_route(self, request: Request) -> tuple[str, Route]:
+        """The route of a path outside the table: one model's entry, or a pass-through
+        (any method) if :func:`~sluicegate.gateway.passthrough.check_passed` allows it."""
+        path = request.path
+        if path.startswith(MODEL_PREFIX):
+            return "GET", self._model
+        check_passed(request.method, path)
+        return request.method, self._pass_through
 
     def _too_large(self, request: Request, responder: Responder) -> None:
         error = GatewayError(
@@ -354,7 +371,10 @@ class Gateway:
         headers: Mapping[str, str] = request.headers
         if not ROUTING_HEADERS.isdisjoint(headers) and not self._trusted(request.headers):
             headers = without_routing_headers(headers)  # ignored (and never forwarded)
-        parsed = parse_request(kind, raw, headers)
+        if kind == "other":
+            parsed = parse_other(raw, headers, generates(request.path))
+        else:
+            parsed = parse_request(kind, raw, headers)
         dispatch = await self.runtime.acquire(parsed, request_id, headers, started)
         assert self.proxy is not None
         forward_headers = upstream_headers(
@@ -368,7 +388,7 @@ class Gateway:
         usage = None
         try:
             outcome = await self.proxy.forward(
-                request.target, responder, dispatch, raw, forward_headers
+                request.target, responder, dispatch, raw, forward_headers, request.method
             )
             # A stream that broke after its first byte reached the client as 200 and an
             # error event: for the runtime it failed (no latency sample, an error metric).
@@ -402,12 +422,13 @@ class Gateway:
         )
 
     async def _models(self, request: Request, responder: Responder, request_id: str) -> None:
-        created = int(time.time())
-        data = [
-            {"id": n, "object": "model", "created": created, "owned_by": "sluicegate"}
-            for n in self.runtime.model_names()
-        ]
+        data = model_entries(self.datastore.all_endpoints(), self.director.models.routes)
         responder.send(200, [_JSON], orjson.dumps({"object": "list", "data": data}))
+
+    async def _model(self, request: Request, responder: Responder, request_id: str) -> None:
+        endpoints, routes = self.datastore.all_endpoints(), self.director.models.routes
+        entry = model_entry(request.path, endpoints, routes)
+        responder.send(200, [_JSON], orjson.dumps(entry))
 
     async def _metrics(self, request: Request, responder: Responder, request_id: str) -> None:
         headers = [("content-type", "text/plain; version=0.0.4; charset=utf-8")]

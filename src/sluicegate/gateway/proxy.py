@@ -162,11 +162,16 @@ class Proxy:
         dispatch: Dispatch,
         raw: bytes,
         headers: dict[str, str],
+        method: str = "POST",
     ) -> Outcome:
-        """Relay ``dispatch`` to ``target`` (path and query) on its endpoint, answer the
-        client through ``responder``, and say what happened."""
+        """Relay ``dispatch`` to ``target`` (path and query) on its endpoint with
+        ``method``, answer the client through ``responder``, and say what happened. A
+        ``HEAD`` goes upstream as a ``GET`` (the client's answer carries no body either
+        way), so every answer the HTTP client reads has the body its head announces."""
         body = dispatch.body if dispatch.body is not None else raw
         path = target
+        if method == "HEAD":
+            method = "GET"
         outcome = Outcome()
         header_items = headers.items()
         retries_left = self.settings.max_retries
@@ -183,7 +188,7 @@ class Proxy:
                     endpoint.scheme,
                     endpoint.host,
                     endpoint.port,
-                    "POST",
+                    method,
                     path,
                     header_items,
                     body,

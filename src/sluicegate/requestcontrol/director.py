@@ -37,7 +37,7 @@ from typing import Protocol
 from sluicegate.clock import Clock
 from sluicegate.datalayer.datastore import Datastore, Pool
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.errors import GatewayError, no_endpoint, shed, unknown_model
+from sluicegate.errors import GatewayError, bad_request, no_endpoint, shed, unknown_model
 from sluicegate.flowcontrol.config import FlowControlSetup, build_flow_control
 from sluicegate.flowcontrol.controller import FlowController
 from sluicegate.framework import (
@@ -152,6 +152,12 @@ class Director:
         model_route = self.models.route(parsed.model)
         pool_name = model_route.pool if model_route is not None else self.models.default_pool
         if pool_name is None:
+            if not parsed.model:  # a passed-through route without a model
+                raise bad_request(
+                    "this request names no 'model' and the gateway fronts several pools: "
+                    "say which model it is for",
+                    "model",
+                )
             raise unknown_model(parsed.model)
         pool = self.datastore.pools.get(pool_name)
         if pool is None or not pool.endpoints:
@@ -178,11 +184,12 @@ class Director:
         else:
             target = parsed.model
         by_config = model_route is not None or bool(parsed.model_rewrite)
-        serving = self._serving(pool, target)
+        # A model-less request (a passed-through route) may go to any ready endpoint.
+        serving = self._serving(pool, target) if target else self._ready(pool)
         if serving is None:
             if not by_config:
                 raise unknown_model(parsed.model)
-            if never_served(pool, target):
+            if target and never_served(pool, target):
                 raise not_served(pool, parsed.model, target)
         request = LLMRequest(
             request_id=request_id,
@@ -236,7 +243,11 @@ class Director:
             if not candidates:
                 # The client's name: the target is the gateway's business (and may be
                 # an adapter the client was never told of).
-                raise no_endpoint(f"no ready endpoint serves model '{request.model}'")
+                raise no_endpoint(
+                    f"no ready endpoint serves model '{request.model}'"
+                    if request.model
+                    else f"pool '{pool.name}' has no ready endpoint"
+                )
             return self.schedule(admitted, candidates, state)
         if ticket is None:
             raise RuntimeError(f"pool '{pool.name}' queues requests: submit() needs a ticket")
@@ -406,7 +417,8 @@ class Director:
         its subset hint (if any), with fresh metrics (all of them if every one is stale)."""
         serving = admitted.serving
         if serving is None:
-            serving = self._serving(admitted.pool, admitted.request.target_model)
+            target = admitted.request.target_model
+            serving = self._serving(admitted.pool, target) if target else self._ready(admitted.pool)
         else:
             admitted.serving = None
         if serving and admitted.subset is not None:
@@ -455,13 +467,18 @@ class Director:
         dispatch._charge()
         return dispatch
 
+    @staticmethod
+    def _ready(pool: Pool) -> list[Endpoint]:
+        """The pool's endpoints that are not ejected."""
+        return [e for e in pool.endpoints if not e.health.ejected]
+
     def _serving(self, pool: Pool, target: str) -> list[Endpoint] | None:
         """Ready endpoints that serve ``target``; all of them if none has listed its models.
 
         None when every endpoint has listed its models and none serves ``target``; an
         empty list when the pool has no ready endpoint.
         """
-        ready = [e for e in pool.endpoints if not e.health.ejected]
+        ready = self._ready(pool)
         if not ready or not any(e.models.known for e in ready):
             return ready
         serving = [e for e in ready if not e.models.known or e.models.serves(target)]

@@ -29,7 +29,10 @@ from sluicegate.lax import LaxValueError, as_bool, as_float, as_int
 from sluicegate.requestcontrol.jsonbytes import MAX_JSON_DEPTH, within_depth
 from sluicegate.tokens import BYTES_PER_TOKEN, count_bytes_tokens
 
-RequestKind = Literal["completions", "chat"]
+RequestKind = Literal["completions", "chat", "other"]
+"""``completions`` and ``chat``: the two generation routes, checked as vLLM checks them;
+``other``: any other route the gateway passes through (:func:`parse_other`), of which only
+``model``, ``stream`` and the prompt-like fields are read."""
 
 # Header names as in ``pkg/epp/metadata/consts.go`` of GIE at 1748e829
 # (https://github.com/kubernetes-sigs/gateway-api-inference-extension) and of llm-d-router
@@ -99,16 +102,7 @@ def parse_request(kind: RequestKind, raw: bytes, headers: Mapping[str, str]) -> 
 
     ``headers`` must have lower-case names.
     """
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        if str(exc).startswith("depth limit"):  # orjson's own, deeper than ours
-            raise _too_deep() from None
-        raise bad_request(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise bad_request("request body must be a JSON object")
-    if not within_depth(body):
-        raise _too_deep()
+    body = _decode(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("'model' is required and must be a non-empty string", "model")
@@ -143,6 +137,95 @@ def parse_request(kind: RequestKind, raw: bytes, headers: Mapping[str, str]) -> 
     return parsed
 
 
+def parse_other(raw: bytes, headers: Mapping[str, str], generates: bool = True) -> ParsedRequest:
+    """Decode a request for a route passed through as it is (embeddings, the Responses
+    API, tokenize, rerank, audio...); raises a 400 GatewayError.
+
+    A JSON object body (``content-type`` JSON, or absent and the body starting with
+    ``{``) is decoded once: its ``model``, when present, must be a non-empty string (it
+    chooses the pool, as for completions); ``stream`` chooses how the answer is relayed;
+    ``max_tokens`` / ``max_completion_tokens`` / ``max_output_tokens`` bound the expected
+    output. The prompt for prefix affinity is the first of ``input``, ``prompt``,
+    ``messages``, ``text``, ``query`` present; a JSON body that is not an object is a 400, as
+    for completions. Any other body (empty, multipart audio, form data), or an object
+    without ``model``, gives a model-less request (``model`` = ""): the director sends it
+    to any ready endpoint of the default pool.
+    ``generates``: False for routes that produce no tokens (embeddings, tokenize,
+    scoring): the expected output is then one token, not a guess from the prompt.
+    """
+    content_type = headers.get("content-type", "")
+    json_body = "json" in content_type.lower() or (not content_type and raw[:1] == b"{")
+    body = _decode(raw) if json_body and raw else {}
+    model = body.get("model", "")
+    if not isinstance(model, str) or ("model" in body and not model):
+        raise bad_request("'model' must be a non-empty string", "model")
+    try:
+        stream = as_bool(body["stream"], "stream") if body.get("stream") is not None else False
+        max_tokens = _max_tokens(body, _OTHER_MAX_TOKENS) if generates else 1
+    except LaxValueError as exc:
+        raise bad_request(str(exc), exc.field) from None
+    prompt = _other_prompt(body)
+    salt = body.get("cache_salt")
+    parsed = ParsedRequest(
+        kind="other",
+        body=body,
+        model=model,
+        stream=stream,
+        max_tokens=max_tokens,
+        prompt=prompt,
+        prompt_tokens=count_bytes_tokens(prompt),
+        cache_salt=salt if isinstance(salt, str) else "",
+        slo_ttft_ms=None,
+        slo_tpot_ms=None,
+        objective=None,
+        fairness_id=DEFAULT_FLOW,
+        model_rewrite=None,
+        body_bytes=len(raw),
+        raw=raw,
+    )
+    if not _READ_HEADERS.isdisjoint(headers):
+        _read_headers(parsed, headers)
+    if not model:
+        parsed.model_rewrite = None  # no ``model`` field to rewrite
+    return parsed
+
+
+_PROMPT_FIELDS = ("input", "prompt", "messages", "text", "query")
+_OTHER_MAX_TOKENS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+
+
+def _other_prompt(body: dict[str, Any]) -> bytes:
+    """The prompt-like field of a passed-through body, for prefix affinity only (the
+    server judges its validity): text as UTF-8, a list of texts joined, token ids as
+    their bytes, anything else (Responses input items, messages) as compact JSON."""
+    for name in _PROMPT_FIELDS:
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, str):
+            return value.encode()
+        try:
+            return _completion_prompt({"prompt": value})
+        except LaxValueError:
+            return orjson.dumps(value)
+    return b""
+
+
+def _decode(raw: bytes) -> dict[str, Any]:
+    """``raw`` as a JSON object within the depth limit; raises a 400 GatewayError."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        if str(exc).startswith("depth limit"):  # orjson's own, deeper than ours
+            raise _too_deep() from None
+        raise bad_request(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise bad_request("request body must be a JSON object")
+    if not within_depth(body):
+        raise _too_deep()
+    return body
+
+
 def without_routing_headers(headers: Mapping[str, str]) -> Mapping[str, str]:
     """``headers`` without the :data:`ROUTING_HEADERS`, for an untrusted client (the same
     mapping, not a copy, when it has none: the common case costs one set check)."""
@@ -168,8 +251,10 @@ def _read_headers(parsed: ParsedRequest, headers: Mapping[str, str]) -> None:
     parsed.model_rewrite = _identifier(headers, (MODEL_REWRITE_HEADER,))
 
 
-def _max_tokens(body: dict[str, Any]) -> int | None:
-    for field in ("max_completion_tokens", "max_tokens"):
+def _max_tokens(
+    body: dict[str, Any], fields: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
+) -> int | None:
+    for field in fields:
         value = body.get(field)
         if value is not None:
             number = as_int(value, field)

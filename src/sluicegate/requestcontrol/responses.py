@@ -47,7 +47,8 @@ class ResponseStats:
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     chunks: int = 0
-    """Streamed token events seen (events with a choice, less the chat role event)."""
+    """Streamed token events seen (events with a choice, less the chat role event; for
+    the Responses API its ``response.output_text.delta`` events)."""
     _tail: bytes = field(default=b"", repr=False)
     """The incomplete last SSE event of the stream so far."""
 
@@ -75,11 +76,14 @@ class ResponseStats:
     def observe_json(self, payload: Any) -> None:
         """Read the ``usage`` block of a whole (non-streamed) JSON answer."""
         if isinstance(payload, dict):
-            self._read_usage(payload.get("usage"))
+            self._read_usage(_usage_of(payload))
 
     def _observe_events(self, events: bytes) -> None:
         # vLLM writes compact JSON, so these byte patterns find the events with a choice.
-        self.chunks += events.count(b'"choices":[{') - events.count(b'"delta":{"role"')
+        chunks = events.count(b'"choices":[{') - events.count(b'"delta":{"role"')
+        if not chunks:  # not chat or completions: Responses API text deltas, if any
+            chunks = events.count(b'"type":"response.output_text.delta"')
+        self.chunks += chunks
         if b'"usage"' not in events:
             return
         for event in events.split(b"\n\n"):
@@ -88,19 +92,34 @@ class ResponseStats:
                 continue
             payload = json_or_none(event[start:])
             if isinstance(payload, dict):
-                self._read_usage(payload.get("usage"))
+                self._read_usage(_usage_of(payload))
 
     def _read_usage(self, usage: object) -> None:
         if not isinstance(usage, dict):
             return
-        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        # Chat and completions name them prompt/completion tokens; the Responses API
+        # input/output tokens (https://platform.openai.com/docs/api-reference/responses).
+        prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+        completion = usage.get("completion_tokens", usage.get("output_tokens"))
         if isinstance(prompt, int):
             self.prompt_tokens = prompt
         if isinstance(completion, int):
             self.completion_tokens = completion
-        details = usage.get("prompt_tokens_details")
+        details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
         if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
             self.cached_tokens = details["cached_tokens"]
+
+
+def _usage_of(payload: dict[str, Any]) -> object:
+    """The ``usage`` block of an answer or stream event: top level (completions, chat,
+    embeddings, a whole Responses answer), or in the ``response`` of a Responses stream's
+    ``response.completed`` event."""
+    usage = payload.get("usage")
+    if usage is None:
+        response = payload.get("response")
+        if isinstance(response, dict):
+            return response.get("usage")
+    return usage
 
 
 class ModelNameRewriter:

@@ -23,6 +23,7 @@ import orjson
 from aiohttp import web
 
 from sluicegate.sim import api
+from sluicegate.sim import routes as sim_routes
 from sluicegate.sim.driver import EngineDriver, Handle
 from sluicegate.sim.engine import Engine, Sequence, new_sequence
 from sluicegate.sim.faults import Faults
@@ -187,7 +188,6 @@ class Replica:
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._track])
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
-        app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/version", self._version)
         app.router.add_get("/metrics", self._metrics)
@@ -197,6 +197,7 @@ class Replica:
         app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
         app.router.add_get("/admin/faults", self._get_faults)
         app.router.add_post("/admin/faults", self._set_faults)
+        sim_routes.register(app, self)  # /v1/models, embeddings, responses, detokenize
         return app
 
     @web.middleware
@@ -506,34 +507,6 @@ class Replica:
         await send(api.STREAM_DONE)
         return response  # aiohttp writes the end of the chunked body
 
-    async def _models(self, request: web.Request) -> web.Response:
-        created = int(time.time())
-        max_len = self.options.profile.max_model_len
-        data = [
-            {
-                "id": self.model_name,
-                "object": "model",
-                "created": created,
-                "owned_by": "vllm",
-                "root": self.model_name,
-                "parent": None,
-                "max_model_len": max_len,
-            }
-        ]
-        for name, path in sorted(self.loras.items()):
-            data.append(
-                {
-                    "id": name,
-                    "object": "model",
-                    "created": created,
-                    "owned_by": "vllm",
-                    "root": path,
-                    "parent": self.model_name,
-                    "max_model_len": max_len,
-                }
-            )
-        return self._json({"object": "list", "data": data})
-
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200, headers=self._headers())
 
@@ -577,6 +550,7 @@ class Replica:
                 "count": len(tokens),
                 "max_model_len": self.options.profile.max_model_len,
                 "tokens": tokens,
+                "token_strs": None,  # vLLM's, unless ``return_token_strs``
             }
         )
 

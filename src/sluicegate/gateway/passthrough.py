@@ -1,0 +1,85 @@
+"""Which paths the gateway passes through to the model servers, as they are.
+
+Besides the routes it answers itself, the gateway forwards the inference routes of the
+servers it fronts — embeddings, the Responses API, tokenize, pooling, scoring, audio —
+through the same scheduling, flow control, retries and metrics as completions. It does
+*not* forward a server's administrative routes: vLLM serves, next to its API, routes that
+change the server (``/v1/load_lora_adapter``, ``/reset_prefix_cache``, ``/sleep``,
+``/pause``, ``/update_weights``, ``/collective_rpc``, ...; see ``vllm/entrypoints/serve/``
+in https://github.com/vllm-project/vllm), and their number grows with every release.
+
+So the rule is an allow-list of namespaces with a deny-list inside them, not a deny-list
+of everything: a route vLLM adds tomorrow outside the API namespaces stays unreachable
+until it is listed here.
+
+- passed through: every path under ``/v1/`` and ``/v2/`` (the OpenAI-compatible API and
+  the v2 rerank API), and the top-level inference routes of :data:`TOP_LEVEL_ROUTES`;
+- refused (404): the LoRA load/unload routes and any ``admin`` segment under those
+  namespaces, every other top-level path (``/reset_prefix_cache``, ``/sleep``,
+  ``/metrics/``, ``/admin/...``), and any path not in canonical form (percent escapes,
+  ``//``, ``.`` or ``..`` segments, backslashes) — servers decode and normalise paths
+  before routing, so a disguised spelling of a refused route must not get through.
+
+The judgement is on the path alone, lower-cased (servers route case-sensitively, so this
+refuses at least what they would serve).
+"""
+
+from __future__ import annotations
+
+from sluicegate.errors import GatewayError
+
+PASSED_PREFIXES = ("/v1/", "/v2/")
+"""The API namespaces passed through (minus :data:`DENIED_ROUTES`)."""
+TOP_LEVEL_ROUTES = frozenset(
+    {"/tokenize", "/detokenize", "/pooling", "/classify", "/score", "/rerank", "/invocations"}
+)
+"""vLLM's inference routes outside ``/v1/``."""
+DENIED_ROUTES = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
+"""Routes inside the passed namespaces that change a server."""
+_NON_GENERATIVE_SUFFIXES = (
+    "/embeddings",
+    "/tokenize",
+    "/detokenize",
+    "/pooling",
+    "/classify",
+    "/score",
+    "/rerank",
+)
+
+
+def check_passed(method: str, path: str) -> None:
+    """Raise a 404 GatewayError unless ``path`` may be passed through (see the module
+    docstring)."""
+    lowered = path.lower()
+    if not _canonical(lowered):
+        raise GatewayError(
+            404,
+            f"{method} {path} is not a route: paths with percent escapes, empty, '.' or "
+            "'..' segments are not passed through",
+            code="not_found",
+        )
+    if lowered in DENIED_ROUTES or "/admin/" in lowered or lowered.endswith("/admin"):
+        raise GatewayError(
+            404,
+            f"{method} {path} is an administrative route of the model servers: the gateway "
+            "does not pass it through",
+            code="not_found",
+        )
+    if lowered.startswith(PASSED_PREFIXES) or lowered in TOP_LEVEL_ROUTES:
+        return
+    raise GatewayError(404, f"{method} {path} is not a route", code="not_found")
+
+
+def generates(path: str) -> bool:
+    """Whether a passed-through route generates tokens (False for embeddings, tokenize,
+    pooling and scoring routes: their expected output is nil)."""
+    return not path.rstrip("/").endswith(_NON_GENERATIVE_SUFFIXES)
+
+
+def _canonical(path: str) -> bool:
+    if "%" in path or "\\" in path or "//" in path:
+        return False
+    return not any(segment in (".", "..") for segment in path.split("/"))
+
+
+__all__ = ["DENIED_ROUTES", "PASSED_PREFIXES", "TOP_LEVEL_ROUTES", "check_passed", "generates"]
