@@ -33,7 +33,7 @@ async def inject_faults(replica: Replica) -> None:
         await asyncio.Event().wait()
     if faults.latency_ms > 0:
         await asyncio.sleep(faults.latency_ms / 1000.0)
-    if faults.error_rate > 0 and replica._rng.random() < faults.error_rate:
+    if faults.error_rate > 0 and replica.rng.random() < faults.error_rate:
         raise api.ApiError(faults.error_status, "injected fault")
 
 

@@ -124,9 +124,10 @@ async def responses(replica: Replica, request: web.Request) -> web.StreamRespons
         params = _responses_params(model, body)
     except LaxValueError as exc:
         raise api.ApiError(400, str(exc), exc.field) from None
-    # The replica's own sequence builder: the same context check and engine accounting
+    # The replica's own context check and sequence builder: the same engine accounting
     # as a chat request.
-    handle = replica.driver.submit(replica._sequence(params, lora))
+    request_id = replica.check_context(params)
+    handle = replica.driver.submit(replica.sequence(params, lora, request_id, 0))
     exchange = _Exchange(handle, body, model, int(time.time()))
     try:
         if params.stream:

@@ -113,7 +113,7 @@ class Replica:
         self.faults = faults or Faults()
         self.loras: dict[str, str] = dict(options.lora_modules)
         self.port = 0
-        self._rng = random.Random(options.seed * 1_000_003 + index)
+        self.rng = random.Random(options.seed * 1_000_003 + index)
         self._ids = itertools.count()
         self._transports: set[asyncio.Transport] = set()
         self._frozen_metrics: bytes | None = None
@@ -251,16 +251,16 @@ class Replica:
             await asyncio.Event().wait()
         if faults.latency_ms > 0:
             await asyncio.sleep(faults.latency_ms / 1000.0)
-        if faults.error_rate > 0 and self._rng.random() < faults.error_rate:
+        if faults.error_rate > 0 and self.rng.random() < faults.error_rate:
             raise api.ApiError(faults.error_status, "injected fault")
         params = api.parse_generate(await request.read(), chat)
         lora = self._resolve_model(params.model)
-        request_id = self._check_context(params)
+        request_id = self.check_context(params)
         event = asyncio.Event()  # wakes the handler for any of the request's choices
         choices: list[_Choice] = []
         try:
             for index in range(params.n):
-                seq = self._sequence(params, lora, request_id, index)
+                seq = self.sequence(params, lora, request_id, index)
                 stop = find_stop(
                     seq.output_seed,
                     seq.max_output_tokens,
@@ -290,7 +290,7 @@ class Replica:
             return model
         raise api.ApiError(404, f"The model `{model}` does not exist.", "model")
 
-    def _check_context(self, params: api.GenerateRequest) -> str:
+    def check_context(self, params: api.GenerateRequest) -> str:
         """A new request id; a 400 when the request does not fit the context."""
         profile = self.options.profile
         prompt_tokens = count_bytes_tokens(params.prompt)
@@ -308,7 +308,7 @@ class Replica:
         prefix = "chatcmpl" if params.chat else "cmpl"
         return f"{prefix}-{self.index}-{next(self._ids)}"
 
-    def _sequence(
+    def sequence(
         self, params: api.GenerateRequest, lora: str | None, request_id: str, index: int
     ) -> Sequence:
         """The engine sequence of choice ``index`` (vLLM names a child ``{index}_{id}``)."""
