@@ -70,6 +70,13 @@ class LatencyPredictor(Protocol):
         ...
 
     @property
+    def warming_up(self) -> bool:
+        """Whether a request it cannot predict for is a ``warming-up`` fallback (no model
+        trained or loaded yet) rather than an ``unavailable`` one (the servers that would
+        predict cannot be reached)."""
+        ...
+
+    @property
     def needs_io(self) -> bool:
         """True: the producer awaits :meth:`predict_query_async` once per request before
         scheduling and never calls :meth:`predict_query`. False: it calls
@@ -96,6 +103,16 @@ class SynchronousPredictor(ABC):
     :meth:`predict_query`, ``ready``, ``calibration`` and ``observe``."""
 
     needs_io = False
+
+    @property
+    @abstractmethod
+    def ready(self) -> bool:
+        """Whether a model is in use (see :class:`LatencyPredictor`)."""
+
+    @property
+    def warming_up(self) -> bool:
+        """Not ready: in process, the only reason is that no model exists yet."""
+        return not self.ready
 
     @abstractmethod
     def predict_query(self, query: PredictionQuery) -> Predictions | None:
