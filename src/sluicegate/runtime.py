@@ -518,8 +518,11 @@ MAX_FLOW_SERIES = 100
 
 def band_flows(band: Band) -> list[tuple[int, str, int, int]]:
     """(priority, fairness id, queued requests, queued bytes) of ``band``'s flows: the
-    largest :data:`MAX_FLOW_SERIES`, then the rest together."""
+    largest :data:`MAX_FLOW_SERIES`, then the rest together; one zero series with an
+    empty fairness id when nothing waits in it."""
     flows = [(q.flow_id, q.live, q.live_bytes) for q in band.active()]
+    if not flows:  # an empty band reads 0 rather than vanishing from the dashboards
+        return [(band.priority, "", 0, 0)]
     if len(flows) > MAX_FLOW_SERIES:
         flows.sort(key=lambda f: f[1], reverse=True)
         rest = flows[MAX_FLOW_SERIES:]

@@ -71,9 +71,9 @@ class LatencyPredictor(Protocol):
 
     @property
     def warming_up(self) -> bool:
-        """Whether a request it cannot predict for is a ``warming-up`` fallback (no model
-        trained or loaded yet) rather than an ``unavailable`` one (the servers that would
-        predict cannot be reached)."""
+        """For a predictor that needs I/O: whether a call it answered None is a
+        ``warming-up`` fallback (the servers have no model yet) rather than an
+        ``unavailable`` one (they cannot be reached). Not consulted otherwise."""
         ...
 
     @property
@@ -105,14 +105,10 @@ class SynchronousPredictor(ABC):
     needs_io = False
 
     @property
-    @abstractmethod
-    def ready(self) -> bool:
-        """Whether a model is in use (see :class:`LatencyPredictor`)."""
-
-    @property
     def warming_up(self) -> bool:
-        """Not ready: in process, the only reason is that no model exists yet."""
-        return not self.ready
+        """False: a predictor without I/O is judged by ``ready`` alone (the producer
+        does not ask one that is not ready and counts the request as warming up)."""
+        return False
 
     @abstractmethod
     def predict_query(self, query: PredictionQuery) -> Predictions | None:
