@@ -33,7 +33,6 @@ from sluicegate.api.loader import build_config
 from sluicegate.flowcontrol.controller import FlowController
 from sluicegate.framework import ItemState, QueueItem
 from sluicegate.gateway.app import Gateway
-from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.parse import parse_request
 from sluicegate.runtime import _Waiter
 from sluicegate.sim.server import SimCluster
@@ -352,7 +351,10 @@ async def test_queued_request_whose_client_leaves_is_removed(
         await until(lambda: waiting(gw) == 0, "the queue to forget the request")
         samples = await scrape(http, gw)
         assert total(samples, QUEUE_SIZE, inference_pool="pool", priority="0") == 0
-        assert total(samples, f"{QUEUE_WAIT}_count", priority="0", outcome="EvictedContextCancelled") == 1
+        assert (
+            total(samples, f"{QUEUE_WAIT}_count", priority="0", outcome="EvictedContextCancelled")
+            == 1
+        )
         assert [n for n, _, _ in inflight(gw)] == [1]  # only the held request
     # The held stream is closed: its place is free again, and nothing leaked to fill it.
     await until(lambda: inflight(gw) == [(0, 0, 0)], "the held request to be released")
