@@ -76,7 +76,8 @@ async def test_every_dashboard_metric_is_exported(sim_cluster: Any, picker: Any)
     assert set(wanted) >= PICKER_SERIES
     for name in PICKER_SERIES:
         family = resolve(name, exposed)
-        assert family is not None and family.samples, f"{name}: no samples after traffic"
+        assert family is not None, name
+        assert family.samples, f"{name}: no samples after traffic"
     sizes = resolve("inference_objective_response_sizes_bucket", exposed)
     assert sizes is not None
     (total,) = [s.value for s in sizes.samples if s.name.endswith("_sum")]

@@ -144,7 +144,8 @@ async def test_every_dashboard_metric_is_exported(
     assert set(wanted) >= GATEWAY_SERIES
     for name in GATEWAY_SERIES:
         family = resolve(name, exposed)
-        assert family is not None and family.samples, f"{name}: no samples after traffic"
+        assert family is not None, name
+        assert family.samples, f"{name}: no samples after traffic"
 
 
 async def test_every_family_has_help_and_bounded_labels(
@@ -180,12 +181,14 @@ async def test_llm_d_names_are_served_with_metrics_names(
     await traffic(http, gw)
     both = families(await scrape(http, gw))
     for reference, llm_d in LLM_D_NAMES.items():
-        assert reference in both and llm_d in both, (reference, llm_d)
+        assert reference in both, reference
+        assert llm_d in both, llm_d
         ours, theirs = both[reference], both[llm_d]
         assert ours.type == theirs.type
         assert [s.value for s in ours.samples] == [s.value for s in theirs.samples], llm_d
     per_endpoint = both["llm_d_epp_per_endpoint_queue_size"].samples
-    assert per_endpoint and all("model_server_endpoint" in s.labels for s in per_endpoint)
+    assert per_endpoint
+    assert all("model_server_endpoint" in s.labels for s in per_endpoint)
 
     gw.runtime.apply_config(config(cluster, metricsNames="llm-d"))  # a reload: applies now
     only = families(await scrape(http, gw))

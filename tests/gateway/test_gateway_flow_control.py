@@ -389,7 +389,6 @@ async def test_dispatched_just_as_the_client_leaves_is_released() -> None:
     first_waiter = first_ticket.future
     assert first.state is ItemState.DISPATCHED
     second, second_ticket = submit("second")
-    second_waiter = second_ticket.future
     assert second.state is ItemState.QUEUED
     handler = asyncio.create_task(gw.runtime._wait(second, second_ticket))
     await asyncio.sleep(0)  # the handler now waits for its turn

@@ -5,7 +5,8 @@ Layers, lowest first (a module may import its own package and lower layers only)
 
 | rank | packages |
 |---|---|
-| 0 | ``api``, ``clock``, ``lax``, ``lazy``, ``tokens``, ``errors``, ``instruments``, ``upstream``, ``metric_buckets``, ``metric_names`` |
+| 0 | ``api``, ``clock``, ``lax``, ``lazy``, ``tokens``, ``errors``, ``instruments``, |
+|   | ``upstream``, ``metric_buckets``, ``metric_names`` |
 | 1 | ``datalayer`` |
 | 2 | ``framework``, ``k8s``, ``live_metrics`` |
 | 3 | ``latency``, ``metrics`` |
