@@ -30,6 +30,7 @@ from sluicegate.datalayer.outlier import OutlierDetector, OutlierSettings, Resul
 from sluicegate.datalayer.pools import EndpointsByPool, static_endpoints, sync_pools
 from sluicegate.errors import GatewayError
 from sluicegate.flowcontrol.config import FlowControlSetup, build_flow_control
+from sluicegate.flowcontrol.observe import band_flows, queue_outcome
 from sluicegate.framework import (
     PREDICTION_OUTCOME,
     PREDICTIONS,
@@ -40,8 +41,6 @@ from sluicegate.framework import (
     PrefixIndexer,
     QueueItem,
 )
-from sluicegate.framework.queues import Band
-from sluicegate.instruments import OVERFLOW_LABEL
 from sluicegate.latency.host import PredictorHost
 from sluicegate.metrics import PLUGIN_TIMING_EVERY, UNKNOWN_MODEL_LABEL, GatewayMetrics
 from sluicegate.requestcontrol.director import Admitted, Director
@@ -509,44 +508,6 @@ class Runtime:
         # Only streamed answers: the gateway sees no first token of a non-streamed one,
         # so its TTFT (and TPOT) cannot be judged against the SLO.
         self.metrics.slo_violations.labels(model, target, kind).inc()
-
-
-MAX_FLOW_SERIES = 100
-"""Flows (fairness ids: the client's word) exported per band; the rest are summed under
-``_other``. Idle flows are forgotten, so a band's flows are its queued requests'."""
-
-
-def band_flows(band: Band) -> list[tuple[int, str, int, int]]:
-    """(priority, fairness id, queued requests, queued bytes) of ``band``'s flows: the
-    largest :data:`MAX_FLOW_SERIES`, then the rest together; one zero series with an
-    empty fairness id when nothing waits in it."""
-    flows = [(q.flow_id, q.live, q.live_bytes) for q in band.active()]
-    if not flows:  # an empty band reads 0 rather than vanishing from the dashboards
-        return [(band.priority, "", 0, 0)]
-    if len(flows) > MAX_FLOW_SERIES:
-        flows.sort(key=lambda f: f[1], reverse=True)
-        rest = flows[MAX_FLOW_SERIES:]
-        del flows[MAX_FLOW_SERIES:]
-        flows.append((OVERFLOW_LABEL, sum(f[1] for f in rest), sum(f[2] for f in rest)))
-    return [(band.priority, flow, requests, nbytes) for flow, requests, nbytes in flows]
-
-
-_QUEUE_OUTCOMES = {
-    "dispatched": "Dispatched",
-    "cancelled": "EvictedContextCancelled",
-    "rejected-ttl-expired": "EvictedTTL",
-    "rejected-capacity": "RejectedCapacity",
-}
-
-
-def queue_outcome(reason: str, queued: bool) -> str:
-    """The reference's flow-control outcome (``Dispatched``, ``EvictedTTL``, ...; GIE
-    ``pkg/epp/flowcontrol/types/outcomes.go`` at 1748e829) of a request that left flow
-    control for ``reason``, after waiting in a queue (``queued``) or at the door."""
-    outcome = _QUEUE_OUTCOMES.get(reason)
-    if outcome is not None:
-        return outcome
-    return "EvictedOther" if queued else "RejectedOther"
 
 
 def outlier_settings(spec: OutlierDetectionSettings) -> OutlierSettings:
