@@ -95,3 +95,49 @@ def resolve(name: str, exposed: dict[str, Metric]) -> Metric | None:
         if any(name == f.name + suffix for suffix in _SUFFIXES.get(f.type, ())):
             return f
     return None
+
+
+BOUNDED_LABELS = {
+    # label → why its values are bounded (a new label must be argued for here)
+    "model_name": "configured or served models; a name nothing serves is _unknown",
+    "target_model_name": "configured or served models",
+    "error_code": "HTTP status codes",
+    "name": "configured pools",
+    "inference_pool": "configured pools",
+    "pool": "configured pools",
+    "model_server_pod": "the pools' endpoints",
+    "endpoint": "the pools' endpoints",
+    "reason": "fixed reason names",
+    "kind": "fixed failure kinds",
+    "status": "success / failure; HTTP status codes (the picker's own answers)",
+    "phase": "request / response",
+    "outcome": "the reference's queue outcomes",
+    "priority": "configured objectives' priorities",
+    "fairness_id": "client header: at most 1,000 series per family (then _other), 100 "
+    "flows per band in the queue gauges",
+    "type": "ttft / tpot",
+    "extension_point": "fixed extension points",
+    "plugin_type": "configured plugins",
+    "plugin_name": "configured plugins",
+    "commit": "one build",
+    "build_ref": "one build",
+    "target": "ttft / tpot",
+    "split": "train / test",
+    "score": "mape / coverage",
+    "le": "histogram buckets",
+}
+
+
+def unbounded_labels(exposed: dict[str, Metric]) -> dict[str, set[str]]:
+    """Family → its labels that :data:`BOUNDED_LABELS` does not argue for."""
+    out: dict[str, set[str]] = {}
+    for family in exposed.values():
+        for s in family.samples:
+            extra = set(s.labels) - set(BOUNDED_LABELS)
+            if extra:
+                out.setdefault(family.name, set()).update(extra)
+    return out
+
+
+def without_help(exposed: dict[str, Metric]) -> list[str]:
+    return [f.name for f in exposed.values() if not f.documentation.strip()]

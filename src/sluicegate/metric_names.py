@@ -67,6 +67,8 @@ LLM_D_NAMES: dict[str, str] = {
     "inference_extension_info": "llm_d_epp_info",
     "inference_extension_prefix_indexer_size": "llm_d_epp_prefix_indexer_size",
     "inference_extension_prefix_indexer_hit_ratio": "llm_d_epp_prefix_indexer_hit_ratio",
+    # the ext_proc server (sluicegate extproc)
+    "sluicegate_extproc_active_streams": "llm_d_epp_extproc_streams_inflight",
     # flow control
     **{
         f"inference_extension_flow_control_{name}": f"llm_d_epp_flow_control_{name}"

@@ -17,7 +17,7 @@ from ep_support import (
     response_headers,
 )
 
-from dashboard_support import families, panel_names, resolve
+from dashboard_support import families, panel_names, resolve, unbounded_labels, without_help
 
 GATEWAY_ONLY = {
     # The standalone gateway's own HTTP server; Envoy holds the client connections here.
@@ -78,6 +78,8 @@ async def test_every_dashboard_metric_is_exported(sim_cluster: Any, picker: Any)
         family = resolve(name, exposed)
         assert family is not None, name
         assert family.samples, f"{name}: no samples after traffic"
+    assert not without_help(exposed)
+    assert not unbounded_labels(exposed), "labels nobody argued are bounded"
     sizes = resolve("inference_objective_response_sizes_bucket", exposed)
     assert sizes is not None
     (total,) = [s.value for s in sizes.samples if s.name.endswith("_sum")]
