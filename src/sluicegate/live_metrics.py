@@ -63,8 +63,9 @@ class ClientCollector(Collector):
         )
 
 
-FlowState = Callable[[], Iterable[tuple[str, float, Iterable[tuple[int, int, int]]]]]
-"""(pool, saturation, [(priority, queued requests, queued bytes)]) for each pool."""
+FlowState = Callable[[], Iterable[tuple[str, float, Iterable[tuple[int, str, int, int]]]]]
+"""(pool, saturation, [(priority, fairness id, queued requests, queued bytes)]) for each
+pool."""
 
 
 class FlowCollector(Collector):
@@ -79,13 +80,13 @@ class FlowCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         size = GaugeMetricFamily(
             "inference_extension_flow_control_queue_size",
-            "Requests waiting in flow control, by pool and priority.",
-            labels=["inference_pool", "priority"],
+            "Requests waiting in flow control, by pool, priority and flow (fairness id).",
+            labels=["inference_pool", "priority", "fairness_id"],
         )
         size_bytes = GaugeMetricFamily(
             "inference_extension_flow_control_queue_bytes",
-            "Bytes of request bodies waiting in flow control.",
-            labels=["inference_pool", "priority"],
+            "Bytes of request bodies waiting in flow control, by pool, priority and flow.",
+            labels=["inference_pool", "priority", "fairness_id"],
         )
         saturation = GaugeMetricFamily(
             "inference_extension_flow_control_pool_saturation",
@@ -94,9 +95,9 @@ class FlowCollector(Collector):
         )
         for pool, pool_saturation, bands in self._state():
             saturation.add_metric([pool], pool_saturation)
-            for priority, requests, nbytes in bands:
-                size.add_metric([pool, str(priority)], requests)
-                size_bytes.add_metric([pool, str(priority)], nbytes)
+            for priority, flow, requests, nbytes in bands:
+                size.add_metric([pool, str(priority), flow], requests)
+                size_bytes.add_metric([pool, str(priority), flow], nbytes)
         yield from (size, size_bytes, saturation)
 
 

@@ -9,14 +9,18 @@ scheduler. sluicegate's own additions are prefixed ``sluicegate_``. Latencies ar
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from sluicegate import __version__
+from sluicegate import metric_buckets as buckets
 from sluicegate.clock import Clock
 from sluicegate.datalayer.datastore import Datastore
 from sluicegate.datalayer.endpoint import Endpoint
+from sluicegate.framework.plugin import Plugin
 from sluicegate.instruments import (
     Counter,
     CounterSeries,
@@ -32,132 +36,7 @@ from sluicegate.live_metrics import (
     FlowState,
     PoolCollector,
 )
-
-# Request latency buckets 5 ms .. 1 h; TPOT 0.5 ms .. 360 s (GIE's, in that ``metrics.go``).
-_LATENCY = (
-    0.005,
-    0.025,
-    0.05,
-    0.1,
-    0.2,
-    0.4,
-    0.6,
-    0.8,
-    1.0,
-    1.25,
-    1.5,
-    2,
-    3,
-    4,
-    5,
-    6,
-    8,
-    10,
-    15,
-    20,
-    30,
-    45,
-    60,
-    120,
-    180,
-    240,
-    300,
-    360,
-    480,
-    600,
-    900,
-    1200,
-    1800,
-    2700,
-    3600,
-)
-_TPOT = (
-    0.0005,
-    0.00075,
-    0.001,
-    0.0015,
-    0.002,
-    0.003,
-    0.004,
-    0.005,
-    0.006,
-    0.008,
-    0.01,
-    0.013,
-    0.016,
-    0.02,
-    0.025,
-    0.03,
-    0.04,
-    0.05,
-    0.06,
-    0.08,
-    0.1,
-    0.125,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.6,
-    0.8,
-    1,
-    1.5,
-    2,
-    3,
-    4.5,
-    6,
-    12,
-    18,
-    24,
-    30,
-    60,
-    120,
-    180,
-    240,
-    300,
-    360,
-)
-_TOKENS = (
-    1,
-    8,
-    16,
-    32,
-    64,
-    128,
-    256,
-    512,
-    1024,
-    2048,
-    4096,
-    8192,
-    16384,
-    32768,
-    65536,
-    131072,
-    262144,
-    524288,
-    1048576,
-)
-_MICRO = (
-    0.00001,
-    0.00002,
-    0.00005,
-    0.0001,
-    0.0002,
-    0.0005,
-    0.001,
-    0.002,
-    0.005,
-    0.01,
-    0.02,
-    0.05,
-    0.1,
-    0.2,
-    0.5,
-    1.0,
-)
-_RATIO = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+from sluicegate.metric_names import MetricNames, renamed_registry
 
 _MODEL = ("model_name", "target_model_name")
 UNKNOWN_MODEL_LABEL = "_unknown"
@@ -177,8 +56,11 @@ class GatewayMetrics:
         staleness_s: float,
         prefix_index_size: Callable[[], int] | None = None,
         flow: FlowState | None = None,
+        names: MetricNames = "gateway-api",
     ) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        self.names: MetricNames = names
+        """Which names ``/metrics`` uses (``metricsNames``): the reference's, llm-d's, both."""
         self._define_request_metrics(r)
         self._define_scheduler_metrics(r)
         self._define_upstream_metrics(r)
@@ -188,6 +70,7 @@ class GatewayMetrics:
         self.attempt_success = self.scheduler_attempts.labels("success")
         self._series: dict[tuple[str, str], ModelSeries] = {}
         self._prediction_series: dict[tuple[str, str], PredictionSeries] = {}
+        self._plugin_series: dict[tuple[str, str], HistogramSeries] = {}
         r.register(PoolCollector(datastore, clock, staleness_s, prefix_index_size))
         if flow is not None:
             r.register(FlowCollector(flow))
@@ -208,42 +91,63 @@ class GatewayMetrics:
             "inference_objective_request_duration_seconds",
             "End-to-end request latency in seconds.",
             _MODEL,
-            buckets=_LATENCY,
+            buckets=buckets.LATENCY,
             registry=r,
         )
         self.ttft = Histogram(
             "inference_objective_request_ttft_seconds",
             "Time to first byte of the response in seconds.",
             _MODEL,
-            buckets=_LATENCY,
+            buckets=buckets.LATENCY,
             registry=r,
         )
         self.tpot = Histogram(
             "inference_objective_request_tpot_seconds",
             "Mean time per output token after the first, in seconds.",
             _MODEL,
-            buckets=_TPOT,
+            buckets=buckets.TPOT,
             registry=r,
         )
         self.input_tokens = Histogram(
             "inference_objective_input_tokens",
             "Prompt tokens per request (as the server counts).",
             _MODEL,
-            buckets=_TOKENS,
+            buckets=buckets.INPUT_TOKENS,
             registry=r,
         )
         self.output_tokens = Histogram(
             "inference_objective_output_tokens",
             "Completion tokens per request.",
             _MODEL,
-            buckets=_TOKENS,
+            buckets=buckets.OUTPUT_TOKENS,
             registry=r,
         )
         self.cached_tokens = Histogram(
             "inference_objective_prompt_cached_tokens",
             "Prompt tokens served from the prefix cache.",
             _MODEL,
-            buckets=_TOKENS,
+            buckets=buckets.INPUT_TOKENS,
+            registry=r,
+        )
+        self.ntpot = Histogram(
+            "inference_objective_normalized_time_per_output_token_seconds",
+            "End-to-end latency divided by the output tokens, in seconds.",
+            _MODEL,
+            buckets=buckets.NTPOT,
+            registry=r,
+        )
+        self.request_sizes = Histogram(
+            "inference_objective_request_sizes",
+            "Request body size in bytes, as the client sent it.",
+            _MODEL,
+            buckets=buckets.REQUEST_BYTES,
+            registry=r,
+        )
+        self.response_sizes = Histogram(
+            "inference_objective_response_sizes",
+            "Response body size in bytes, as the model server sent it.",
+            _MODEL,
+            buckets=buckets.RESPONSE_BYTES,
             registry=r,
         )
         self.running = Gauge(
@@ -259,7 +163,7 @@ class GatewayMetrics:
         self.scheduler_duration = Histogram(
             "inference_extension_scheduler_e2e_duration_seconds",
             "Time to parse, resolve and schedule one request, in seconds.",
-            buckets=_MICRO,
+            buckets=buckets.MICRO,
             registry=r,
         )
         self.scheduler_attempts = Counter(
@@ -268,17 +172,32 @@ class GatewayMetrics:
             ("status",),
             registry=r,
         )
+        self.plugin_duration = Histogram(
+            "inference_extension_plugin_duration_seconds",
+            "Time of one plugin call by extension point, plugin type and name, in seconds "
+            f"(sampled: the calls of one scheduling cycle in {PLUGIN_TIMING_EVERY}).",
+            ("extension_point", "plugin_type", "plugin_name"),
+            buckets=buckets.MICRO,
+            registry=r,
+        )
+        self.info = Gauge(
+            "inference_extension_info",
+            "Build of this gateway: always 1, labelled with its commit and version.",
+            ("commit", "build_ref"),
+            registry=r,
+        )
+        self.info.labels(*build_info()).set(1)
         self.prefix_hit_ratio = Histogram(
             "inference_extension_prefix_indexer_hit_ratio",
             "Share of a request's prompt blocks found on the chosen endpoint.",
-            buckets=_RATIO,
+            buckets=buckets.RATIO,
             registry=r,
         )
         self.overhead = Histogram(
             "sluicegate_gateway_overhead_seconds",
             "Time a request spends in the gateway itself (before the upstream is called), "
             "in seconds.",
-            buckets=_MICRO,
+            buckets=buckets.MICRO,
             registry=r,
         )
 
@@ -308,10 +227,25 @@ class GatewayMetrics:
         """Waiting in flow control, and requests the gateway answered itself."""
         self.queue_wait = Histogram(
             "inference_extension_flow_control_request_queue_duration_seconds",
-            "Time requests waited in flow control, by priority and outcome (dispatched, "
-            "cancelled, rejected-ttl-expired, ...), in seconds.",
-            ("priority", "outcome"),
-            buckets=_LATENCY,
+            "Time requests spent in flow control, enqueue to outcome (Dispatched, "
+            "RejectedCapacity, EvictedTTL, EvictedContextCancelled, ...), in seconds.",
+            ("fairness_id", "priority", "outcome", "inference_pool", *_MODEL),
+            buckets=buckets.QUEUE,
+            registry=r,
+        )
+        self.enqueue_duration = Histogram(
+            "inference_extension_flow_control_request_enqueue_duration_seconds",
+            "Time to admit a request to a flow-control queue (capacity checks and "
+            "insertion), by outcome (NotYetFinalized: queued), in seconds.",
+            ("fairness_id", "priority", "outcome"),
+            buckets=buckets.MICRO,
+            registry=r,
+        )
+        self.dispatch_cycle = Histogram(
+            "inference_extension_flow_control_dispatch_cycle_duration_seconds",
+            "Time of one flow-control dispatch cycle (a pass over the waiting requests), "
+            "in seconds.",
+            buckets=buckets.MICRO,
             registry=r,
         )
         self.refused = Counter(
@@ -339,6 +273,16 @@ class GatewayMetrics:
         rule without matches."""
         self.rewrite_decisions.labels(rewrite, matched or ANY_MODEL_LABEL, target).inc()
 
+    def plugin_call(self, extension_point: str, plugin: Plugin, seconds: float) -> None:
+        """Record one timed plugin call (the scheduler's :class:`PluginTiming` sink)."""
+        key = (extension_point, plugin.name)
+        series = self._plugin_series.get(key)
+        if series is None:
+            series = self.plugin_duration.labels(extension_point, plugin.type_name, plugin.name)
+            if len(self._plugin_series) < _MAX_SERIES:
+                self._plugin_series[key] = series
+        series.observe(seconds)
+
     def endpoint_ejected(self, endpoint: Endpoint, reason: str) -> None:
         """Count an ejection (the outlier detector's and the collector's listener)."""
         self.ejections.labels(endpoint.pool, endpoint.name, reason).inc()
@@ -350,14 +294,14 @@ class GatewayMetrics:
             "inference_objective_request_predicted_ttft_seconds",
             "Predicted TTFT on the chosen endpoint, in seconds.",
             _MODEL,
-            buckets=_LATENCY,
+            buckets=buckets.LATENCY,
             registry=r,
         )
         self.predicted_tpot = Histogram(
             "inference_objective_request_predicted_tpot_seconds",
             "Predicted TPOT on the chosen endpoint, in seconds.",
             _MODEL,
-            buckets=_TPOT,
+            buckets=buckets.TPOT,
             registry=r,
         )
         # GIE gives these 100 µs .. 5 s buckets; one batched call takes well under the
@@ -366,14 +310,14 @@ class GatewayMetrics:
             "inference_objective_request_ttft_prediction_duration_seconds",
             "Time the TTFT prediction for all candidates took, in seconds.",
             _MODEL,
-            buckets=_MICRO,
+            buckets=buckets.MICRO,
             registry=r,
         )
         self.tpot_prediction_duration = Histogram(
             "inference_objective_request_tpot_prediction_duration_seconds",
             "Time the TPOT prediction for all candidates took, in seconds.",
             _MODEL,
-            buckets=_MICRO,
+            buckets=buckets.MICRO,
             registry=r,
         )
         self.slo_violations = Counter(
@@ -386,7 +330,7 @@ class GatewayMetrics:
         self.predictor_fallbacks = Counter(
             "sluicegate_predictor_fallbacks",
             "Requests scheduled on the heuristic composite although predictions were wanted, "
-            "by reason (warming-up, unavailable).",
+            "by reason (warming-up: no model yet; unavailable: no prediction server answered).",
             ("reason",),
             registry=r,
         )
@@ -426,6 +370,9 @@ class GatewayMetrics:
                 input_tokens=self.input_tokens.labels(*labels),
                 output_tokens=self.output_tokens.labels(*labels),
                 cached_tokens=self.cached_tokens.labels(*labels),
+                ntpot=self.ntpot.labels(*labels),
+                request_sizes=self.request_sizes.labels(*labels),
+                response_sizes=self.response_sizes.labels(*labels),
             )
         return series
 
@@ -435,10 +382,24 @@ class GatewayMetrics:
         self.registry.register(ClientCollector(counts))
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """The exposition of every family, under the names ``names`` selects."""
+        if self.names == "gateway-api":
+            return generate_latest(self.registry)
+        return generate_latest(renamed_registry(self.registry, self.names))
 
 
 _MAX_SERIES = 4096
+
+PLUGIN_TIMING_EVERY = 8
+"""One scheduling cycle in this many has its plugin calls timed: timing a call costs
+about 0.35 µs (two clock reads and an observation), which on every call would add a few
+per cent to a request's scheduling."""
+
+
+def build_info() -> tuple[str, str]:
+    """(commit, build_ref) of this build: ``SLUICEGATE_COMMIT`` from the environment (set
+    when the image is built; empty when unknown) and the package version."""
+    return os.environ.get("SLUICEGATE_COMMIT", ""), __version__
 
 
 @dataclass(frozen=True, slots=True)
@@ -453,6 +414,9 @@ class ModelSeries:
     input_tokens: HistogramSeries
     output_tokens: HistogramSeries
     cached_tokens: HistogramSeries
+    ntpot: HistogramSeries
+    request_sizes: HistogramSeries
+    response_sizes: HistogramSeries
 
 
 @dataclass(frozen=True, slots=True)

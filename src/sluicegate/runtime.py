@@ -30,6 +30,7 @@ from sluicegate.datalayer.outlier import OutlierDetector, OutlierSettings, Resul
 from sluicegate.datalayer.pools import EndpointsByPool, static_endpoints, sync_pools
 from sluicegate.errors import GatewayError
 from sluicegate.flowcontrol.config import FlowControlSetup, build_flow_control
+from sluicegate.flowcontrol.observe import band_flows, queue_outcome
 from sluicegate.framework import (
     PREDICTION_OUTCOME,
     PREDICTIONS,
@@ -41,13 +42,14 @@ from sluicegate.framework import (
     QueueItem,
 )
 from sluicegate.latency.host import PredictorHost
-from sluicegate.metrics import UNKNOWN_MODEL_LABEL, GatewayMetrics
-from sluicegate.requestcontrol.director import Director
+from sluicegate.metrics import PLUGIN_TIMING_EVERY, UNKNOWN_MODEL_LABEL, GatewayMetrics
+from sluicegate.requestcontrol.director import Admitted, Director
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import ParsedRequest
 from sluicegate.requestcontrol.responses import Usage as Usage  # re-exported
 from sluicegate.scheduling.config import BuiltScheduler, build_scheduler
+from sluicegate.scheduling.scheduler import PluginTiming
 from sluicegate.upstream import UpstreamPool
 
 log = logging.getLogger("sluicegate.runtime")
@@ -56,21 +58,22 @@ log = logging.getLogger("sluicegate.runtime")
 class _Waiter:
     """The ticket of a request waiting in flow control: its task awaits ``future``."""
 
-    __slots__ = ("future", "runtime")
+    __slots__ = ("future", "pool", "runtime")
 
-    def __init__(self, runtime: Runtime, future: asyncio.Future[Dispatch]) -> None:
+    def __init__(self, runtime: Runtime, future: asyncio.Future[Dispatch], pool: str) -> None:
         self.runtime = runtime
         self.future = future
+        self.pool = pool
 
     def dispatched(self, item: QueueItem, dispatch: Dispatch) -> None:
-        self.runtime._observe_wait(item, "dispatched")
+        self.runtime._observe_wait(item, self.pool, "dispatched")
         if self.future.done():  # its client left while it was being scheduled
             dispatch.finish(self.runtime.clock.now(), ok=False)
         else:
             self.future.set_result(dispatch)
 
     def rejected(self, item: QueueItem, error: GatewayError) -> None:
-        self.runtime._observe_wait(item, error.reason)
+        self.runtime._observe_wait(item, self.pool, error.reason)
         if not self.future.done():
             self.future.set_exception(error)
 
@@ -124,8 +127,16 @@ class Runtime:
             prediction_default=config.gateway.latency_predictor.prediction_based_scheduling_default,
         )
         self.metrics = GatewayMetrics(
-            self.datastore, self.clock, self.staleness_s, self._prefix_index_size, self._flow_state
+            self.datastore,
+            self.clock,
+            self.staleness_s,
+            self._prefix_index_size,
+            self._flow_state,
+            names=config.gateway.metrics_names,
         )
+        self.director.on_enqueue = self._observe_enqueue
+        self.director.on_dispatch_cycle = self.metrics.dispatch_cycle.observe
+        self._time_plugins(self.built)
         if self.predictor is not None:
             self.predictor.register_metrics(self.metrics.registry)
         self.collector: Collector | None = None
@@ -147,6 +158,10 @@ class Runtime:
 
     def _build_scheduler(self, config: Config) -> BuiltScheduler:
         return build_scheduler(config.picker, self._context(), self.registry)
+
+    def _time_plugins(self, built: BuiltScheduler) -> None:
+        """Have the scheduler time its plugin calls (sampled) into the metrics."""
+        built.scheduler.timing = PluginTiming(self.metrics.plugin_call, every=PLUGIN_TIMING_EVERY)
 
     def _build_flow(self, config: Config, built: BuiltScheduler) -> FlowControlSetup:
         return build_flow_control(config.picker, built.plugins, self._context(), self.registry)
@@ -253,6 +268,9 @@ class Runtime:
             self._discovered if self._discovered is not None else static_endpoints(config),
             discovered=discovered,
         )
+        if not same:
+            self._time_plugins(built)
+        self.metrics.names = config.gateway.metrics_names
         self.built = self.director.built = built
         self.director.set_flow(flow)
         self._logged_unserved.clear()
@@ -297,10 +315,11 @@ class Runtime:
                 metrics.rewrite_decided(rewrite.rewrite, rewrite.public_name, target)
             state = await self.director.prefetch(admitted) if self.built.fetchers else None
             waiter: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()
-            result = self.director.submit(admitted, _Waiter(self, waiter), state)
+            ticket = _Waiter(self, waiter, admitted.pool.name)
+            result = self.director.submit(admitted, ticket, state)
             if isinstance(result, QueueItem):
                 at_once = waiter.done()  # dispatched without waiting (or refused)
-                dispatch = await self._wait(result, waiter)
+                dispatch = await self._wait(result, ticket)
                 if at_once:
                     metrics.scheduler_duration.observe(time.perf_counter() - started)
             else:
@@ -323,6 +342,7 @@ class Runtime:
         series = metrics.model_series(parsed.model, dispatch.request.target_model)
         series.requests.inc()
         series.running.inc()
+        series.request_sizes.observe(dispatch.request.body_bytes)
         outcome = dispatch.state.get(PREDICTION_OUTCOME)
         if outcome is not None:
             self._observe_prediction(dispatch, outcome)
@@ -367,25 +387,51 @@ class Runtime:
 
     # ------------------------------------------------------------------ flow control
 
-    async def _wait(self, item: QueueItem, waiter: asyncio.Future[Dispatch]) -> Dispatch:
+    async def _wait(self, item: QueueItem, ticket: _Waiter) -> Dispatch:
         """Wait for a queued request to be dispatched (or refused)."""
         self._arm_expiry()
+        waiter = ticket.future
         try:
             return await waiter
         except asyncio.CancelledError:
             # The client left: free its place in the queue. If it was dispatched just
             # before (the result set, this task not resumed yet), release the dispatch.
             if self.director.cancel(item):
-                self._observe_wait(item, "cancelled")
+                self._observe_wait(item, ticket.pool, "cancelled")
             elif waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                 waiter.result().finish(self.clock.now(), ok=False)
                 self.director.pump()
             raise
 
-    def _observe_wait(self, item: QueueItem, outcome: str) -> None:
-        self.metrics.queue_wait.labels(str(item.priority), outcome).observe(
-            self.clock.now() - item.enqueued_at
-        )
+    def _observe_wait(self, item: QueueItem, pool: str, reason: str) -> None:
+        """A queued request left the queue (``reason``: dispatched, cancelled or its
+        refusal's)."""
+        request = item.request
+        self.metrics.queue_wait.labels(
+            request.fairness_id,
+            str(request.priority),
+            queue_outcome(reason, queued=True),
+            pool,
+            request.model,
+            request.target_model,
+        ).observe(self.clock.now() - item.enqueued_at)
+
+    def _observe_enqueue(self, admitted: Admitted, refused: str | None, took_s: float) -> None:
+        """Flow control queued ``admitted`` (``refused`` None) or refused it at the door:
+        the enqueue time, and for a refusal its (zero) time in flow control."""
+        request = admitted.request
+        priority = str(request.priority)
+        outcome = "NotYetFinalized" if refused is None else queue_outcome(refused, queued=False)
+        self.metrics.enqueue_duration.labels(request.fairness_id, priority, outcome).observe(took_s)
+        if refused is not None:
+            self.metrics.queue_wait.labels(
+                request.fairness_id,
+                priority,
+                outcome,
+                admitted.pool.name,
+                request.model,
+                request.target_model,
+            ).observe(0.0)
 
     def _arm_expiry(self) -> None:
         """Make sure a timer fires at the next queue deadline."""
@@ -441,19 +487,16 @@ class Runtime:
 
     # ------------------------------------------------------------------ metrics
 
-    def _flow_state(self) -> list[tuple[str, float, list[tuple[int, int, int]]]]:
+    def _flow_state(self) -> list[tuple[str, float, list[tuple[int, str, int, int]]]]:
         now = self.clock.now()
         out = []
         for name, controller in self.director.controllers().items():
             pool = self.datastore.pools.get(name)
             endpoints = [e for e in pool.endpoints if not e.health.ejected] if pool else []
-            out.append(
-                (
-                    name,
-                    self.director.flow.detector.saturation(endpoints, now),
-                    [(b.priority, b.requests, b.bytes) for b in controller.bands()],
-                )
-            )
+            flows: list[tuple[int, str, int, int]] = []
+            for band in controller.bands():
+                flows.extend(band_flows(band))
+            out.append((name, self.director.flow.detector.saturation(endpoints, now), flows))
         return out
 
     def _prefix_index_size(self) -> int:
@@ -504,6 +547,10 @@ class Runtime:
             m.input_tokens.observe(usage.prompt_tokens)
         if output_tokens:
             m.output_tokens.observe(output_tokens)
+            # As the reference: the whole latency over all output tokens (not TPOT's).
+            m.ntpot.observe(e2e / output_tokens)
+        if usage.response_bytes is not None:
+            m.response_sizes.observe(usage.response_bytes)
         if usage.cached_tokens is not None:
             m.cached_tokens.observe(usage.cached_tokens)
 

@@ -33,7 +33,6 @@ from sluicegate.api.loader import build_config
 from sluicegate.flowcontrol.controller import FlowController
 from sluicegate.framework import ItemState, QueueItem
 from sluicegate.gateway.app import Gateway
-from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.parse import parse_request
 from sluicegate.runtime import _Waiter
 from sluicegate.sim.server import SimCluster
@@ -171,6 +170,15 @@ def sample(samples: Samples, name: str, **labels: str) -> float:
     return samples[key]
 
 
+def total(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of ``name``'s series that carry ``labels`` (among others: fairness id,
+    model names)."""
+    want = set(labels.items())
+    found = [v for (n, ls), v in samples.items() if n == name and want <= set(ls)]
+    assert found, f"/metrics has no {name}{labels}"
+    return sum(found)
+
+
 QUEUE_SIZE = "inference_extension_flow_control_queue_size"
 QUEUE_BYTES = "inference_extension_flow_control_queue_bytes"
 SATURATION = "inference_extension_flow_control_pool_saturation"
@@ -231,7 +239,7 @@ async def test_critical_overtakes_a_standard_backlog_and_sheddable_is_refused(
     violations: list[tuple[int, list[tuple[int, int]]]] = []
     observe_wait = gw.runtime._observe_wait
 
-    def watch(item: QueueItem, outcome: str) -> None:
+    def watch(item: QueueItem, pool: str, outcome: str) -> None:
         if outcome == "dispatched":
             above = [
                 (b.priority, b.requests)
@@ -240,7 +248,7 @@ async def test_critical_overtakes_a_standard_backlog_and_sheddable_is_refused(
             ]
             if any(n for _, n in above):
                 violations.append((item.priority, above))
-        observe_wait(item, outcome)
+        observe_wait(item, pool, outcome)
 
     gw.runtime._observe_wait = watch  # type: ignore[method-assign]
 
@@ -255,8 +263,8 @@ async def test_critical_overtakes_a_standard_backlog_and_sheddable_is_refused(
     await until(lambda: len(started) >= 10 and waiting(gw, 0) >= 60, "a standard backlog")
 
     during = await scrape(http, gw)
-    assert sample(during, QUEUE_SIZE, inference_pool="pool", priority="0") >= 60
-    assert sample(during, QUEUE_BYTES, inference_pool="pool", priority="0") > 0
+    assert total(during, QUEUE_SIZE, inference_pool="pool", priority="0") >= 60
+    assert total(during, QUEUE_BYTES, inference_pool="pool", priority="0") > 0
     assert sample(during, SATURATION, inference_pool="pool") >= 1.0
 
     # Sheddable requests are refused at once while the pool is saturated.
@@ -302,15 +310,15 @@ async def test_critical_overtakes_a_standard_backlog_and_sheddable_is_refused(
 
     after = await assert_drained(http, gw)
     labels = {"inference_pool": "pool"}
-    assert sample(after, QUEUE_SIZE, **labels, priority="100") == 0
-    assert sample(after, QUEUE_SIZE, **labels, priority="0") == 0
-    assert sample(after, QUEUE_BYTES, **labels, priority="0") == 0
-    assert sample(after, f"{QUEUE_WAIT}_count", priority="100", outcome="dispatched") == N_CRITICAL
-    assert sample(after, f"{QUEUE_WAIT}_count", priority="0", outcome="dispatched") == N_STANDARD
-    assert sample(after, f"{QUEUE_WAIT}_bucket", priority="0", outcome="dispatched", le="+Inf") == (
+    assert total(after, QUEUE_SIZE, **labels, priority="100") == 0
+    assert total(after, QUEUE_SIZE, **labels, priority="0") == 0
+    assert total(after, QUEUE_BYTES, **labels, priority="0") == 0
+    assert total(after, f"{QUEUE_WAIT}_count", priority="100", outcome="Dispatched") == N_CRITICAL
+    assert total(after, f"{QUEUE_WAIT}_count", priority="0", outcome="Dispatched") == N_STANDARD
+    assert total(after, f"{QUEUE_WAIT}_bucket", priority="0", outcome="Dispatched", le="+Inf") == (
         N_STANDARD
     )
-    assert sample(after, f"{QUEUE_WAIT}_sum", priority="0", outcome="dispatched") > 0
+    assert total(after, f"{QUEUE_WAIT}_sum", priority="0", outcome="Dispatched") > 0
     assert sample(after, REFUSED, reason="rejected-saturated") == N_SHEDDABLE
 
 
@@ -333,8 +341,8 @@ async def test_queued_request_whose_client_leaves_is_removed(
         )
         await until(lambda: waiting(gw, 0) == 1, "the request to queue")
         during = await scrape(http, gw)
-        assert sample(during, QUEUE_SIZE, inference_pool="pool", priority="0") == 1
-        assert sample(during, QUEUE_BYTES, inference_pool="pool", priority="0") == len(body)
+        assert total(during, QUEUE_SIZE, inference_pool="pool", priority="0") == 1
+        assert total(during, QUEUE_BYTES, inference_pool="pool", priority="0") == len(body)
         assert sample(during, SATURATION, inference_pool="pool") == 1.0
 
         leaving.cancel()  # the client goes away while its request waits
@@ -342,8 +350,11 @@ async def test_queued_request_whose_client_leaves_is_removed(
             await leaving
         await until(lambda: waiting(gw) == 0, "the queue to forget the request")
         samples = await scrape(http, gw)
-        assert sample(samples, QUEUE_SIZE, inference_pool="pool", priority="0") == 0
-        assert sample(samples, f"{QUEUE_WAIT}_count", priority="0", outcome="cancelled") == 1
+        assert total(samples, QUEUE_SIZE, inference_pool="pool", priority="0") == 0
+        assert (
+            total(samples, f"{QUEUE_WAIT}_count", priority="0", outcome="EvictedContextCancelled")
+            == 1
+        )
         assert [n for n, _, _ in inflight(gw)] == [1]  # only the held request
     # The held stream is closed: its place is free again, and nothing leaked to fill it.
     await until(lambda: inflight(gw) == [(0, 0, 0)], "the held request to be released")
@@ -367,18 +378,19 @@ async def test_dispatched_just_as_the_client_leaves_is_released() -> None:
     director = gw.director
     loop = asyncio.get_running_loop()
 
-    def submit(name: str) -> tuple[QueueItem, asyncio.Future[Dispatch]]:
+    def submit(name: str) -> tuple[QueueItem, _Waiter]:
         parsed = parse_request("completions", b'{"model": "m", "prompt": "x"}', {})
-        waiter: asyncio.Future[Dispatch] = loop.create_future()
-        item = director.submit(director.admit(parsed, name, {}), _Waiter(gw.runtime, waiter))
+        ticket = _Waiter(gw.runtime, loop.create_future(), "pool")
+        item = director.submit(director.admit(parsed, name, {}), ticket)
         assert isinstance(item, QueueItem)
-        return item, waiter
+        return item, ticket
 
-    first, first_waiter = submit("first")
+    first, first_ticket = submit("first")
+    first_waiter = first_ticket.future
     assert first.state is ItemState.DISPATCHED
-    second, second_waiter = submit("second")
+    second, second_ticket = submit("second")
     assert second.state is ItemState.QUEUED
-    handler = asyncio.create_task(gw.runtime._wait(second, second_waiter))
+    handler = asyncio.create_task(gw.runtime._wait(second, second_ticket))
     await asyncio.sleep(0)  # the handler now waits for its turn
     first_waiter.result().finish(gw.clock.now())
     director.pump()  # the second request gets the place...
@@ -441,6 +453,6 @@ async def test_ttl_expiry_is_503_with_an_openai_error_body(
     assert sample(samples, REFUSED, reason="rejected-ttl-expired") == 2
     assert sample(samples, REFUSED, reason="rejected-capacity") == 1
     for priority in ("0", "100"):
-        expired = {"priority": priority, "outcome": "rejected-ttl-expired"}
-        assert sample(samples, f"{QUEUE_WAIT}_count", **expired) == 1
-        assert sample(samples, f"{QUEUE_WAIT}_sum", **expired) >= 1.0  # waited the full TTL
+        expired = {"priority": priority, "outcome": "EvictedTTL"}
+        assert total(samples, f"{QUEUE_WAIT}_count", **expired) == 1
+        assert total(samples, f"{QUEUE_WAIT}_sum", **expired) >= 1.0  # waited the full TTL

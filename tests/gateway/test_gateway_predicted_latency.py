@@ -23,6 +23,8 @@ from sluicegate.gateway.proxy import upstream_headers
 from sluicegate.latency.features import Sample
 from sluicegate.latency.host import PredictorHost, remote_urls
 from sluicegate.latency.predictor import PredictionQuery, Predictions, SynchronousPredictor
+from sluicegate.latency.predictserver import PredictionServer, PredictServerOptions
+from sluicegate.latency.trainserver import TrainingServer, TrainServerOptions
 from sluicegate.requestcontrol.parse import CONTROL_HEADERS
 from sluicegate.runtime import RuntimeOptions
 
@@ -259,3 +261,41 @@ def test_the_opt_in_header_is_not_forwarded_upstream() -> None:
     client = {"X-Prediction-Based-Scheduling": "false", "x-slo-ttft-ms": "100"}
     forwarded = upstream_headers(client, CONTROL_HEADERS, "req-1", strip_authorization=False)
     assert {k.lower() for k in forwarded} == {"x-slo-ttft-ms", "x-request-id", "accept-encoding"}
+
+
+async def test_remote_servers_without_a_model_are_warming_up_then_unavailable_when_gone(
+    sim_cluster: Any,
+    gateway: GatewayFactory,
+    http: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    trainer = TrainingServer(TrainServerOptions())  # nothing to train on: no model
+    await trainer.start("127.0.0.1", 0)
+    predictor = PredictionServer(PredictServerOptions(f"http://127.0.0.1:{trainer.port}"))
+    await predictor.start("127.0.0.1", 0)
+    try:
+        cluster = await sim_cluster(replicas=2)
+        remote = {"predictionUrls": [f"http://127.0.0.1:{predictor.port}"], "timeoutMs": 1000}
+        gw = await gateway(
+            cluster, preset="predicted-latency", settings={"latencyPredictor": remote}
+        )
+        url = f"http://127.0.0.1:{gw.port}"
+        await stream_completion(http, url, 1)  # the server answers 503: no model yet
+        text = await scrape(http, url)
+        assert value(text, "sluicegate_predictor_fallbacks_total", reason="warming-up") == 1
+        assert value(text, "sluicegate_predictor_fallbacks_total", reason="unavailable") == 0
+    finally:
+        await predictor.stop()
+        await trainer.stop()
+    # Gone: once its back-off (0.5 s) is over the next call finds nobody there.
+    caplog.set_level("INFO", logger="sluicegate.latency")
+    for i in range(40):
+        await asyncio.sleep(0.1)
+        await stream_completion(http, url, 2 + i)
+        text = await scrape(http, url)
+        if value(text, "sluicegate_predictor_fallbacks_total", reason="unavailable"):
+            break
+    assert value(text, "sluicegate_predictor_fallbacks_total", reason="unavailable") >= 1
+    warnings = [r for r in caplog.records if "no prediction server reachable" in r.message]
+    assert len(warnings) == 1  # rate-limited: once per 30 s while it lasts
+    assert warnings[0].levelname == "WARNING"

@@ -42,6 +42,8 @@ K8S_VERSIONS = ("1.30.0", latest_version())
 BUILTIN_API_VERSIONS = {"v1", "apps/v1", "rbac.authorization.k8s.io/v1", "apiextensions.k8s.io/v1"}
 OUR_GROUPS = ("inference.networking.k8s.io/", "inference.networking.x-k8s.io/")
 GATEWAY_GROUPS = ("gateway.networking.k8s.io/", "gateway.envoyproxy.io/")
+MONITORING_GROUPS = ("monitoring.coreos.com/",)
+"""The Prometheus Operator's (deploy/monitoring; checked in test_k8s_monitoring)."""
 PATCH_DIRS = {DEPLOY / "overlays" / "predictor-sidecars"}
 """Folders whose YAML files are kustomize patches (partial objects), not manifests."""
 NOT_KUBERNETES = {DEPLOY / "envoy"}
@@ -94,7 +96,7 @@ def test_every_document_is_a_known_kind() -> None:
     for ident, doc in MANIFESTS:
         api_version = doc["apiVersion"]
         assert api_version in BUILTIN_API_VERSIONS or api_version.startswith(
-            OUR_GROUPS + GATEWAY_GROUPS
+            OUR_GROUPS + GATEWAY_GROUPS + MONITORING_GROUPS
         ), ident
 
 
@@ -128,6 +130,8 @@ def test_kinds_without_a_bundled_schema_are_exactly_the_crd_defined_ones() -> No
         ("gateway.networking.k8s.io/v1", "GatewayClass"),
         ("gateway.networking.k8s.io/v1", "Gateway"),
         ("gateway.networking.k8s.io/v1", "HTTPRoute"),
+        ("monitoring.coreos.com/v1", "ServiceMonitor"),
+        ("monitoring.coreos.com/v1", "PodMonitor"),
     }
 
 
@@ -409,7 +413,9 @@ def test_kustomizations_list_every_file() -> None:
         local = {p.name for p in path.parent.glob("*.yaml")} - {"kustomization.yaml"}
         subdirs = {p.name for p in path.parent.iterdir() if (p / "kustomization.yaml").is_file()}
         assert local <= listed, f"{path}: not listed: {local - listed}"
-        assert {d for d in subdirs if d not in {"overlays", "gateway"}} <= listed, path
+        # Applied on their own: they need a gateway / the Prometheus Operator installed.
+        optional = {"overlays", "gateway", "monitoring", "grafana"}
+        assert {d for d in subdirs if d not in optional} <= listed, path
 
 
 def _listed_objects(directory: Path) -> set[tuple[str, str]]:

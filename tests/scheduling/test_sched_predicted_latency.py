@@ -62,6 +62,7 @@ class StubRemote:
     calibration = None
     needs_io = True
     ready = False  # no success yet: asked all the same
+    warming_up = False  # its failures are timeouts: the servers cannot be reached
 
     def __init__(self, clock: ManualClock | None = None, answer: bool = False) -> None:
         self.clock = clock

@@ -5,7 +5,8 @@ Layers, lowest first (a module may import its own package and lower layers only)
 
 | rank | packages |
 |---|---|
-| 0 | ``api``, ``clock``, ``lax``, ``lazy``, ``tokens``, ``errors``, ``instruments``, ``upstream`` |
+| 0 | ``api``, ``clock``, ``lax``, ``lazy``, ``tokens``, ``errors``, ``instruments``, |
+|   | ``upstream``, ``metric_buckets``, ``metric_names`` |
 | 1 | ``datalayer`` |
 | 2 | ``framework``, ``k8s``, ``live_metrics`` |
 | 3 | ``latency``, ``metrics`` |
@@ -31,7 +32,19 @@ from import_graph import PACKAGE, SRC, cycles, import_graph
 
 RANKS = {
     **dict.fromkeys(
-        ("api", "clock", "lax", "lazy", "tokens", "errors", "instruments", "upstream"), 0
+        (
+            "api",
+            "clock",
+            "lax",
+            "lazy",
+            "tokens",
+            "errors",
+            "instruments",
+            "upstream",
+            "metric_buckets",
+            "metric_names",
+        ),
+        0,
     ),
     "datalayer": 1,
     **dict.fromkeys(("framework", "k8s", "live_metrics"), 2),

@@ -486,6 +486,9 @@ class GatewaySettings(Model):
     accepted keys too)."""
     metrics_auth: bool = False
     """``/metrics`` needs an accepted API key (when keys are configured)."""
+    metrics_names: Literal["gateway-api", "llm-d", "both"] = "gateway-api"
+    """The names ``/metrics`` uses: the Gateway API Inference Extension's, llm-d-router's
+    ``llm_d_epp_*``, or both (see docs/metrics.md)."""
 
     @model_validator(mode="after")
     def _buffer_holds_a_body(self) -> GatewaySettings:

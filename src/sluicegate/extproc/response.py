@@ -60,6 +60,7 @@ class ResponseRelay:
     def feed(self, chunk: bytes, end_of_stream: bool) -> bytes:
         """The bytes to pass on for ``chunk`` (``chunk`` itself when unchanged; empty
         while the body is held back)."""
+        self.stats.response_bytes += len(chunk)
         if self._mode == _STREAM:
             return self._feed_stream(chunk, end_of_stream)
         if self._mode == _WHOLE:

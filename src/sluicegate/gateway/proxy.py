@@ -250,6 +250,7 @@ class Proxy:
         except UpstreamError as exc:
             raise self._before_first_byte(dispatch, exc) from None
         outcome.status = upstream.status
+        outcome.response_bytes = len(data)
         dispatch.mark_first_byte(self.clock.now(), 200 <= upstream.status < 300)
         self.report(dispatch, classify_status(upstream.status), f"status {upstream.status}")
         payload = json_or_none(data)
@@ -284,6 +285,7 @@ class Proxy:
         last = b""  # the final piece, written with the end of the stream
         try:
             while chunk:
+                outcome.response_bytes += len(chunk)
                 outcome.observe_stream_chunk(chunk)
                 piece = rewrite.feed(chunk) if rewrite is not None else chunk
                 if upstream.at_eof:

@@ -20,7 +20,12 @@ https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/re
 
 ``ready`` is true while the last successful prediction is at most ``ready_window_s`` old.
 Use it for metrics; keep calling ``predict_async`` (the producer does: it is how the client
-finds out the servers are back). Call :meth:`RemotePredictor.start` at startup and
+finds out the servers are back). ``warming_up`` is true while the last server that
+answered said it has no model yet (503): the servers are up but not trained.
+
+When every prediction server is unreachable (connection failures or timeouts, not 503s)
+a warning is logged, again every :data:`UNREACHABLE_LOG_EVERY_S` while it lasts, and an
+info line when one answers again. Call :meth:`RemotePredictor.start` at startup and
 :meth:`RemotePredictor.close` at shutdown, on the event loop.
 """
 
@@ -47,6 +52,9 @@ from sluicegate.latency.wire import sample_to_json
 log = logging.getLogger("sluicegate.latency")
 
 _JSON = {"Content-Type": "application/json"}
+
+UNREACHABLE_LOG_EVERY_S = 30.0
+"""How often (s) the warning that no prediction server can be reached is repeated."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +129,11 @@ class RemotePredictor:
         self._buffer: deque[Sample] = deque(maxlen=settings.max_buffered_samples)
         self._flusher: asyncio.Task[None] | None = None
         self._last_success: float | None = None
+        self._warming = False
+        self._unreachable: set[str] = set()
+        """URLs whose last request failed without an answer (connection, timeout)."""
+        self._all_down_since: float | None = None
+        self._all_down_logged_at = 0.0
         self.calibration = (
             LatencyCalibration(settings.quantile) if settings.quantile is not None else None
         )
@@ -206,6 +219,11 @@ class RemotePredictor:
         """:meth:`predict_async` of the query's rows (the producer's call)."""
         return await self.predict_async(query.rows)
 
+    @property
+    def warming_up(self) -> bool:
+        """The last prediction server to answer had no model yet (HTTP 503)."""
+        return self._warming
+
     def predict_query(self, query: PredictionQuery) -> Predictions | None:
         """None: the servers cannot be asked without awaiting (see ``needs_io``)."""
         return None
@@ -238,6 +256,7 @@ class RemotePredictor:
         url = self._pick_url()
         if url is None:
             self.no_server += len(batch)
+            self._note_unreachable(None)
             _answer(batch, None)
             return
         task = asyncio.create_task(self._post(url, batch))
@@ -264,6 +283,8 @@ class RemotePredictor:
                 timeout=aiohttp.ClientTimeout(total=self.settings.timeout_s),
             ) as resp:
                 raw = await resp.read()
+                if resp.status == 503:
+                    raise _NotReadyError(f"answered 503: {raw[:200]!r}")
                 if resp.status != 200:
                     raise ValueError(f"answered {resp.status}: {raw[:200]!r}")
             predictions = orjson.loads(raw)["predictions"]
@@ -286,6 +307,13 @@ class RemotePredictor:
             start = end
 
     def _failed(self, url: str, exc: BaseException) -> None:
+        answered = not isinstance(exc, aiohttp.ClientConnectionError | TimeoutError)
+        self._warming = isinstance(exc, _NotReadyError)
+        if answered:
+            self._reachable(url)
+        else:
+            self._unreachable.add(url)
+            self._note_unreachable(exc)
         backoff = self._backoff.get(url)
         backoff = (
             self.settings.retry_after_s
@@ -298,9 +326,38 @@ class RemotePredictor:
 
     def _succeeded(self, url: str) -> None:
         self._last_success = self.clock.now()
+        self._warming = False
+        self._reachable(url)
         if url in self._backoff:
             del self._backoff[url]
             self._down_until.pop(url, None)
+
+    def _reachable(self, url: str) -> None:
+        self._unreachable.discard(url)
+        since = self._all_down_since
+        if since is not None:
+            self._all_down_since = None
+            log.info(
+                "prediction server %s reachable again after %.0fs", url, self.clock.now() - since
+            )
+
+    def _note_unreachable(self, exc: BaseException | None) -> None:
+        """Log (rate-limited) when no prediction server can be reached."""
+        if len(self._unreachable) < len(self._urls):
+            return
+        now = self.clock.now()
+        if self._all_down_since is None:
+            self._all_down_since = now
+        elif now - self._all_down_logged_at < UNREACHABLE_LOG_EVERY_S:
+            return
+        self._all_down_logged_at = now
+        log.warning(
+            "no prediction server reachable (%d configured, for %.0fs%s): scheduling falls "
+            "back to the heuristics",
+            len(self._urls),
+            now - self._all_down_since,
+            f"; last error: {type(exc).__name__}: {exc}" if exc is not None else "",
+        )
 
     # ------------------------------------------------------------------ samples
 
@@ -353,6 +410,10 @@ class RemotePredictor:
             sent += take
             self.samples_sent += take
         return sent
+
+
+class _NotReadyError(ValueError):
+    """A prediction server answered 503: it has no model yet."""
 
 
 def _answer(batch: list[_Call], value: Predictions | None) -> None:

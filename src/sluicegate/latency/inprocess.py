@@ -119,6 +119,9 @@ class InProcessPredictor(SynchronousPredictor):
         self.ttft_coverage: float | None = None
         self.tpot_mape: float | None = None
         self.tpot_coverage: float | None = None
+        self.log_trainings = False
+        """Log every training at INFO (the training server); otherwise only the first
+        model is (the gateway, which retrains every few seconds), the others at DEBUG."""
         if bundle is not None:
             self.swap(bundle)
 
@@ -296,13 +299,20 @@ class InProcessPredictor(SynchronousPredictor):
             elapsed = timer() - started
             self.last_train_duration_s = elapsed
             self.train_seconds_total += elapsed
-        log.debug(
-            "latency models v%d: %d TTFT / %d TPOT samples, TTFT MAPE %s coverage %s",
+        first = previous is None
+        log.log(
+            logging.INFO if first or self.log_trainings else logging.DEBUG,
+            "%slatency models v%d trained on %d TTFT / %d TPOT samples%s: TTFT MAPE %s "
+            "coverage %s, TPOT MAPE %s coverage %s",
+            "first " if first else "",
             bundle.version,
             bundle.ttft.samples,
             bundle.tpot.samples if bundle.tpot is not None else 0,
+            f" in {self.last_train_duration_s:.2f}s" if timer is not None else "",
             _pct(bundle.ttft.mape),
             _pct(bundle.ttft.coverage),
+            _pct(bundle.tpot.mape if bundle.tpot is not None else None),
+            _pct(bundle.tpot.coverage if bundle.tpot is not None else None),
         )
         return bundle
 

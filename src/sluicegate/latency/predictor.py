@@ -70,6 +70,13 @@ class LatencyPredictor(Protocol):
         ...
 
     @property
+    def warming_up(self) -> bool:
+        """For a predictor that needs I/O: whether a call it answered None is a
+        ``warming-up`` fallback (the servers have no model yet) rather than an
+        ``unavailable`` one (they cannot be reached). Not consulted otherwise."""
+        ...
+
+    @property
     def needs_io(self) -> bool:
         """True: the producer awaits :meth:`predict_query_async` once per request before
         scheduling and never calls :meth:`predict_query`. False: it calls
@@ -96,6 +103,12 @@ class SynchronousPredictor(ABC):
     :meth:`predict_query`, ``ready``, ``calibration`` and ``observe``."""
 
     needs_io = False
+
+    @property
+    def warming_up(self) -> bool:
+        """False: a predictor without I/O is judged by ``ready`` alone (the producer
+        does not ask one that is not ready and counts the request as warming up)."""
+        return False
 
     @abstractmethod
     def predict_query(self, query: PredictionQuery) -> Predictions | None:

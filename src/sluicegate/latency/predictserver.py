@@ -215,10 +215,17 @@ class PredictionServer:
             os.replace(staging / META_FILE, self.model_dir / META_FILE)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        first = self.predictor.bundle is None
         self.predictor.swap(bundle)
         self.syncs += 1
         self.last_load = time.time()
-        log.info("latency models v%d loaded from %s", bundle.version, self.base_url)
+        log.info(
+            "%slatency models v%d loaded from %s%s",
+            "first " if first else "",
+            bundle.version,
+            self.base_url,
+            ": predicting" if first else "",
+        )
         return True
 
     # ------------------------------------------------------------------ routes

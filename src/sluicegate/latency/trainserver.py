@@ -100,6 +100,7 @@ class TrainingServer:
             ),
             timer=time.perf_counter,
         )
+        self.predictor.log_trainings = True
         if self.predictor.load(self.model_dir):
             log.info("loaded latency models from %s", self.model_dir)
         self._trainer: asyncio.Task[None] | None = None

@@ -30,7 +30,8 @@ or a served-model list changed (queued requests nothing can serve any more are a
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -129,6 +130,11 @@ class Director:
         self._controllers: dict[str, FlowController] = {}
         self._waiting: dict[QueueItem, _Waiting] = {}
         """Queued requests: removed as each leaves the queue, whichever way."""
+        self.on_enqueue: Callable[[Admitted, str | None, float], None] | None = None
+        """Told of each request flow control admitted to a queue (reason None) or refused
+        (the GatewayError's reason), with the time it took (s), for metrics."""
+        self.on_dispatch_cycle: Callable[[float], None] | None = None
+        """Told how long each :meth:`pump` took (s), for metrics."""
         datastore.on_removed(self._forget_endpoint)
 
     def _forget_endpoint(self, endpoint: Endpoint) -> None:
@@ -251,7 +257,15 @@ class Director:
             return self.schedule(admitted, candidates, state)
         if ticket is None:
             raise RuntimeError(f"pool '{pool.name}' queues requests: submit() needs a ticket")
-        item = controller.enqueue(request, now)
+        started = time.perf_counter()
+        try:
+            item = controller.enqueue(request, now)
+        except GatewayError as exc:
+            if self.on_enqueue is not None:
+                self.on_enqueue(admitted, exc.reason, time.perf_counter() - started)
+            raise
+        if self.on_enqueue is not None:
+            self.on_enqueue(admitted, None, time.perf_counter() - started)
         self._waiting[item] = _Waiting(admitted, ticket, state)
         self.pump(now)
         return item
@@ -309,7 +323,13 @@ class Director:
         """Dispatch every waiting request that now has room; returns how many left."""
         if not self._controllers:
             return 0
-        now = self.clock.now() if now is None else now
+        started = time.perf_counter()
+        left = self._pump(self.clock.now() if now is None else now)
+        if self.on_dispatch_cycle is not None:
+            self.on_dispatch_cycle(time.perf_counter() - started)
+        return left
+
+    def _pump(self, now: float) -> int:
         flow = self.flow
         left = 0
 

@@ -37,6 +37,8 @@ class Usage:
     """Completion tokens (or streamed chunks when the server reported no usage)."""
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
+    response_bytes: int | None = None
+    """Bytes of the response body as the model server sent it (None: not counted)."""
 
 
 @dataclass(slots=True)
@@ -49,12 +51,19 @@ class ResponseStats:
     chunks: int = 0
     """Streamed token events seen (events with a choice, less the chat role event; for
     the Responses API its ``response.output_text.delta`` events)."""
+    response_bytes: int = 0
+    """Body bytes read from the model server so far (before any model-name rewrite)."""
     _tail: bytes = field(default=b"", repr=False)
     """The incomplete last SSE event of the stream so far."""
 
     def usage(self) -> Usage:
         """Token counts for the runtime (streamed chunks stand in for unreported usage)."""
-        return Usage(self.completion_tokens or self.chunks, self.prompt_tokens, self.cached_tokens)
+        return Usage(
+            self.completion_tokens or self.chunks,
+            self.prompt_tokens,
+            self.cached_tokens,
+            self.response_bytes,
+        )
 
     def observe_stream_chunk(self, chunk: bytes) -> None:
         """Count the token events of the complete SSE events so far and read any usage;

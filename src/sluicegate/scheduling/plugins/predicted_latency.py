@@ -234,6 +234,8 @@ class PredictedLatencyProducer(
         duration = 0.0
         if predictor is None or predictor.needs_io:
             predictions, duration = self._prefetched(state, rows)
+            if predictions is None and predictor is not None and predictor.warming_up:
+                status = "warming-up"
         elif not predictor.ready:
             status = "warming-up"
         else:
