@@ -371,3 +371,19 @@ def test_cli_refuses_a_malformed_override_before_running(
     assert exited.value.code == 2
     assert "no plugin named or typed 'nope'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_rerun_keeps_the_hand_written_sections_of_a_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    generated = iter(["# Scenario `x`\n\nfirst run\n", "# Scenario `x`\n\nsecond run\n"])
+    monkeypatch.setattr(report, "markdown", lambda *_: next(generated))
+    monkeypatch.setattr(report, "plots", lambda *_: [])
+    scenario = get_scenario("slo-mixed")
+    report.write({"runs": []}, scenario, tmp_path, "cmd")
+    path = tmp_path / "report.md"
+    assert path.read_text() == "# Scenario `x`\n\nfirst run\n"  # nothing kept yet
+    hand = f"{report.KEPT_MARKER}\n\n## Measured by hand\n\n| a | b |\n"
+    path.write_text(path.read_text() + "\n" + hand)
+    report.write({"runs": []}, scenario, tmp_path, "cmd")
+    assert path.read_text() == "# Scenario `x`\n\nsecond run\n\n" + hand
