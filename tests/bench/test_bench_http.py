@@ -213,6 +213,7 @@ def test_gateway_documents_scale_scrapes_to_simulated_time() -> None:
         "scrapeIntervalMs": 25.0,
         "metricsStalenessMs": 500.0,
         "trustControlHeaders": True,
+        "latencyPredictor": {"predictionBasedSchedulingDefault": True},
     }
     floor = gateway_documents([], scenario, 0.01)[-1]["spec"]
     assert floor["scrapeIntervalMs"] == MIN_SCRAPE_INTERVAL_MS

@@ -309,3 +309,81 @@ def test_cli_bench_list(capsys: pytest.CaptureFixture[str]) -> None:
         name = line.split()[0]
         assert SCENARIOS[name]().description in line
     assert any(line.startswith("policies available:") for line in lines)
+
+
+def test_a_policy_override_changes_one_parameter_and_nothing_else() -> None:
+    from sluicegate.bench.scenarios import is_available, policy_config
+
+    base, predictor = policy_config("predicted-latency")
+    name = "predicted-latency:prefix-cache-affinity-filter.explorationProbability=0.01"
+    varied, varied_predictor = policy_config(name)
+    assert is_available(name)
+    assert varied_predictor == predictor == "model"
+    by_ref = {p.ref: p.parameters for p in varied.plugins}
+    for spec in base.plugins:  # a type sets every plugin of it; the others are untouched
+        expected = dict(spec.parameters)
+        if spec.type == "prefix-cache-affinity-filter":
+            expected["explorationProbability"] = 0.01
+        assert by_ref[spec.ref] == expected
+    assert policy_config("predicted-latency")[0] == base  # the preset itself is unchanged
+    (scorer,) = [
+        p
+        for p in policy_config("predicted-latency:latency-scorer.headroomSelectionStrategy=least")[
+            0
+        ].plugins
+        if p.ref == "latency-scorer"
+    ]
+    assert scorer.parameters["headroomSelectionStrategy"] == "least"
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("no-such-policy:latency-scorer.x=1", "is not available"),
+        ("predicted-latency:nope.x=1", "no plugin named or typed 'nope'"),
+        ("predicted-latency:latency-scorer=1", "is not PLUGIN.PARAM=VALUE"),
+        ("predicted-latency:latency-scorer.x", "is not PLUGIN.PARAM=VALUE"),
+    ],
+)
+def test_a_malformed_policy_override_is_refused(name: str, message: str) -> None:
+    from sluicegate.bench.scenarios import UnknownPolicyError, policy_config
+
+    with pytest.raises(UnknownPolicyError, match=message):
+        policy_config(name)
+
+
+def test_cli_refuses_a_malformed_override_before_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(
+            [
+                "bench",
+                "run",
+                "slo-mixed",
+                "--quick",
+                "--policies",
+                "predicted-latency:nope.x=1",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
+    assert exited.value.code == 2
+    assert "no plugin named or typed 'nope'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_rerun_keeps_the_hand_written_sections_of_a_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    generated = iter(["# Scenario `x`\n\nfirst run\n", "# Scenario `x`\n\nsecond run\n"])
+    monkeypatch.setattr(report, "markdown", lambda *_: next(generated))
+    monkeypatch.setattr(report, "plots", lambda *_: [])
+    scenario = get_scenario("slo-mixed")
+    report.write({"runs": []}, scenario, tmp_path, "cmd")
+    path = tmp_path / "report.md"
+    assert path.read_text() == "# Scenario `x`\n\nfirst run\n"  # nothing kept yet
+    hand = f"{report.KEPT_MARKER}\n\n## Measured by hand\n\n| a | b |\n"
+    path.write_text(path.read_text() + "\n" + hand)
+    report.write({"runs": []}, scenario, tmp_path, "cmd")
+    assert path.read_text() == "# Scenario `x`\n\nsecond run\n\n" + hand

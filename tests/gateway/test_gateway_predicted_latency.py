@@ -204,6 +204,10 @@ async def test_prediction_metrics_of_a_request_scheduled_on_predictions(
     assert stub.calls == calls
     assert value(text, p + "predicted_ttft_seconds_count", **LABELS) == 2
     assert value(text, "sluicegate_predictor_fallbacks_total") == 0
+    # GIE v1.3's opt-out header, whatever its value, does the same.
+    await stream_completion(http, url, 4, {"x-prediction-based-scheduling-off": "true"})
+    assert stub.calls == calls
+    assert value(await scrape(http, url), "sluicegate_predictor_fallbacks_total") == 0
 
     async with http.post(
         f"{url}/v1/completions",
@@ -258,7 +262,11 @@ async def test_a_cold_predictor_counts_warming_up_fallbacks(
 
 
 def test_the_opt_in_header_is_not_forwarded_upstream() -> None:
-    client = {"X-Prediction-Based-Scheduling": "false", "x-slo-ttft-ms": "100"}
+    client = {
+        "X-Prediction-Based-Scheduling": "false",
+        "X-Prediction-Based-Scheduling-Off": "",
+        "x-slo-ttft-ms": "100",
+    }
     forwarded = upstream_headers(client, CONTROL_HEADERS, "req-1", strip_authorization=False)
     assert {k.lower() for k in forwarded} == {"x-slo-ttft-ms", "x-request-id", "accept-encoding"}
 

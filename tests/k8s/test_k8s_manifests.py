@@ -19,6 +19,7 @@ import copy
 import shutil
 import subprocess
 from collections.abc import Iterator
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -401,6 +402,9 @@ def test_predictor_sidecar_overlay() -> None:
     configmap = _merge(find("ConfigMap", config_patch["metadata"]["name"]), config_patch)
     kubernetes_validate.validate(configmap, K8S_VERSIONS[-1], strict=True)
     _builds(configmap["data"]["config.yaml"])
+    # It says it is the shipped predicted-latency preset: it must stay that.
+    preset = resources.files("sluicegate.scheduling").joinpath("presets/predicted-latency.yaml")
+    assert yaml.safe_load(configmap["data"]["config.yaml"]) == yaml.safe_load(preset.read_text())
 
 
 def test_kustomizations_list_every_file() -> None:

@@ -749,3 +749,17 @@ def test_prediction_based_scheduling_header_overrides_the_default(
     headers = {} if header is None else {"x-prediction-based-scheduling": header}
     d = env.route({"model": "base", "prompt": "hi"}, headers)
     assert d.request.prediction_based is expected
+
+
+def test_requests_are_prediction_based_unless_they_opt_out(route_env: Any) -> None:
+    # The reference's default since GIE v1.3.0 (and llm-d-router's, which has no opt-out):
+    # no header → predictions; the -off header → the heuristics.
+    from sluicegate.api.resources import LatencyPredictorSettings
+
+    assert LatencyPredictorSettings().prediction_based_scheduling_default is True
+    env = route_env()
+    env.scrape_all()
+    body = {"model": "base", "prompt": "hi"}
+    assert env.route(body, {}).request.prediction_based is True
+    off = env.route(body, {"x-prediction-based-scheduling-off": "true"})
+    assert off.request.prediction_based is False

@@ -17,6 +17,7 @@ from sluicegate.requestcontrol.parse import (
     MODEL_REWRITE_HEADER,
     OBJECTIVE_HEADERS,
     PREDICTION_BASED_HEADER,
+    PREDICTION_OFF_HEADER,
     SLO_TPOT_HEADERS,
     SLO_TTFT_HEADERS,
     ParsedRequest,
@@ -416,6 +417,17 @@ def test_prediction_based_header_other_values_are_400(value: str) -> None:
 
 def test_prediction_based_header_is_not_forwarded() -> None:
     assert PREDICTION_BASED_HEADER in CONTROL_HEADERS
+    assert PREDICTION_OFF_HEADER in CONTROL_HEADERS
+
+
+@pytest.mark.parametrize("value", ["", "true", "false", "anything"])
+def test_prediction_off_header_opts_out_whatever_its_value(value: str) -> None:
+    assert completions({PREDICTION_OFF_HEADER: value}).prediction_based is False
+
+
+def test_prediction_off_header_wins_over_an_opt_in() -> None:
+    headers = {PREDICTION_BASED_HEADER: "true", PREDICTION_OFF_HEADER: "1"}
+    assert completions(headers).prediction_based is False
 
 
 # --------------------------------------------------------------------------- trust, bytes

@@ -110,9 +110,14 @@ class RequestAware(SynchronousPredictor):
         pass
 
 
-def producer(service: object, clock: ManualClock) -> PredictedLatencyProducer:
+def producer(
+    service: object, clock: ManualClock, streaming: bool = True
+) -> PredictedLatencyProducer:
+    """A producer in streaming mode (TTFT and TPOT, as the ``predicted-latency`` preset
+    sets it) unless ``streaming`` is False (the plugin's default)."""
     context = PluginContext(clock, 0, services={PREDICTOR_SERVICE: service})
-    plugin = REGISTRY.create("predicted-latency-producer", "p", {}, context)
+    params = {"streamingMode": True} if streaming else {}
+    plugin = REGISTRY.create("predicted-latency-producer", "p", params, context)
     assert isinstance(plugin, PredictedLatencyProducer)
     return plugin
 
@@ -394,3 +399,37 @@ def test_compatibility_only_parameters_are_accepted_and_change_nothing(
     assert answers[0] == answers[1]
     with pytest.raises(ValueError, match="contextTTL"):
         REGISTRY.create("predicted-latency-producer", "p", {"contextTTL": "soon"}, context)
+
+
+def test_streaming_mode_is_off_by_default_as_in_the_reference(
+    endpoints: list[Any], make_request: Any
+) -> None:
+    """llm-d-router's producer defaults ``streamingMode`` to false: TPOT is neutral (valid,
+    no headroom) whatever the SLO, and a sample's TTFT is the end-to-end latency."""
+    clock = ManualClock()
+    stub = StubPredictor(clock)
+    plugin = producer(stub, clock, streaming=False)
+    assert plugin.params.streaming_mode is False
+    request = make_request("hi", slo_ttft_ms=250.0, slo_tpot_ms=1.0)
+    request.stream = True
+    state = CycleState()
+    plugin.produce(request, state, endpoints)
+    predictions = state.get(PREDICTIONS)
+    assert predictions is not None
+    assert all(p.tpot_valid and p.tpot_headroom == 0.0 for p in predictions.values())
+    chosen = endpoints[0]
+    plugin.pre_request(
+        request, state, SchedulingResult({"default": ProfileResult([chosen])}, "default")
+    )
+    plugin.on_complete(request, state, ResponseOutcome(chosen, 1.0, 1.1, 1.5, 10, ok=True))
+    (sample,) = stub.samples
+    assert sample.ttft_ms == pytest.approx(500.0)  # dispatch → end, not → first token
+    assert sample.tpot_ms is None
+
+
+def test_the_predicted_latency_preset_turns_streaming_mode_on() -> None:
+    from sluicegate.scheduling.config import load_preset
+
+    plugins = load_preset("predicted-latency").plugins
+    (spec,) = [p for p in plugins if p.type == "predicted-latency-producer"]
+    assert spec.parameters.get("streamingMode") is True

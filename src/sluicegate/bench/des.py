@@ -218,6 +218,9 @@ class ClusterSimulation:
             self.clock,
             spec.staleness_s,
             flow=build_flow_control(config.picker, built.plugins, context, registry),
+            # The scenarios send no prediction header and measure prediction-based routing:
+            # stated here, so that they keep doing so whatever the setting's default.
+            prediction_default=True,
         )
         self._expiry_at: float | None = None
         self._queued = 0

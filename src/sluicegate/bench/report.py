@@ -252,9 +252,23 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
+KEPT_MARKER = "<!-- kept: sections below are written by hand; bench run --out keeps them -->"
+"""In a ``report.md``, the line after which ``write`` keeps what is there: measurements made
+with other commands (a parameter compared on the scenario, say) that a rerun of the
+scenario itself must not erase."""
+
+
 def write(results: dict[str, Any], scenario: Scenario, out: Path, command: str) -> list[Path]:
-    """Write results.json, report.md and the plots into ``out``."""
+    """Write results.json, report.md and the plots into ``out``. An existing report's
+    sections from :data:`KEPT_MARKER` on are kept, after the regenerated ones."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out / "report.md").write_text(markdown(results, scenario, command))
-    return [out / "results.json", out / "report.md", *plots(results, out)]
+    report = out / "report.md"
+    kept = ""
+    if report.is_file():
+        previous = report.read_text()
+        at = previous.find(KEPT_MARKER)
+        if at >= 0:
+            kept = "\n" + previous[at:]
+    report.write_text(markdown(results, scenario, command) + kept)
+    return [out / "results.json", report, *plots(results, out)]

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+import yaml
+
 from sluicegate.api.resources import EndpointPickerConfig
 from sluicegate.bench import sharegpt
 from sluicegate.bench.workloads import (
@@ -49,15 +51,56 @@ _PREDICTOR_POLICIES: dict[str, tuple[str, PredictorKind]] = {
 
 def policy_config(name: str) -> tuple[EndpointPickerConfig, PredictorKind]:
     """The scheduling configuration a policy name stands for, and the latency predictor
-    it runs with (``model``: trained online on the run's own traffic)."""
-    if name in _PREDICTOR_POLICIES:
-        preset, predictor = _PREDICTOR_POLICIES[name]
-        return load_preset(preset), predictor
-    if name in preset_names():
-        return load_preset(name), "model" if name == "predicted-latency" else "none"
-    raise UnknownPolicyError(
-        f"policy {name!r} is not available; available: {', '.join(available_policies())}"
-    )
+    it runs with (``model``: trained online on the run's own traffic).
+
+    A name may carry parameter overrides after the policy, ``POLICY:PLUGIN.PARAM=VALUE``
+    (several joined by ``&``), where ``PLUGIN`` is a plugin's name or type (a type sets
+    every plugin of it) and ``VALUE`` is YAML — e.g.
+    ``predicted-latency:latency-scorer.headroomSelectionStrategy=least`` — so that two arms
+    of a measurement differ in one setting and nothing else."""
+    base, _, overrides = name.partition(":")
+    if base in _PREDICTOR_POLICIES:
+        preset, predictor = _PREDICTOR_POLICIES[base]
+        config = load_preset(preset)
+    elif base in preset_names():
+        config = load_preset(base)
+        predictor = "model" if base == "predicted-latency" else "none"
+    else:
+        raise UnknownPolicyError(
+            f"policy {base!r} is not available; available: {', '.join(available_policies())}"
+        )
+    if overrides:
+        config = _with_overrides(config, overrides, name)
+    return config, predictor
+
+
+def _with_overrides(
+    config: EndpointPickerConfig, overrides: str, name: str
+) -> EndpointPickerConfig:
+    """``config`` with the ``PLUGIN.PARAM=VALUE&...`` overrides of policy ``name``."""
+    plugins = [spec.model_copy(deep=True) for spec in config.plugins]
+    for item in overrides.split("&"):
+        target, eq, raw = item.partition("=")
+        plugin, dot, param = target.partition(".")
+        if not eq or not dot or not plugin or not param:
+            raise UnknownPolicyError(
+                f"policy {name!r}: override {item!r} is not PLUGIN.PARAM=VALUE"
+            )
+        matched = [p for p in plugins if plugin in (p.name, p.type)]
+        if not matched:
+            known = ", ".join(sorted({p.ref for p in plugins}))
+            raise UnknownPolicyError(
+                f"policy {name!r}: no plugin named or typed {plugin!r}; plugins: {known}"
+            )
+        value = yaml.safe_load(raw)
+        for spec in matched:
+            spec.parameters[param] = value
+    return config.model_copy(update={"plugins": plugins})
+
+
+def is_available(name: str) -> bool:
+    """Whether ``name`` (with any overrides) is a policy this build can run."""
+    return name.partition(":")[0] in available_policies()
 
 
 def available_policies() -> list[str]:

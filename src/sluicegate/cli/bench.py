@@ -118,7 +118,12 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
     from sluicegate.bench.extras import PLOTS, SHAREGPT, MissingExtraError, require_extra
     from sluicegate.bench.report import write
     from sluicegate.bench.runner import RunPlan, run_plan
-    from sluicegate.bench.scenarios import available_policies, get_scenario
+    from sluicegate.bench.scenarios import (
+        UnknownPolicyError,
+        get_scenario,
+        is_available,
+        policy_config,
+    )
 
     try:
         scenario = get_scenario(args.scenario)
@@ -153,10 +158,15 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
             console.print(note)
         policies = tuple(runnable)
     else:
-        missing = [p for p in policies if p not in available_policies()]
+        missing = [p for p in policies if not is_available(p)]
         if missing:
             console.print(f"skipping policies not available in this build: {', '.join(missing)}")
             policies = tuple(p for p in policies if p not in missing)
+        try:  # a malformed override fails now, not after the other policies' runs
+            for policy in policies:
+                policy_config(policy)
+        except UnknownPolicyError as exc:
+            return fail(str(exc))
     if not policies:
         return fail("no policy to run")
     try:

@@ -13,7 +13,7 @@ Trust: the routing-control headers (:data:`ROUTING_HEADERS`: objective, model-na
 destination hints) choose a request's priority, target model or endpoint, so the hosts
 pass them here only from trusted clients (:func:`without_routing_headers` drops them
 otherwise); the per-request features — SLO objectives, fairness id,
-``x-prediction-based-scheduling`` — are every client's to set.
+``x-prediction-based-scheduling`` and its ``-off`` form — are every client's to set.
 """
 
 from __future__ import annotations
@@ -47,6 +47,10 @@ PREDICTION_BASED_HEADER = "x-prediction-based-scheduling"
 """``true``/``false``: schedule this request on latency predictions or not (GIE v1.2.0,
 ``pkg/epp/scheduling/framework/plugins/profile/slo_aware_profile_handler.go``); absent =
 the ``latencyPredictor.predictionBasedSchedulingDefault`` setting."""
+PREDICTION_OFF_HEADER = "x-prediction-based-scheduling-off"
+"""Present, whatever its value: not on predictions — the opt-out GIE switched to when it made
+prediction-based scheduling the default (commit 78ffe619, in v1.3.0; its guide
+``site-src/guides/latency-based-predictor.md`` documents it through v1.4.0)."""
 REQUEST_ID_HEADER = "x-request-id"
 DEFAULT_FLOW = "default-flow"
 MAX_HEADER_ID_LENGTH = 256
@@ -59,7 +63,9 @@ DESTINATION_HEADERS = (
 # Headers honoured only from trusted clients: they choose priority, target or endpoint.
 ROUTING_HEADERS = frozenset({*OBJECTIVE_HEADERS, MODEL_REWRITE_HEADER, *DESTINATION_HEADERS})
 # Headers never passed through to a model server: they are the gateway's.
-CONTROL_HEADERS = frozenset({*ROUTING_HEADERS, *FAIRNESS_HEADERS, PREDICTION_BASED_HEADER})
+CONTROL_HEADERS = frozenset(
+    {*ROUTING_HEADERS, *FAIRNESS_HEADERS, PREDICTION_BASED_HEADER, PREDICTION_OFF_HEADER}
+)
 # Every header parse_request reads: most requests carry none, and one set check skips them.
 _READ_HEADERS = frozenset(
     {
@@ -69,6 +75,7 @@ _READ_HEADERS = frozenset(
         *FAIRNESS_HEADERS,
         MODEL_REWRITE_HEADER,
         PREDICTION_BASED_HEADER,
+        PREDICTION_OFF_HEADER,
     }
 )
 
@@ -244,6 +251,8 @@ def _read_headers(parsed: ParsedRequest, headers: Mapping[str, str]) -> None:
         parsed.slo_ttft_ms = _positive_ms(headers, SLO_TTFT_HEADERS)
         parsed.slo_tpot_ms = _positive_ms(headers, SLO_TPOT_HEADERS)
         parsed.prediction_based = _true_or_false(headers, PREDICTION_BASED_HEADER)
+        if PREDICTION_OFF_HEADER in headers:  # an opt-out wins over any opt-in
+            parsed.prediction_based = False
     except LaxValueError as exc:
         raise bad_request(str(exc), exc.field) from None
     parsed.objective = _identifier(headers, OBJECTIVE_HEADERS)

@@ -225,6 +225,9 @@ def gateway_documents(
                 "metricsStalenessMs": DES_STALENESS_S * 1000.0 * time_scale,
                 # The lab's load generator sends objective headers, as trusted clients do.
                 "trustControlHeaders": True,
+                # No prediction header is sent: predictions as in DES mode, whatever the
+                # setting's default.
+                "latencyPredictor": {"predictionBasedSchedulingDefault": True},
             },
         },
     ]

@@ -31,13 +31,15 @@ and TPOT ((end − first byte) / (output tokens − 1)); in non-streaming mode t
 latency stands in for TTFT (the reference's semantics).
 
 Parameters (reference names and defaults): ``sloBufferFactor`` (1.0), ``streamingMode``
-(true — the reference defaults to false; sluicegate sees each request's ``stream`` flag
-and learns TTFT/TPOT from streaming requests only), ``predictInProduce`` (true; false =
-train only); six more are compatibility-only (:class:`PredictedLatencyProducer.
-Parameters` lists them and says why).
+(false, as the reference: every request trains one end-to-end latency and TPOT is
+neutral; true: TTFT and TPOT are learnt from streaming requests — sluicegate sees each
+request's ``stream`` flag — and TPOT SLOs bind; the ``predicted-latency`` preset sets
+it), ``predictInProduce`` (true; false = train only); six more are compatibility-only
+(:class:`PredictedLatencyProducer.Parameters` lists them and says why).
 
-Opting out: a request with ``x-prediction-based-scheduling: false`` (or, without the
-header, when ``latencyPredictor.predictionBasedSchedulingDefault`` is false) gets no
+Opting out: a request with ``x-prediction-based-scheduling: false`` or an
+``x-prediction-based-scheduling-off`` header (or, without either, when
+``latencyPredictor.predictionBasedSchedulingDefault`` is false) gets no
 prediction at all — the scorers use their heuristic composite, the filters and the
 admitter pass — and it still becomes a training sample. Each request's
 :data:`PREDICTION_OUTCOME` says what happened, for the metrics.
@@ -149,7 +151,7 @@ class PredictedLatencyProducer(
         not from named ones."""
 
         slo_buffer_factor: float = Field(1.0, gt=0.0)
-        streaming_mode: bool = True
+        streaming_mode: bool = False
         predict_in_produce: bool = True
         # Compatibility-only (see the docstring): accepted, never read.
         context_ttl: Seconds = Field(300.0, alias="contextTTL")
