@@ -423,9 +423,10 @@ def test_kustomizations_list_every_file() -> None:
 
 
 def _listed_objects(directory: Path) -> set[tuple[str, str]]:
-    """(kind, name) of every object a kustomization's resources hold, recursively."""
+    """(kind, name) of every object a kustomization's resources and ConfigMap generators
+    hold, recursively."""
     data = yaml.safe_load((directory / "kustomization.yaml").read_text())
-    out: set[tuple[str, str]] = set()
+    out = {("ConfigMap", g["name"]) for g in data.get("configMapGenerator", [])}
     for entry in data.get("resources", []):
         target = (directory / entry).resolve()
         if target.is_dir():
