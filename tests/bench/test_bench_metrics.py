@@ -17,6 +17,7 @@ from sluicegate.bench.metrics import (
     latency_summary,
     replica_loads,
     summarize,
+    tokens_within,
 )
 from sluicegate.bench.workloads import RequestSpec
 from sluicegate.tokens import BYTES_PER_TOKEN
@@ -114,18 +115,42 @@ def test_counts() -> None:
     assert m["requests"] == m["completed"] + m["shed"] + m["failed"] + m["incomplete"]
 
 
-def test_throughput_over_first_arrival_to_last_finish() -> None:
+def test_throughput_over_the_arrival_window() -> None:
+    """The window is 0.0 → 4.5 (the last arrival, a failed request's): r4 and r5 finish
+    after it. Tokens: r1 5, r2 9, r3 1, r4 its first + 2 × (4.5 - 3.375) / 1.5 = 2.5, r5
+    only its first (at 4.5, the window's edge)."""
     m = summarize(trace())
-    span = 5.0 - 0.0
-    assert m["throughput_rps"] == pytest.approx(5 / span, abs=EXACT)
-    assert m["output_tokens_per_s"] == pytest.approx((5 + 9 + 1 + 3 + 5) / span, abs=EXACT)
+    assert m["window_s"] == 4.5
+    assert m["throughput_rps"] == pytest.approx(3 / 4.5, abs=EXACT)
+    assert m["output_tokens_per_s"] == pytest.approx((5 + 9 + 1 + 2.5 + 1) / 4.5, abs=EXACT)
 
 
-def test_throughput_span_starts_at_the_first_arrival_not_at_zero() -> None:
+def test_the_window_starts_at_the_first_arrival_and_leaves_the_drain_out() -> None:
+    """Window 10 → 11: nothing finishes in it; r1 emits its first token at 10.5 and a third
+    of its other 3 by 11; r2 starts after the window."""
     late = [done(10.0, 10.5, 12.0, 4, 8, 0, 0), done(11.0, 11.25, 14.0, 8, 8, 0, 0)]
     m = summarize(late)
-    assert m["throughput_rps"] == pytest.approx(2 / 4.0, abs=EXACT)
-    assert m["output_tokens_per_s"] == pytest.approx(12 / 4.0, abs=EXACT)
+    assert m["window_s"] == 1.0
+    assert m["throughput_rps"] == 0.0
+    assert m["output_tokens_per_s"] == pytest.approx(2.0, abs=EXACT)
+
+
+def test_a_single_arrival_is_measured_to_its_completion() -> None:
+    m = summarize([done(3.0, 3.5, 5.0, 7, 8, 0, 0)])
+    assert m["window_s"] == 2.0
+    assert m["throughput_rps"] == pytest.approx(0.5, abs=EXACT)
+    assert m["output_tokens_per_s"] == pytest.approx(3.5, abs=EXACT)
+
+
+def test_tokens_within_parts_of_a_request() -> None:
+    r = done(0.0, 1.0, 3.0, 5, 8, 0, 0)  # first token at 1, four more over [1, 3]
+    assert tokens_within(r, 0.0, 10.0) == 5
+    assert tokens_within(r, 0.0, 2.0) == pytest.approx(1 + 4 * 0.5, abs=EXACT)
+    assert tokens_within(r, 2.5, 10.0) == pytest.approx(4 * 0.25, abs=EXACT)
+    assert tokens_within(r, 0.0, 0.5) == 0.0
+    burst = done(0.0, 1.0, 1.0, 3, 8, 0, 0)  # every token at once
+    assert tokens_within(burst, 0.0, 1.0) == 3
+    assert tokens_within(burst, 1.5, 2.0) == 0
 
 
 def test_latency_summaries() -> None:
@@ -202,8 +227,11 @@ def test_by_class() -> None:
     b = classes["b"]
     assert [b[k] for k in COUNTS] == [4, 2, 0, 2, 0]
     assert b["slo_attainment"] == pytest.approx(1 / 2)
-    # Each class's throughput is over its own span: b from 1.5 (first arrival) to 4.875.
-    assert b["throughput_rps"] == pytest.approx(2 / 3.375)
+    # Each class's throughput is over its own window: b's arrivals 1.5 → 3.0, in which
+    # nothing finishes and only r3's first token (at 2.125) is emitted.
+    assert b["window_s"] == 1.5
+    assert b["throughput_rps"] == 0.0
+    assert b["output_tokens_per_s"] == pytest.approx(1 / 1.5)
     assert classes["default"]["slo_attainment"] is None
     assert sum(c["requests"] for c in classes.values()) == len(records)
 

@@ -24,6 +24,7 @@ METRIC_KEYS = {
     "completed",
     "failed",
     "shed",
+    "window_s",
     "throughput_rps",
     "output_tokens_per_s",
     "ttft_s",

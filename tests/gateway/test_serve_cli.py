@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -19,7 +20,7 @@ import yaml
 from gw_support import model_doc, pool_doc
 
 from sluicegate.gateway.app import Gateway
-from sluicegate.gateway.run import embedded_config
+from sluicegate.gateway.run import embedded_config, try_commands
 from sluicegate.scheduling.config import load_preset
 
 BASE = "tiny-llama"
@@ -415,3 +416,120 @@ async def test_serve_allow_empty_config_starts_and_reloads_into_a_pool(
         await asyncio.sleep(0.1)
     assert "late" not in await _models(port)
     assert proc.poll() is None
+
+
+# ------------------------------------------------------------ banner and embedded ports
+
+
+def _banner_commands(output: str) -> list[str]:
+    lines = output.splitlines()
+    start = lines.index("Try:") + 1
+    return lines[start : lines.index("", start)]
+
+
+async def test_banner_commands_paste_into_a_shell(serve_process: Any) -> None:
+    """On a 60-column console the example lines come out as built, each under 80 columns,
+    and a shell given them as pasted runs curl with a body the gateway answers."""
+    proc, port = serve_process(
+        "--sim-profile", "tiny", "--sim-time-scale", "0.1", env=cli_env(COLUMNS="60")
+    )
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=15) == 0
+    commands = _banner_commands(proc.stdout.read() if proc.stdout else "")
+    url = f"http://127.0.0.1:{port}"
+    assert commands == try_commands(url, BASE)
+    assert all(len(line) < 80 for line in commands), commands
+    # The first command, as pasted, with curl standing in for a function printing its argv.
+    first = "\n".join(commands[:4])
+    shell = f"curl() {{ printf '%s\\0' \"$@\"; }}\n{first}\n"
+    bash = await asyncio.create_subprocess_exec(
+        "bash", "-c", shell, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(bash.communicate(), timeout=10)
+    assert bash.returncode == 0, err
+    argv = out.decode().split("\0")[:-1]
+    assert argv[:4] == [f"{url}/v1/completions", "-H", "content-type: application/json", "-d"]
+    body = json.loads(argv[4])
+    assert body == {"model": BASE, "prompt": "Hello, sluicegate", "max_tokens": 16}
+    _, port = serve_process("--sim-profile", "tiny", "--sim-time-scale", "0.1")
+    for _ in range(50):  # the first scrape makes the pool ready
+        status, answer = await _post(port, body)
+        if status == 200:
+            break
+        await asyncio.sleep(0.1)
+    assert status == 200, answer
+
+
+def _free_run(count: int) -> int:
+    """A first port of ``count`` consecutive free loopback ports."""
+    for _ in range(50):
+        base = free_port()
+        if base + count > 65535:
+            continue
+        socks = []
+        try:
+            for offset in range(count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", base + offset))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError("no run of free ports")
+
+
+async def test_sim_base_port_pins_the_embedded_pool(serve_process: Any) -> None:
+    base = _free_run(2)
+    proc, _ = serve_process(
+        "--sim-profile", "tiny", "--sim-time-scale", "0.1",
+        "--sim-replicas", "2", "--sim-base-port", str(base),
+    )  # fmt: skip
+    for replica_port in (base, base + 1):
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(f"http://127.0.0.1:{replica_port}/v1/models") as r,
+        ):
+            assert r.status == 200
+            assert BASE in {m["id"] for m in (await r.json())["data"]}
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=15) == 0
+    output = proc.stdout.read() if proc.stdout else ""
+    assert f"at http://127.0.0.1:{base}, http://127.0.0.1:{base + 1}\n" in output
+
+
+def test_sim_base_port_on_a_taken_port_fails_and_names_the_ports() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        result = run_serve(
+            "--sim-profile", "tiny", "--sim-replicas", "2", "--sim-base-port", str(busy - 1)
+        )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert f"cannot start the embedded pool on ports {busy - 1}-{busy}" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("--sim-base-port", "65535", "--sim-replicas", "2"), ("65535-65536", "1-65535")),
+        (("--sim-base-port", "-5"), ("--sim-base-port -5",)),
+        (("--sim-base-port", "9000", "--config", "pool.yaml"), ("cannot be used with --config",)),
+    ],
+)
+def test_sim_base_port_refusals(args: tuple[str, ...], words: tuple[str, ...]) -> None:
+    refused(run_serve(*args), *words)
+
+
+def test_sim_base_port_must_not_cover_the_gateway_port() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "sluicegate", "serve", "--port", "9001", "--sim-base-port", "9000"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=cli_env(),
+    )
+    refused(result, "--port 9001", "9000-9003")

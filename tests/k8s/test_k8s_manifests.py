@@ -49,6 +49,8 @@ PATCH_DIRS = {DEPLOY / "overlays" / "predictor-sidecars"}
 """Folders whose YAML files are kustomize patches (partial objects), not manifests."""
 NOT_KUBERNETES = {DEPLOY / "envoy"}
 """Folders of other tools' configuration (Envoy's, tested in tests/extproc)."""
+HELM = DEPLOY / "helm"
+"""Helm chart templates, not manifests (rendered and tested in test_helm_chart.py)."""
 
 Doc = dict[str, Any]
 
@@ -60,6 +62,7 @@ def _files() -> list[Path]:
         if p.name != "kustomization.yaml"
         and p.parent not in PATCH_DIRS
         and p.parent not in NOT_KUBERNETES
+        and HELM not in p.parents
     )
 
 

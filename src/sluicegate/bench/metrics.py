@@ -2,7 +2,11 @@
 
 Every latency is in seconds and summarised as ``{"mean", "p50", "p90", "p99"}`` over the
 requests that completed (percentiles interpolate linearly, as numpy does). Throughput is
-measured over the span from the first arrival to the last completion. A request counts
+measured over the *arrival window*, from the first arrival to the last (the drain after it
+is left out): requests/s counts the completions within the window, output tokens/s the
+output tokens emitted within it (a request's first token at its first-token time, the
+others spread evenly up to its finish). A window of no length (a single arrival) is
+widened to the last completion. A request counts
 as meeting its SLO when it completed with TTFT ≤ ``x-slo-ttft-ms`` and TPOT ≤
 ``x-slo-tpot-ms``; shed or failed requests carrying SLOs count as misses.
 """
@@ -64,16 +68,46 @@ def _meets_slo(r: Record) -> bool:
     )
 
 
+def arrival_window(records: Sequence[Record]) -> tuple[float, float]:
+    """``(start, end)`` in seconds: the first and last arrival of ``records``; when they
+    coincide, ``end`` is the last completion (if any). ``(0, 0)`` for no records."""
+    if not records:
+        return 0.0, 0.0
+    start = min(r.arrival for r in records)
+    end = max(r.arrival for r in records)
+    if end <= start:
+        end = max((r.finish for r in records if r.completed), default=start)
+    return start, end
+
+
+def tokens_within(r: Record, start: float, end: float) -> float:
+    """Output tokens of completed ``r`` emitted within ``[start, end]`` (seconds): the first
+    at ``first_token``, the other ``output_tokens - 1`` spread evenly over
+    ``[first_token, finish]`` (a fraction where the window cuts that interval)."""
+    if r.output_tokens <= 0:
+        return 0.0
+    inside = start <= r.first_token <= end
+    tokens = 1.0 if inside else 0.0
+    rest = r.output_tokens - 1
+    decode = r.finish - r.first_token
+    if rest and decode > 0:
+        overlap = max(0.0, min(end, r.finish) - max(start, r.first_token))
+        tokens += rest * overlap / decode
+    elif rest and inside:  # all at once (a zero-length decode)
+        tokens += rest
+    return tokens
+
+
 def summarize(records: Sequence[Record]) -> dict[str, Any]:
     """The metrics block of one run (or one class of it)."""
     done = [r for r in records if r.completed]
     shed = sum(1 for r in records if r.status == 429)
     incomplete = sum(1 for r in records if r.status == 0)
     failed = len(records) - len(done) - shed - incomplete
-    span = 0.0
-    if done:
-        span = max(r.finish for r in done) - min(r.arrival for r in records)
-    out_tokens = sum(r.output_tokens for r in done)
+    start, end = arrival_window(records)
+    window = end - start
+    finished_within = sum(1 for r in done if start <= r.finish <= end)
+    tokens = sum(tokens_within(r, start, end) for r in done)
     with_slo = [
         r for r in records if r.spec.slo_ttft_ms is not None or r.spec.slo_tpot_ms is not None
     ]
@@ -85,8 +119,9 @@ def summarize(records: Sequence[Record]) -> dict[str, Any]:
         "failed": failed,
         "shed": shed,
         "incomplete": incomplete,
-        "throughput_rps": len(done) / span if span > 0 else 0.0,
-        "output_tokens_per_s": out_tokens / span if span > 0 else 0.0,
+        "window_s": window,
+        "throughput_rps": finished_within / window if window > 0 else 0.0,
+        "output_tokens_per_s": tokens / window if window > 0 else 0.0,
         "ttft_s": latency_summary([r.first_token - r.arrival for r in done]),
         "tpot_s": latency_summary([t for r in done if (t := _tpot(r)) is not None]),
         "e2e_s": latency_summary([r.finish - r.arrival for r in done]),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +91,7 @@ def markdown(results: dict[str, Any], scenario: Scenario, command: str) -> str:
             f"{_pct(m['slo_attainment'])} | {_pct(m['engine_prefix_hit_rate'])} | "
             f"{_fmt(m['load_imbalance'])} |"
         )
+    lines += _short_window_note(results)
     lines += _itl_table(results)
     classes = [
         (run, name, m) for run in results["runs"] for name, m in run["metrics"]["by_class"].items()
@@ -121,6 +124,23 @@ def markdown(results: dict[str, Any], scenario: Scenario, command: str) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _short_window_note(results: dict[str, Any]) -> list[str]:
+    """A warning when requests last about as long as the arrival window: few finish within
+    it, so completed requests/s under-counts (output tokens/s does not)."""
+    e2e = [m["e2e_s"]["p90"] for r in results["runs"] if (m := r["metrics"])["e2e_s"]["p90"]]
+    windows = [r["metrics"].get("window_s") for r in results["runs"]]
+    shortest = min((w for w in windows if w), default=None)
+    if not e2e or shortest is None or shortest >= 2 * max(e2e):
+        return []
+    return [
+        "",
+        f"Throughput is measured over the arrival window ({shortest:.1f} s here), which is "
+        f"shorter than twice the longest p90 E2E latency ({max(e2e):.2f} s): few requests "
+        "finish within it, so `tput rps` under-counts; `out tok/s` (tokens emitted within "
+        "the window) is the throughput to read.",
+    ]
 
 
 def _itl_table(results: dict[str, Any]) -> list[str]:
@@ -157,6 +177,104 @@ def _itl_table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+Getter = Callable[[dict[str, Any]], float | None]
+"""One number of a run (its ``metrics``), or None where it has none."""
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LINES = ("--", "-")
+HATCHES = ("//", "")
+
+
+def _offsets(count: int, spread: float) -> list[float]:
+    """``count`` horizontal offsets centred on 0, ``spread`` apart at the ends: series at
+    the same load level are drawn side by side instead of on top of each other."""
+    if count == 1:
+        return [0.0]
+    return [spread * (i / (count - 1) - 0.5) for i in range(count)]
+
+
+def _panel(
+    ax: Any,
+    series: dict[str, list[dict[str, Any]]],
+    levels: list[float],
+    getters: Sequence[tuple[str, Getter]],
+    unit: str,
+) -> None:
+    """One panel, its value axis from zero: grouped bars (one group per policy, one bar per
+    getter) when the run has a single load level, else one line per policy and getter
+    against load, each policy with its own colour, marker and a small sideways offset."""
+    if len(levels) == 1:
+        width = 0.8 / len(getters)
+        for pi, runs in enumerate(series.values()):
+            for gi, (_, get) in enumerate(getters):
+                value = get(runs[0])
+                x = pi + (gi - (len(getters) - 1) / 2) * width
+                bars = ax.bar(
+                    [x],
+                    [float("nan") if value is None else value],
+                    width * 0.92,
+                    color=f"C{pi}",
+                    alpha=0.55 if gi < len(getters) - 1 else 0.95,
+                    hatch=HATCHES[gi % len(HATCHES)] if len(getters) > 1 else "",
+                    edgecolor="black",
+                    linewidth=0.5,
+                )
+                if value is None:  # no bar: say so where it would stand
+                    ax.text(x, 0, "–", ha="center", va="bottom", fontsize=7)
+                else:
+                    ax.bar_label(bars, labels=[_short(value)], fontsize=7)
+        ax.set_xticks(range(len(series)))
+        ax.set_xticklabels(list(series), fontsize=8, rotation=12)
+        ax.set_xlabel(f"at {levels[0]:g} {unit}")
+        if len(getters) > 1:
+            from matplotlib.patches import Patch
+
+            ax.legend(
+                handles=[
+                    Patch(
+                        facecolor="lightgrey",
+                        edgecolor="black",
+                        hatch=HATCHES[gi % len(HATCHES)],
+                        label=name,
+                    )
+                    for gi, (name, _) in enumerate(getters)
+                ],
+                fontsize=7,
+            )
+    else:
+        step = min(b - a for a, b in itertools.pairwise(levels))
+        offsets = _offsets(len(series), 0.15 * step)
+        for pi, (policy, runs) in enumerate(series.items()):
+            for gi, (name, get) in enumerate(getters):
+                values = [get(r) for r in runs]
+                ax.plot(
+                    [r["load"] + offsets[pi] for r in runs],
+                    [float("nan") if v is None else v for v in values],
+                    LINES[-1] if len(getters) == 1 else LINES[gi % len(LINES)],
+                    color=f"C{pi}",
+                    marker=MARKERS[pi % len(MARKERS)],
+                    markerfacecolor=f"C{pi}" if gi == len(getters) - 1 else "white",
+                    alpha=0.85,
+                    label=f"{policy} {name}".strip(),
+                )
+        ax.set_xlabel(unit)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+
+
+def _short(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def _metric(key: str, quantile: str | None = None, scale: float = 1.0) -> Getter:
+    def get(run: dict[str, Any]) -> float | None:
+        value = run["metrics"][key] if quantile is None else run["metrics"][key][quantile]
+        return None if value is None else float(value) * scale
+
+    return get
+
+
 def plots(results: dict[str, Any], out: Path) -> list[Path]:
     """Draw the run's figures into ``out``; returns the files written."""
     with bench_extra(*PLOTS):
@@ -171,6 +289,7 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
         p: sorted((r for r in results["runs"] if run_label(r) == p), key=lambda r: r["load"])
         for p in policies
     }
+    levels = sorted({float(r["load"]) for r in results["runs"]})
     written = []
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
@@ -181,49 +300,38 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
         (1.0, 1000.0, 1.0),
         strict=True,
     ):
-        for policy, runs in series.items():
-            xs = [r["load"] for r in runs]
-            for q, style in (("p50", "--"), ("p90", "-")):
-                ys = [(r["metrics"][key][q] or float("nan")) * scale for r in runs]
-                ax.plot(xs, ys, style, marker="o", label=f"{policy} {q}")
+        quantiles = [(q, _metric(key, q, scale)) for q in ("p50", "p90")]
+        _panel(ax, series, levels, quantiles, unit)
         ax.set_title(title)
-        ax.set_xlabel(unit)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
+    if len(levels) > 1:
+        axes[0].legend(fontsize=7)
     fig.suptitle(f"{results['scenario']}: latency percentiles")
     fig.tight_layout()
     written.append(_save(fig, out / "latency.png"))
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for policy, runs in series.items():
-        xs = [r["load"] for r in runs]
-        axes[0].plot(xs, [r["metrics"]["throughput_rps"] for r in runs], marker="o", label=policy)
-        axes[1].plot(
-            xs, [r["metrics"]["output_tokens_per_s"] for r in runs], marker="o", label=policy
-        )
-    axes[0].set_title("completed requests/s")
-    axes[1].set_title("output tokens/s")
+    if unit == "req/s":  # the offered rate, for comparison (drawn first: it sets no limit)
+        if len(levels) == 1:
+            axes[0].axhline(levels[0], ls=":", color="grey", label="offered")
+        else:
+            axes[0].plot(levels, levels, ":", color="grey", label="offered")
+    _panel(axes[0], series, levels, [("", _metric("throughput_rps"))], unit)
+    _panel(axes[1], series, levels, [("", _metric("output_tokens_per_s"))], unit)
+    axes[0].set_title("completed requests/s (within the arrival window)", fontsize=10)
+    axes[1].set_title("output tokens/s (within the arrival window)", fontsize=10)
     for ax in axes:
-        ax.set_xlabel(unit)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.tight_layout()
     written.append(_save(fig, out / "throughput.png"))
 
     if any(r["metrics"]["slo_attainment"] is not None for r in results["runs"]):
         fig, ax = plt.subplots(figsize=(6, 4.2))
-        for policy, runs in series.items():
-            ax.plot(
-                [r["load"] for r in runs],
-                [(r["metrics"]["slo_attainment"] or 0) * 100 for r in runs],
-                marker="o",
-                label=policy,
-            )
+        _panel(ax, series, levels, [("", _metric("slo_attainment", scale=100.0))], unit)
         ax.set_title("SLO attainment (%)")
-        ax.set_xlabel(unit)
-        ax.set_ylim(0, 100)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.set_ylim(0, 105)
+        if len(levels) > 1:
+            ax.legend(fontsize=8)
         fig.tight_layout()
         written.append(_save(fig, out / "slo.png"))
 

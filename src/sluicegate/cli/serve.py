@@ -74,6 +74,13 @@ def add_parser(sub: Subparsers) -> None:
         default=1.0,
         help="embedded pool's wall seconds per simulated second",
     )
+    serve.add_argument(
+        "--sim-base-port",
+        type=int,
+        default=0,
+        metavar="N",
+        help="embedded pool's ports: replica i listens on N+i (default 0: any free ports)",
+    )
     add_picker_flags(serve, kubernetes=False)
     serve.set_defaults(func=_cmd_serve)
 
@@ -92,11 +99,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from sluicegate.api.loader import ConfigError
     from sluicegate.framework import PluginConfigError
     from sluicegate.gateway.app import GatewayOptions
-    from sluicegate.gateway.run import ServeOptions, serve
+    from sluicegate.gateway.run import ServeOptions, SimPortsError, serve
     from sluicegate.latency.trace import TraceError
 
     if args.sim_time_scale <= 0:
         return fail("--sim-time-scale must be positive")
+    if problem := _sim_ports_problem(args):
+        return fail(problem)
     if problem := check_latency_flags(args):
         return fail(problem)
     runtime = runtime_options(args)
@@ -112,6 +121,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         sim_replicas=args.sim_replicas,
         sim_profile=args.sim_profile,
         sim_time_scale=args.sim_time_scale,
+        sim_base_port=args.sim_base_port,
         allow_empty_config=rules.allow_empty,
         gateway=GatewayOptions(runtime, access_log=args.access_log, api_keys=api_keys),
     )
@@ -119,6 +129,28 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         run(serve(options, console))
     except TraceError as exc:  # --latency-trace, read when the gateway starts
         return fail(str(exc))
+    except SimPortsError as exc:
+        return fail(str(exc), status=1)
     except OSError as exc:
         return fail(f"cannot serve on {args.host}:{args.port}: {exc}", status=1)
     return 0
+
+
+def _sim_ports_problem(args: argparse.Namespace) -> str | None:
+    """Why ``--sim-base-port`` (with ``--sim-replicas``) cannot work, or None."""
+    base, replicas = args.sim_base_port, args.sim_replicas
+    if base == 0:
+        return None
+    if args.config is not None:
+        return "--sim-base-port is for the embedded pool: it cannot be used with --config"
+    if base < 1 or base + replicas - 1 > 65535:
+        return (
+            f"--sim-base-port {base} with {replicas} replicas needs ports {base}-"
+            f"{base + replicas - 1}: they must lie within 1-65535"
+        )
+    if base <= args.port < base + replicas:
+        return (
+            f"--port {args.port} is one of the embedded pool's ports {base}-"
+            f"{base + replicas - 1} (--sim-base-port)"
+        )
+    return None

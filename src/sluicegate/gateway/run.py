@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
+from rich.text import Text
 
 from sluicegate.api.loader import Config, build_config
 from sluicegate.api.resources import EndpointPickerConfig
@@ -36,6 +38,10 @@ log = logging.getLogger("sluicegate.gateway")
 EMBEDDED_POOL = "sim-pool"
 
 
+class SimPortsError(OSError):
+    """The embedded pool could not listen on the ports ``--sim-base-port`` asked for."""
+
+
 @dataclass(slots=True)
 class ServeOptions:
     host: str = "127.0.0.1"
@@ -46,6 +52,8 @@ class ServeOptions:
     sim_replicas: int = 4
     sim_profile: str = "llama3-8b-h100"
     sim_time_scale: float = 1.0
+    sim_base_port: int = 0
+    """Embedded pool: replica i listens on ``sim_base_port + i``; 0 = any free ports."""
     allow_empty_config: bool = False
     """Accept a configuration file without any InferencePool (``--allow-empty-config``)."""
     gateway: GatewayOptions = field(default_factory=GatewayOptions)
@@ -79,7 +87,7 @@ async def serve(options: ServeOptions, console: Console) -> None:
             ReplicaOptions(profile, time_scale=options.sim_time_scale, histogram_max_age_s=1.0),
             options.sim_replicas,
         )
-        await cluster.start()
+        await _start_cluster(cluster, options.sim_base_port)
         config = embedded_config(cluster.urls, options.picker)
     else:
         since = file_stamp(options.config_path)  # what the watcher compares to, later
@@ -114,6 +122,34 @@ async def serve(options: ServeOptions, console: Console) -> None:
             await cluster.stop()
 
 
+async def _start_cluster(cluster: SimCluster, base_port: int) -> None:
+    """Start the embedded pool; on failure stop the replicas already listening."""
+    try:
+        await cluster.start(base_port=base_port)
+    except BaseException as exc:
+        await cluster.stop()
+        if isinstance(exc, OSError) and base_port:
+            last = base_port + len(cluster.replicas) - 1
+            raise SimPortsError(
+                f"cannot start the embedded pool on ports {base_port}-{last}: {exc}"
+            ) from exc
+        raise
+
+
+def try_commands(url: str, model: str) -> list[str]:
+    """The banner's example commands, one string per line, each a shell can take as pasted:
+    backslash-continued lines, and a JSON body that spans two lines inside its quotes.
+    Every line is shorter than 80 columns for a loopback ``url``, so an 80-column console
+    shows them unwrapped."""
+    return [
+        f"  curl {url}/v1/completions \\",
+        "    -H 'content-type: application/json' \\",
+        f'    -d \'{{"model": {json.dumps(model)},',
+        '         "prompt": "Hello, sluicegate", "max_tokens": 16}\'',
+        f"  curl {url}/metrics | grep inference_",
+    ]
+
+
 def _announce(
     console: Console, gateway: Gateway, cluster: SimCluster | None, options: ServeOptions
 ) -> None:
@@ -125,12 +161,12 @@ def _announce(
             f"  fronting an embedded simulated pool: {len(cluster.replicas)} × "
             f"{options.sim_profile} at {', '.join(cluster.urls)}"
         )
-        console.print(
-            f"\nTry:\n  curl {url}/v1/completions -H 'content-type: application/json' \\\n"
-            f'    -d \'{{"model": "{model}", "prompt": "Hello, sluicegate", '
-            f'"max_tokens": 16}}\'\n'
-            f"  curl {url}/metrics | grep inference_\n"
-        )
+        console.print("\nTry:")
+        # Printed as they are: soft_wrap stops rich from breaking a line at the console's
+        # width (a break inside a command would not paste), no markup or highlighting.
+        for line in try_commands(url, model):
+            console.print(Text(line), soft_wrap=True, highlight=False)
+        console.print()
     else:
         for pool in gateway.datastore.pools.values():
             console.print(f"  pool {pool.name}: {len(pool.endpoints)} endpoint(s)")
