@@ -272,6 +272,70 @@ async def test_client_cannot_choose_the_destination(stack: Stack) -> None:
         assert f"127.0.0.1:{got[SERVED]}" == stack.decisions[test_id]  # the picker's choice
 
 
+# ---------------------------------------------------------------------------- other paths
+
+
+async def test_embeddings_tokenize_and_responses_are_routed(stack: Stack) -> None:
+    calls = [
+        ("/v1/embeddings", {"model": "food-review", "input": ["good soup", "bad bread"]}),
+        ("/tokenize", {"model": "food-review", "prompt": "Hello there"}),
+        ("/v1/responses", {"model": "food-review", "input": "Hi", "max_output_tokens": 3}),
+    ]
+    for path, body in calls:
+        test_id = f"path-{path}"
+        url = stack.url(path=f"{path}?from=test")
+        async with stack.http.post(url, json=body, headers={"x-test-id": test_id}) as r:
+            assert r.status == 200, (path, await r.read())
+            assert f"127.0.0.1:{r.headers[SERVED]}" == stack.decisions[test_id]
+            answer = orjson.loads(await r.read())
+        if path == "/v1/embeddings":
+            assert answer["model"] == "food-review"  # the client's name restored
+            assert len(answer["data"]) == 2
+            assert answer["usage"]["prompt_tokens"] > 0
+        elif path == "/tokenize":
+            assert answer["count"] == len(answer["tokens"]) > 0
+        else:
+            assert answer["model"] == "food-review"
+            assert answer["usage"]["output_tokens"] == 3
+
+
+async def test_a_model_less_route_with_several_pools_names_model(stack: Stack) -> None:
+    # /detokenize needs no model; with three pools and no default the picker cannot tell
+    # which pool it is for (as the gateway).
+    async with stack.http.post(stack.url(path="/detokenize"), json={"tokens": [1, 2]}) as r:
+        assert r.status == 400
+        assert orjson.loads(await r.read())["error"]["param"] == "model"
+    body = {"model": BASE, "tokens": [72, 105]}
+    async with stack.http.post(stack.url(path="/detokenize"), json=body) as r:
+        assert r.status == 200, await r.read()
+        assert SERVED in r.headers
+
+
+async def test_the_model_list_comes_from_the_picker(stack: Stack) -> None:
+    async with stack.http.get(stack.url(path="/v1/models")) as r:
+        assert r.status == 200
+        assert r.headers["content-type"] == "application/json"
+        assert SERVED not in r.headers  # answered by the picker, not a replica
+        ids = [m["id"] for m in orjson.loads(await r.read())["data"]]
+    # Every pool's servers (all serve BASE) and every InferenceModel's public name.
+    assert ids == sorted({BASE, "food-review", "chat", "bulk", "ghost-model"})
+    async with stack.http.get(stack.url(path="/v1/models/food-review")) as r:
+        assert r.status == 200
+        assert orjson.loads(await r.read())["parent"] == BASE
+
+
+async def test_administrative_routes_are_refused(stack: Stack) -> None:
+    for path in ("/v1/load_lora_adapter", "/reset_prefix_cache", "/admin/faults", "/health"):
+        body = {"lora_name": "evil", "lora_path": "/tmp/evil"}
+        async with stack.http.post(stack.url(path=path), json=body) as r:
+            assert r.status == 404, path
+            assert SERVED not in r.headers  # no replica saw it
+            assert orjson.loads(await r.read())["error"]["code"] == "not_found"
+        async with stack.http.get(stack.url(path=path)) as r:  # without a body too
+            assert r.status == 404, path
+    assert all(not replica.loras for replica in stack.main.replicas)
+
+
 # ---------------------------------------------------------------------------- refusals
 
 
