@@ -163,7 +163,9 @@ class ExtProcStream:
         if kind == "response_body":
             return self._response_body(message.response_body)
         if kind == "request_headers":
-            return await self._request_headers(message)
+            answer = self._request_headers(message)
+            # None: the headers ended the request, which is decided now.
+            return answer if answer is not None else await self._decide(False, bodyless=True)
         if kind == "response_headers":
             return self._response_headers(message)
         if kind == "request_trailers":
@@ -207,7 +209,7 @@ class ExtProcStream:
 
     # ------------------------------------------------------------------ request
 
-    async def _request_headers(self, message: Any) -> list[Any]:
+    def _request_headers(self, message: Any) -> list[Any] | None:
         self._started = time.perf_counter()
         if message.HasField("protocol_config"):
             config = message.protocol_config
@@ -221,7 +223,7 @@ class ExtProcStream:
         if self.settings.accepting is not None and not self.settings.accepting():
             return self._refuse(no_endpoint("the endpoint picker has not synced its pool yet"))
         if message.request_headers.end_of_stream:
-            return await self._decide(ended_by_trailers=False, bodyless=True)
+            return None
         if self._request_mode == FULL_DUPLEX_STREAMED:
             return []
         if self._request_mode == BUFFERED:
