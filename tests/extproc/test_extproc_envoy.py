@@ -8,7 +8,8 @@ One Envoy, two pickers and the simulated replicas serve the whole module (all on
 - ``main`` — the example as shipped (FULL_DUPLEX_STREAMED, fail-closed) → picker A;
 - ``buffered`` / ``streamed`` — other request body modes → picker A;
 - ``subset`` — Envoy sets a subset hint (one replica) before calling picker A;
-- ``closed`` / ``open`` — fail-closed and fail-open → picker B, which one test stops.
+- ``closed`` / ``open`` — fail-closed and fail-open → picker B, which one test stops;
+- ``single`` — picker C, with the main pool alone (model-less requests need one pool).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Stack:
     picker: ExtProcServer
     spare: ExtProcServer
     spare_port: int
+    single: ExtProcServer
     ports: dict[str, int]
     decisions: dict[str, str]
     """Picker A's choices by the request's ``x-test-id`` header."""
@@ -123,7 +125,9 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
     picker = await start_picker(runtime, 0)
     spare_port = free_port()
     spare = await start_picker(Runtime(picker_config(main, busy, free_port())), spare_port)
-    names = ("main", "buffered", "streamed", "subset", "closed", "open")
+    one_pool = build_config([pool_doc(main.urls, "main"), gateway_doc(scrapeIntervalMs=50)])
+    single = await start_picker(Runtime(one_pool), 0)
+    names = ("main", "buffered", "streamed", "subset", "closed", "open", "single")
     ports = {name: free_port() for name in names}
     replica_addresses = [("127.0.0.1", r.port) for r in main.replicas]
     listeners = [
@@ -139,21 +143,24 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
             failure_mode_allow=True,
             fallback_cluster="pool_fallback",
         ),
+        ListenerSpec("single", ports["single"], picker_cluster="single"),
     ]
     envoy = Envoy(BINARY, tmp_path_factory.mktemp("envoy"))
     cfg = config(
         free_port(),
         listeners,
-        {"sluicegate_epp": picker.grpc_port, "spare": spare_port},
+        {"sluicegate_epp": picker.grpc_port, "spare": spare_port, "single": single.grpc_port},
         [static_cluster("pool_fallback", replica_addresses)],
     )
     await asyncio.to_thread(envoy.start, cfg)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-        stack = Stack(envoy, main, busy, picker, spare, spare_port, ports, decisions, http)
+        stack = Stack(envoy, main, busy, picker, spare, spare_port, single, ports, decisions, http)
         await wait_scraped(runtime)
+        await wait_scraped(single.runtime)
         yield stack
     envoy.stop()
     await stack.spare.stop(0.5)  # (a test restarts it)
+    await single.stop(0.5)
     await stack.picker.stop(0.5)
     await busy.stop()
     await main.stop()
@@ -270,6 +277,85 @@ async def test_client_cannot_choose_the_destination(stack: Stack) -> None:
         status, got, _ = await post(stack, ask(prompt=f"spoof {i} " * 30), **headers)
         assert status == 200
         assert f"127.0.0.1:{got[SERVED]}" == stack.decisions[test_id]  # the picker's choice
+
+
+# ---------------------------------------------------------------------------- other paths
+
+
+async def test_embeddings_tokenize_and_responses_are_routed(stack: Stack) -> None:
+    calls = [
+        ("/v1/embeddings", {"model": "food-review", "input": ["good soup", "bad bread"]}),
+        ("/tokenize", {"model": "food-review", "prompt": "Hello there"}),
+        ("/v1/responses", {"model": "food-review", "input": "Hi", "max_output_tokens": 3}),
+    ]
+    for path, body in calls:
+        test_id = f"path-{path}"
+        url = stack.url(path=f"{path}?from=test")
+        async with stack.http.post(url, json=body, headers={"x-test-id": test_id}) as r:
+            assert r.status == 200, (path, await r.read())
+            assert f"127.0.0.1:{r.headers[SERVED]}" == stack.decisions[test_id]
+            answer = orjson.loads(await r.read())
+        if path == "/v1/embeddings":
+            assert answer["model"] == "food-review"  # the client's name restored
+            assert len(answer["data"]) == 2
+            assert answer["usage"]["prompt_tokens"] > 0
+        elif path == "/tokenize":
+            assert answer["count"] == len(answer["tokens"]) > 0
+        else:
+            assert answer["model"] == "food-review"
+            assert answer["usage"]["output_tokens"] == 3
+
+
+async def test_a_model_less_route_with_several_pools_names_model(stack: Stack) -> None:
+    # /detokenize needs no model; with three pools and no default the picker cannot tell
+    # which pool it is for (as the gateway).
+    async with stack.http.post(stack.url(path="/detokenize"), json={"tokens": [1, 2]}) as r:
+        assert r.status == 400
+        assert orjson.loads(await r.read())["error"]["param"] == "model"
+    body = {"model": BASE, "tokens": [72, 105]}
+    async with stack.http.post(stack.url(path="/detokenize"), json=body) as r:
+        assert r.status == 200, await r.read()
+        assert SERVED in r.headers
+
+
+async def test_model_less_routes_reach_a_replica_with_one_pool(stack: Stack) -> None:
+    url = stack.url("single", "/detokenize")
+    async with stack.http.post(url, json={"tokens": [1819043144, 111]}) as r:
+        assert r.status == 200, await r.read()
+        assert int(r.headers[SERVED]) in stack.replica_ports()
+        assert orjson.loads(await r.read())["prompt"] == "Hello"
+    # Without a body (Envoy sends the headers alone): scheduled like any request; the
+    # replica's own answer (it keeps no stored responses) comes back, not the picker's.
+    async with stack.http.get(stack.url("single", "/v1/responses/resp-1?x=1")) as r:
+        assert r.status in (404, 405)
+        assert "x-sluicegate-dropped-reason" not in r.headers
+        assert (await r.read()).startswith(f"{r.status}: ".encode())  # aiohttp's own
+    assert all(e.inflight.requests == 0 for e in stack.single.runtime.datastore.all_endpoints())
+
+
+async def test_the_model_list_comes_from_the_picker(stack: Stack) -> None:
+    async with stack.http.get(stack.url(path="/v1/models")) as r:
+        assert r.status == 200
+        assert r.headers["content-type"] == "application/json"
+        assert SERVED not in r.headers  # answered by the picker, not a replica
+        ids = [m["id"] for m in orjson.loads(await r.read())["data"]]
+    # Every pool's servers (all serve BASE) and every InferenceModel's public name.
+    assert ids == sorted({BASE, "food-review", "chat", "bulk", "ghost-model"})
+    async with stack.http.get(stack.url(path="/v1/models/food-review")) as r:
+        assert r.status == 200
+        assert orjson.loads(await r.read())["parent"] == BASE
+
+
+async def test_administrative_routes_are_refused(stack: Stack) -> None:
+    for path in ("/v1/load_lora_adapter", "/reset_prefix_cache", "/admin/faults", "/health"):
+        body = {"lora_name": "evil", "lora_path": "/tmp/evil"}
+        async with stack.http.post(stack.url(path=path), json=body) as r:
+            assert r.status == 404, path
+            assert SERVED not in r.headers  # no replica saw it
+            assert orjson.loads(await r.read())["error"]["code"] == "not_found"
+        async with stack.http.get(stack.url(path=path)) as r:  # without a body too
+            assert r.status == 404, path
+    assert all(not replica.loras for replica in stack.main.replicas)
 
 
 # ---------------------------------------------------------------------------- refusals

@@ -71,9 +71,9 @@ async def test_unknown_model_and_unknown_path_are_404(sim_cluster: Any, picker: 
     assert out.status == 404
     assert out.body["error"]["code"] == "model_not_found"
     assert "no-such-model" in out.body["error"]["message"]
-    out = await refused(p, request_headers("/v1/embeddings"), request_body(completion()))
+    out = await refused(p, request_headers("/v1/load_lora_adapter"), request_body(completion()))
     assert out.status == 404
-    assert "/v1/embeddings" in out.body["error"]["message"]
+    assert "administrative" in out.body["error"]["message"]
 
 
 async def test_body_over_the_limit_is_a_413_as_soon_as_it_is_known(
@@ -147,7 +147,7 @@ async def test_no_eligible_endpoint_is_a_503(sim_cluster: Any, picker: Any) -> N
     assert out.status == 503
     assert out.body["error"]["code"] == "no_endpoint"
     # Without a body too.
-    out = await refused(p, request_headers("/v1/models", method="GET", end_of_stream=True))
+    out = await refused(p, request_headers("/v1/responses/r1", method="GET", end_of_stream=True))
     assert out.status == 503
 
 

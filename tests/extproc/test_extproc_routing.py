@@ -195,30 +195,6 @@ async def test_streamed_mode_asks_envoy_to_buffer(sim_cluster: Any, picker: Any)
         ex.cancel()
 
 
-async def test_request_without_body_goes_to_the_least_loaded_endpoint(
-    sim_cluster: Any, picker: Any
-) -> None:
-    cluster = await sim_cluster(replicas=2)
-    p = await picker(cluster)
-    busy = p.runtime.datastore.all_endpoints()[0]
-    busy.inflight.requests += 5
-    try:
-        ex = p.exchange()
-        await ex.send(request_headers("/v1/models", method="GET", end_of_stream=True))
-        (answer,) = await ex.recv()
-        sent = set_headers(answer)
-        assert sent[DESTINATION] != busy.address
-        assert sent[DESTINATION] in p.addresses()
-        assert metadata_destination(answer) == sent[DESTINATION]
-        # The response passes through untouched.
-        await ex.send(response_headers(), response_body(b'{"data": []}'))
-        answers = await ex.recv(2)
-        assert streamed(answers, "response_body") == b'{"data": []}'
-        await ex.finish()
-    finally:
-        busy.inflight.requests -= 5
-
-
 async def test_header_values_from_older_envoy_releases(sim_cluster: Any, picker: Any) -> None:
     cluster = await sim_cluster(replicas=1)
     p = await picker(cluster, docs=[model_doc("food-review", {BASE: 1})])

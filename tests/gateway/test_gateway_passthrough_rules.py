@@ -6,9 +6,9 @@ import pytest
 
 from sluicegate.datalayer.endpoint import Endpoint, ServedModels
 from sluicegate.errors import GatewayError
-from sluicegate.gateway.models_list import model_entries, model_entry
-from sluicegate.gateway.passthrough import check_passed, generates
 from sluicegate.requestcontrol.models import ModelRoute
+from sluicegate.requestcontrol.models_list import model_entries, model_entry
+from sluicegate.requestcontrol.routes import check_passed, generates
 
 
 @pytest.mark.parametrize(

@@ -234,15 +234,29 @@ def trailers_response(phase: str) -> Any:
 def immediate_response(error: GatewayError, request_id: str | None = None) -> Any:
     """The client's answer for a decision the picker made itself (an OpenAI-style JSON
     error body, ``Retry-After`` when shedding, ``x-sluicegate-dropped-reason``)."""
-    headers = {"content-type": "application/json", **error.headers()}
+    details = f"sluicegate_{error.reason}".replace("-", "_").replace(" ", "_")[:100]
+    status = error.status if error.status in _STATUS_CODES else 500
+    return immediate_answer(status, error.body(), request_id, error.headers(), details)
+
+
+def immediate_answer(
+    status: int,
+    body: bytes,
+    request_id: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    details: str = "sluicegate",
+) -> Any:
+    """An answer the picker gives itself instead of an upstream's: ``status``, a JSON
+    ``body`` (``content-type: application/json``) and ``headers``."""
+    sent = {"content-type": "application/json", **(headers or {})}
     if request_id:
-        headers["x-request-id"] = request_id
+        sent["x-request-id"] = request_id
     response = pb.ProcessingResponse()
     answer = response.immediate_response
-    answer.status.code = error.status if error.status in _STATUS_CODES else 500
-    fill_mutation(answer.headers, {k.lower(): v for k, v in headers.items()}, ())
-    answer.body = error.body()
-    answer.details = f"sluicegate_{error.reason}".replace("-", "_").replace(" ", "_")[:100]
+    answer.status.code = status
+    fill_mutation(answer.headers, {k.lower(): v for k, v in sent.items()}, ())
+    answer.body = body
+    answer.details = details
     return response
 
 

@@ -3,14 +3,21 @@
 Request side (as GIE's https://github.com/kubernetes-sigs/gateway-api-inference-extension/blob/1748e829/pkg/epp/handlers/server.go):
 
 - ``request_headers``: record them. Without a body (``end_of_stream``, e.g. ``GET
-  /v1/models``) the request goes at once to the least-loaded ready endpoint. Otherwise:
+  /v1/responses/{id}``) the request is decided at once, as one with an empty body, and
+  the answer is a headers response alone. Otherwise:
   in FULL_DUPLEX_STREAMED mode nothing is answered yet; in BUFFERED mode the headers are
   let through (Envoy holds them until the body is answered); in the other modes
   (STREAMED, BUFFERED_PARTIAL, NONE) Envoy would send the headers upstream before the body
   could be read, so the picker asks it to buffer the body instead (``mode_override``,
   which Envoy honours with ``allow_mode_override: true``).
 - ``request_body``: buffered, at most ``max_body_bytes`` (more is a 413). At its end (or
-  at the request trailers) the body is parsed, the runtime routes it, and the answer goes
+  at the request trailers) the request is decided. Paths follow the gateway's rules
+  (:mod:`sluicegate.requestcontrol.routes`): ``POST /v1/completions`` and
+  ``/v1/chat/completions`` are parsed as such (one dict lookup: the hot path); ``GET
+  /v1/models`` and ``/v1/models/{id}`` are answered by the picker with the fleet's merged
+  list (:mod:`sluicegate.requestcontrol.models_list`); any other passed path is parsed by
+  :func:`~sluicegate.requestcontrol.parse.parse_other`; a refused one is the gateway's
+  404. The runtime routes the parsed request, and the answer goes
   back: the destination header and ``envoy.lb`` metadata, ``X-Gateway-Model-Name``,
   ``Content-Length``, the control headers removed, ``clear_route_cache``; then the body
   (rewritten when the target model differs) in pieces of at most 62,000 bytes. The
@@ -19,7 +26,7 @@ Request side (as GIE's https://github.com/kubernetes-sigs/gateway-api-inference-
   ``x-request-id`` is replaced when absent or unusable (see
   :func:`~sluicegate.requestcontrol.ids.request_id_from`).
 - every refusal is an ``ImmediateResponse`` with the status and OpenAI-style body the
-  standalone gateway would send (400, 404, 413, 429, 503; 500 for faults).
+  standalone gateway would send (400, 404, 405, 413, 429, 503; 500 for faults).
 
 Response side: the status, the endpoint that served it (when the proxy says), the first
 body byte (TTFT), usage and token events, the model name restored; the runtime is told the
@@ -36,6 +43,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from sluicegate.errors import GatewayError, no_endpoint
 from sluicegate.extproc.metrics import ExtProcMetrics
 from sluicegate.extproc.protocol import (
@@ -50,6 +59,7 @@ from sluicegate.extproc.protocol import (
     buffer_request_body,
     header_dict,
     headers_response,
+    immediate_answer,
     immediate_response,
     mode_name,
     pick_headers,
@@ -61,13 +71,20 @@ from sluicegate.extproc.protocol import (
 from sluicegate.extproc.response import DEFAULT_BUFFER_LIMIT, ResponseRelay
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.ids import request_id_from
+from sluicegate.requestcontrol.models_list import (
+    MODEL_PREFIX,
+    MODELS_PATH,
+    model_entries,
+    model_entry,
+)
 from sluicegate.requestcontrol.parse import (
     CONTROL_HEADERS,
-    RequestKind,
+    parse_other,
     parse_request,
     without_routing_headers,
 )
 from sluicegate.requestcontrol.responses import Usage
+from sluicegate.requestcontrol.routes import GENERATION_ROUTES, check_passed, generates
 from sluicegate.runtime import Runtime
 
 log = logging.getLogger("sluicegate.extproc")
@@ -91,16 +108,6 @@ class StreamSettings:
     accepting: Callable[[], bool] | None = None
     """False while the picker cannot route yet (Kubernetes discovery not synced): every
     request is then a 503."""
-
-
-def request_kind(path: str) -> RequestKind | None:
-    """``chat`` for ``…/chat/completions``, ``completions`` for ``…/completions``."""
-    path = path.split("?", 1)[0].rstrip("/")
-    if path.endswith("/chat/completions"):
-        return "chat"
-    if path.endswith("/completions"):
-        return "completions"
-    return None
 
 
 class ExtProcStream:
@@ -156,7 +163,9 @@ class ExtProcStream:
         if kind == "response_body":
             return self._response_body(message.response_body)
         if kind == "request_headers":
-            return self._request_headers(message)
+            answer = self._request_headers(message)
+            # None: the headers ended the request, which is decided now.
+            return answer if answer is not None else await self._decide(False, bodyless=True)
         if kind == "response_headers":
             return self._response_headers(message)
         if kind == "request_trailers":
@@ -200,7 +209,7 @@ class ExtProcStream:
 
     # ------------------------------------------------------------------ request
 
-    def _request_headers(self, message: Any) -> list[Any]:
+    def _request_headers(self, message: Any) -> list[Any] | None:
         self._started = time.perf_counter()
         if message.HasField("protocol_config"):
             config = message.protocol_config
@@ -214,7 +223,7 @@ class ExtProcStream:
         if self.settings.accepting is not None and not self.settings.accepting():
             return self._refuse(no_endpoint("the endpoint picker has not synced its pool yet"))
         if message.request_headers.end_of_stream:
-            return self._route_bodyless()
+            return None
         if self._request_mode == FULL_DUPLEX_STREAMED:
             return []
         if self._request_mode == BUFFERED:
@@ -259,26 +268,34 @@ class ExtProcStream:
             return answer
         return [*answer, trailers_response("request_trailers")]
 
-    async def _decide(self, ended_by_trailers: bool) -> list[Any]:
-        """Parse, route and answer with the destination (or refuse)."""
+    async def _decide(self, ended_by_trailers: bool, bodyless: bool = False) -> list[Any]:
+        """Parse, route and answer with the destination (or refuse, or answer the model
+        list). ``bodyless``: the request headers ended the request."""
         raw = bytes(self._body)
         self._body = bytearray()
         headers: Mapping[str, str] = self._headers
         try:
-            kind = request_kind(headers.get(":path", ""))
-            if kind is None:
+            method = headers.get(":method", "GET")
+            path = headers.get(":path", "").partition("?")[0]
+            kind = GENERATION_ROUTES.get(path)
+            if kind is None:  # off the hot path: the rules the gateway routes by
+                if path == MODELS_PATH or path.startswith(MODEL_PREFIX):
+                    return self._model_list(method, path)
+                check_passed(method, path)  # a 404 for a path not passed through
+                kind = "other"
+            elif method != "POST":
                 raise GatewayError(
-                    404,
-                    f"{headers.get(':method', '?')} {headers.get(':path', '?')} is not routed "
-                    "by the endpoint picker (POST /v1/completions, /v1/chat/completions)",
-                    code="not_found",
-                    reason="unknown-path",
+                    405, f"{path} takes POST, not {method}", code="method_not_allowed"
                 )
             # Routing-control headers count only when the proxy vouches for them
             # (trustControlHeaders); either way they are removed before going upstream.
             if not self.runtime.config.gateway.trust_control_headers:
                 headers = without_routing_headers(headers)
-            parsed = parse_request(kind, raw, headers)
+            parsed = (
+                parse_other(raw, headers, generates(path))
+                if kind == "other"
+                else parse_request(kind, raw, headers)
+            )
             dispatch = await self.runtime.acquire(
                 parsed, self.request_id, headers, self._started, self._subset
             )
@@ -292,15 +309,15 @@ class ExtProcStream:
                 *(e.address for e in dispatch.fallbacks[: self.settings.fallback_endpoints]),
             ]
         )
-        set_headers = {
-            DESTINATION_HEADER: destination,
-            MODEL_NAME_HEADER: parsed.model,
-            "content-length": str(len(body)),
-        }
+        set_headers = {DESTINATION_HEADER: destination}
+        if parsed.model:  # not for a model-less pass-through
+            set_headers[MODEL_NAME_HEADER] = parsed.model
+        if not bodyless:
+            set_headers["content-length"] = str(len(body))
         if self._generated_id:
             set_headers["x-request-id"] = self.request_id
         remove = [h for h in _REMOVABLE if h in self._headers]
-        if self._request_mode == FULL_DUPLEX_STREAMED:
+        if bodyless or self._request_mode == FULL_DUPLEX_STREAMED:
             answer = [
                 headers_response(
                     "request_headers",
@@ -309,7 +326,7 @@ class ExtProcStream:
                     clear_route_cache=True,
                     destination=destination,
                 ),
-                *streamed_body("request_body", body, not ended_by_trailers),
+                *(() if bodyless else streamed_body("request_body", body, not ended_by_trailers)),
             ]
         else:  # BUFFERED: the headers wait for this answer; the body is replaced whole
             answer = [
@@ -327,31 +344,19 @@ class ExtProcStream:
         self.decided = True
         return answer
 
-    def _route_bodyless(self) -> list[Any]:
-        """A request without a body (``GET /v1/models``, health checks): the ready
-        endpoint with the fewest requests in flight, without scheduling or accounting."""
-        allowed = None if self._subset is None else frozenset(self._subset)
-        ready = [
-            e
-            for e in self.runtime.datastore.all_endpoints()
-            if not e.health.ejected and (allowed is None or e.address in allowed)
-        ]
-        if not ready:
-            return self._refuse(no_endpoint())
-        endpoint = min(ready, key=lambda e: e.inflight.requests)
+    def _model_list(self, method: str, path: str) -> list[Any]:
+        """``GET /v1/models`` and ``/v1/models/{id}``: the fleet's merged list, answered by
+        the picker itself as the gateway answers it (no server has the whole list)."""
+        if method not in ("GET", "HEAD"):
+            raise GatewayError(405, f"{path} takes GET, not {method}", code="method_not_allowed")
+        endpoints = self.runtime.datastore.all_endpoints()
+        routes = self.runtime.director.models.routes
+        if path == MODELS_PATH:
+            body = orjson.dumps({"object": "list", "data": model_entries(endpoints, routes)})
+        else:
+            body = orjson.dumps(model_entry(path, endpoints, routes))
         self.decided = True
-        set_headers = {DESTINATION_HEADER: endpoint.address}
-        if self._generated_id:
-            set_headers["x-request-id"] = self.request_id
-        return [
-            headers_response(
-                "request_headers",
-                set_headers,
-                [h for h in _REMOVABLE if h in self._headers],
-                clear_route_cache=True,
-                destination=endpoint.address,
-            )
-        ]
+        return [immediate_answer(200, body, self.request_id, details="sluicegate_model_list")]
 
     def _refuse(self, error: GatewayError) -> list[Any]:
         self.decided = True

@@ -2,12 +2,12 @@
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (parsed, scheduled and
 proxied), ``GET /v1/models`` and ``GET /v1/models/{id}`` (the fleet's own list,
-:mod:`sluicegate.gateway.models_list`), ``GET /metrics``, ``GET /health`` (alive),
+:mod:`sluicegate.requestcontrol.models_list`), ``GET /metrics``, ``GET /health`` (alive),
 ``GET /ready`` (some endpoint can take traffic); ``HEAD`` wherever ``GET`` is. Every other
 path the servers' API namespaces hold (embeddings, the Responses API, tokenize, rerank,
 audio...) is passed through — the same scheduling, retries, metrics and streaming as
 completions, to the pool serving the body's ``model`` — unless it is one of the servers'
-administrative routes (:mod:`sluicegate.gateway.passthrough` says which). The route table
+administrative routes (:mod:`sluicegate.requestcontrol.routes` says which). The route table
 is one dict lookup; only a miss looks further. Everything the gateway decides itself is
 answered with an OpenAI-style error body (see :mod:`sluicegate.errors`); an unexpected
 fault is logged and answered 500 without taking the server down.
@@ -38,12 +38,16 @@ from sluicegate.datalayer.collector import Collector
 from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.errors import GatewayError
 from sluicegate.gateway.http import HttpServer, Refusal, Request, Responder
-from sluicegate.gateway.models_list import MODEL_PREFIX, MODELS_PATH, model_entries, model_entry
-from sluicegate.gateway.passthrough import check_passed, generates
 from sluicegate.gateway.proxy import Proxy, ProxySettings, upstream_headers
 from sluicegate.live_metrics import ClientConnections
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.ids import request_id_from
+from sluicegate.requestcontrol.models_list import (
+    MODEL_PREFIX,
+    MODELS_PATH,
+    model_entries,
+    model_entry,
+)
 from sluicegate.requestcontrol.parse import (
     CONTROL_HEADERS,
     ROUTING_HEADERS,
@@ -52,6 +56,7 @@ from sluicegate.requestcontrol.parse import (
     parse_request,
     without_routing_headers,
 )
+from sluicegate.requestcontrol.routes import GENERATION_ROUTES, check_passed, generates
 from sluicegate.runtime import Runtime, RuntimeOptions
 from sluicegate.upstream import UpstreamPool
 
@@ -147,8 +152,10 @@ class Gateway:
         self._keys = _Keys((), ())
         self._keys_of: Config | None = None
         self._routes: dict[str, tuple[str, Route]] = {
-            "/v1/completions": ("POST", partial(self._generate, kind="completions")),
-            "/v1/chat/completions": ("POST", partial(self._generate, kind="chat")),
+            **{
+                path: ("POST", partial(self._generate, kind=kind))
+                for path, kind in GENERATION_ROUTES.items()
+            },
             MODELS_PATH: ("GET", self._models),
             "/metrics": ("GET", self._metrics),
             "/health": ("GET", self._health),
@@ -328,7 +335,7 @@ class Gateway:
 
     def _other_route(self, request: Request) -> tuple[str, Route]:
         """The route of a path outside the table: one model's entry, or a pass-through
-        (any method) if :func:`~sluicegate.gateway.passthrough.check_passed` allows it."""
+        (any method) if :func:`~sluicegate.requestcontrol.routes.check_passed` allows it."""
         path = request.path
         if path.startswith(MODEL_PREFIX):
             return "GET", self._model

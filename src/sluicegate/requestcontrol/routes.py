@@ -1,12 +1,15 @@
-"""Which paths the gateway passes through to the model servers, as they are.
+"""Which paths the hosts route to the model servers: the rules both the standalone gateway
+and the Envoy endpoint picker apply, so the two route the same paths alike.
 
-Besides the routes it answers itself, the gateway forwards the inference routes of the
-servers it fronts — embeddings, the Responses API, tokenize, pooling, scoring, audio —
-through the same scheduling, flow control, retries and metrics as completions. It does
-*not* forward a server's administrative routes: vLLM serves, next to its API, routes that
-change the server (``/v1/load_lora_adapter``, ``/reset_prefix_cache``, ``/sleep``,
-``/pause``, ``/update_weights``, ``/collective_rpc``, ...; see ``vllm/entrypoints/serve/``
-in https://github.com/vllm-project/vllm), and their number grows with every release.
+The two generation routes (:data:`GENERATION_ROUTES`) are parsed as vLLM checks them.
+Besides them and the routes a host answers itself (the model list), the hosts send on the
+inference routes of the servers they front — embeddings, the Responses API, tokenize,
+pooling, scoring, audio — through the same scheduling, flow control and metrics as
+completions. They do *not* send on a server's administrative routes: vLLM serves, next
+to its API, routes that change the server (``/v1/load_lora_adapter``,
+``/reset_prefix_cache``, ``/sleep``, ``/pause``, ``/update_weights``, ``/collective_rpc``,
+...; see ``vllm/entrypoints/serve/`` in https://github.com/vllm-project/vllm), and their
+number grows with every release.
 
 So the rule is an allow-list of namespaces with a deny-list inside them, not a deny-list
 of everything: a route vLLM adds tomorrow outside the API namespaces stays unreachable
@@ -26,7 +29,16 @@ refuses at least what they would serve).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from sluicegate.errors import GatewayError
+from sluicegate.requestcontrol.parse import RequestKind
+
+GENERATION_ROUTES: Mapping[str, RequestKind] = {
+    "/v1/completions": "completions",
+    "/v1/chat/completions": "chat",
+}
+"""The paths parsed as completions and chat; every other passed path is ``other``."""
 
 PASSED_PREFIXES = ("/v1/", "/v2/")
 """The API namespaces passed through (minus :data:`DENIED_ROUTES`)."""
@@ -61,8 +73,8 @@ def check_passed(method: str, path: str) -> None:
     if lowered in DENIED_ROUTES or "/admin/" in lowered or lowered.endswith("/admin"):
         raise GatewayError(
             404,
-            f"{method} {path} is an administrative route of the model servers: the gateway "
-            "does not pass it through",
+            f"{method} {path} is an administrative route of the model servers: it is not "
+            "passed through",
             code="not_found",
         )
     if lowered.startswith(PASSED_PREFIXES) or lowered in TOP_LEVEL_ROUTES:
@@ -82,4 +94,11 @@ def _canonical(path: str) -> bool:
     return not any(segment in (".", "..") for segment in path.split("/"))
 
 
-__all__ = ["DENIED_ROUTES", "PASSED_PREFIXES", "TOP_LEVEL_ROUTES", "check_passed", "generates"]
+__all__ = [
+    "DENIED_ROUTES",
+    "GENERATION_ROUTES",
+    "PASSED_PREFIXES",
+    "TOP_LEVEL_ROUTES",
+    "check_passed",
+    "generates",
+]
