@@ -378,13 +378,6 @@ class Runtime:
             if not e.health.ejected and not e.is_stale(now, self.staleness_s)
         )
 
-    def model_names(self) -> list[str]:
-        """Public model names and every model or adapter an endpoint reports serving."""
-        names = set(self.director.models.public_names())
-        for endpoint in self.datastore.all_endpoints():
-            names |= endpoint.models.base_models | endpoint.models.adapters
-        return sorted(names)
-
     # ------------------------------------------------------------------ flow control
 
     async def _wait(self, item: QueueItem, ticket: _Waiter) -> Dispatch:
