@@ -43,7 +43,10 @@ UNKNOWN_MODEL_LABEL = "_unknown"
 """``model_name`` of requests refused because no endpoint serves the model they named."""
 ANY_MODEL_LABEL = "_any"
 """``model_name`` of rewrite decisions by a rule without ``matches``: such a rule takes
-any name a client sends, so the name is not a label (configured names only are)."""
+any name a client sends, so the name is not a label (configured names only are); also
+the ``model_name`` of the requests only such a rule takes."""
+NO_MODEL_LABEL = "_none"
+"""``model_name`` of model-less requests (passed-through routes whose body names none)."""
 
 
 class GatewayMetrics:
@@ -432,6 +435,7 @@ class PredictionSeries:
 
 __all__ = [
     "ANY_MODEL_LABEL",
+    "NO_MODEL_LABEL",
     "UNKNOWN_MODEL_LABEL",
     "GatewayMetrics",
     "ModelSeries",

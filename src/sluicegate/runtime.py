@@ -30,7 +30,7 @@ from sluicegate.datalayer.outlier import OutlierDetector, OutlierSettings, Resul
 from sluicegate.datalayer.pools import EndpointsByPool, static_endpoints, sync_pools
 from sluicegate.errors import GatewayError
 from sluicegate.flowcontrol.config import FlowControlSetup, build_flow_control
-from sluicegate.flowcontrol.observe import band_flows, queue_outcome
+from sluicegate.flowcontrol.observe import FairnessLabels, band_flows, queue_outcome
 from sluicegate.framework import (
     PREDICTION_OUTCOME,
     PREDICTIONS,
@@ -134,6 +134,7 @@ class Runtime:
             self._flow_state,
             names=config.gateway.metrics_names,
         )
+        self._fairness_label = FairnessLabels()
         self.director.on_enqueue = self._observe_enqueue
         self.director.on_dispatch_cycle = self.metrics.dispatch_cycle.observe
         self._time_plugins(self.built)
@@ -330,7 +331,11 @@ class Runtime:
             metrics.refused.labels(exc.reason).inc()
             # A model nothing serves is the client's word: one label for all of them, so
             # made-up names cannot use up the label sets real models' errors need.
-            model = UNKNOWN_MODEL_LABEL if exc.reason == "unknown-model" else parsed.model
+            model = (
+                UNKNOWN_MODEL_LABEL
+                if exc.reason == "unknown-model"
+                else self.director.models.label(parsed.model)
+            )
             metrics.errors.labels(model, "", str(exc.status)).inc()
             if exc.detail:
                 self._log_refusal(exc)
@@ -339,7 +344,7 @@ class Runtime:
         match = dispatch.state.get(PREFIX_MATCH)
         if match is not None and match.hashes:
             metrics.prefix_hit_ratio.observe(match.score(dispatch.endpoint.name))
-        series = metrics.model_series(parsed.model, dispatch.request.target_model)
+        series = metrics.model_series(dispatch.request.model_label, dispatch.request.target_model)
         series.requests.inc()
         series.running.inc()
         series.request_sizes.observe(dispatch.request.body_bytes)
@@ -360,11 +365,11 @@ class Runtime:
         ok = 200 <= status < 400
         dispatch.finish(self.clock.now(), usage.output_tokens if usage and ok else None, ok)
         request = dispatch.request
-        self.metrics.model_series(request.model, request.target_model).running.dec()
+        self.metrics.model_series(request.model_label, request.target_model).running.dec()
         if ok:
             self._observe(dispatch, usage or Usage())
         elif status:
-            self.metrics.errors.labels(request.model, request.target_model, str(status)).inc()
+            self.metrics.errors.labels(request.model_label, request.target_model, str(status)).inc()
         if self.director.controllers():
             self.director.pump()  # its place may be someone else's now
             self._arm_expiry()
@@ -401,11 +406,11 @@ class Runtime:
         refusal's)."""
         request = item.request
         self.metrics.queue_wait.labels(
-            request.fairness_id,
+            self._fairness_label(request.fairness_id),
             str(request.priority),
             queue_outcome(reason, queued=True),
             pool,
-            request.model,
+            request.model_label,
             request.target_model,
         ).observe(self.clock.now() - item.enqueued_at)
 
@@ -415,14 +420,15 @@ class Runtime:
         request = admitted.request
         priority = str(request.priority)
         outcome = "NotYetFinalized" if refused is None else queue_outcome(refused, queued=False)
-        self.metrics.enqueue_duration.labels(request.fairness_id, priority, outcome).observe(took_s)
+        fairness = self._fairness_label(request.fairness_id)
+        self.metrics.enqueue_duration.labels(fairness, priority, outcome).observe(took_s)
         if refused is not None:
             self.metrics.queue_wait.labels(
-                request.fairness_id,
+                fairness,
                 priority,
                 outcome,
                 admitted.pool.name,
-                request.model,
+                request.model_label,
                 request.target_model,
             ).observe(0.0)
 
@@ -463,9 +469,13 @@ class Runtime:
                 self._warned_empty.discard(name)
             elif name not in self._warned_empty:
                 self._warned_empty.add(name)
+                resource = self.config.pools.get(name)
+                labels = resource.spec.match_labels if resource is not None else {}
+                selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
                 log.warning(
-                    "InferencePool '%s' has no endpoints, so its requests are answered 503: %s",
+                    "InferencePool '%s'%s has no endpoints, so its requests are answered 503: %s",
                     name,
+                    f" (selector {selector})" if selector else "",
                     pool.empty_hint,
                 )
 
@@ -508,7 +518,7 @@ class Runtime:
         if outcome.status != "predicted":
             return
         request = dispatch.request
-        series = metrics.prediction_series(request.model, request.target_model)
+        series = metrics.prediction_series(request.model_label, request.target_model)
         # One batched call predicts both targets: its duration is each one's (as GIE does).
         series.ttft_duration.observe(outcome.duration_s)
         chosen = (dispatch.state.get(PREDICTIONS) or {}).get(dispatch.endpoint.name)
@@ -520,7 +530,7 @@ class Runtime:
             series.predicted_tpot.observe(chosen.tpot_ms / 1000.0)
 
     def _observe(self, dispatch: Dispatch, usage: Usage) -> None:
-        m = self.metrics.model_series(dispatch.request.model, dispatch.request.target_model)
+        m = self.metrics.model_series(dispatch.request.model_label, dispatch.request.target_model)
         finished = dispatch.finished_at or self.clock.now()
         e2e = finished - dispatch.request.arrival
         m.duration.observe(e2e)
@@ -530,12 +540,12 @@ class Runtime:
             ttft = dispatch.first_byte_at - request.arrival
             m.ttft.observe(ttft)
             if request.slo_ttft_ms is not None and ttft * 1000.0 > request.slo_ttft_ms:
-                self._slo_violated(request.model, request.target_model, "ttft")
+                self._slo_violated(request.model_label, request.target_model, "ttft")
             if output_tokens > 1:
                 tpot = (e2e - ttft) / (output_tokens - 1)
                 m.tpot.observe(tpot)
                 if request.slo_tpot_ms is not None and tpot * 1000.0 > request.slo_tpot_ms:
-                    self._slo_violated(request.model, request.target_model, "tpot")
+                    self._slo_violated(request.model_label, request.target_model, "tpot")
         if usage.prompt_tokens is not None:
             m.input_tokens.observe(usage.prompt_tokens)
         if output_tokens:

@@ -30,7 +30,7 @@ from sluicegate.framework import (
 from sluicegate.requestcontrol.director import Director
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.models import ModelTable
-from sluicegate.requestcontrol.parse import parse_request
+from sluicegate.requestcontrol.parse import parse_other, parse_request
 from sluicegate.scheduling.config import build_scheduler, load_preset
 
 REGISTRY = default_registry()
@@ -604,3 +604,16 @@ def test_a_queued_request_keeps_its_admission_state() -> None:
     assert dispatch.state.get(PREFIX_MATCH) is not None  # producers ran again
     env.finish_all()
     env.assert_balanced()
+
+
+def test_a_queued_model_less_request_is_not_unservable() -> None:
+    # Every endpoint has listed its models; a request without a model (POST /tokenize
+    # without one) serves on any of them, so a model-list change must not refuse it.
+    env = FlowEnv(gated())
+    parsed = parse_other(b'{"text": "hello"}', {"content-type": "application/json"}, False)
+    admitted = env.director.admit(parsed, "model-less", {})
+    item = env.director.submit(admitted, _Recorder(env, "model-less"), None)
+    assert isinstance(item, QueueItem)
+    assert item.state is ItemState.QUEUED
+    assert env.director.reject_unservable() == 0
+    assert env.rejected == []

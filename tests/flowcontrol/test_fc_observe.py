@@ -3,7 +3,13 @@ that stay bounded whatever fairness ids clients send."""
 
 from __future__ import annotations
 
-from sluicegate.flowcontrol.observe import MAX_FLOW_SERIES, band_flows, queue_outcome
+from sluicegate.flowcontrol.observe import (
+    MAX_FAIRNESS_LABELS,
+    MAX_FLOW_SERIES,
+    FairnessLabels,
+    band_flows,
+    queue_outcome,
+)
 from sluicegate.framework import LLMRequest, QueueItem
 from sluicegate.framework.queues import Band, BandLimits
 from sluicegate.instruments import OVERFLOW_LABEL
@@ -50,3 +56,12 @@ def test_flows_past_the_limit_are_summed_under_other() -> None:
     assert kept[OVERFLOW_LABEL] == 50
     assert sum(n for _, _, n, _ in flows) == seq
     assert sum(b for *_, b in flows) == seq * 10
+
+
+def test_fairness_labels_are_bounded() -> None:
+    label = FairnessLabels()
+    ids = [f"tenant-{i}" for i in range(MAX_FAIRNESS_LABELS + 50)]
+    labels = [label(i) for i in ids]
+    assert labels[:MAX_FAIRNESS_LABELS] == ids[:MAX_FAIRNESS_LABELS]
+    assert set(labels[MAX_FAIRNESS_LABELS:]) == {OVERFLOW_LABEL}
+    assert label("tenant-0") == "tenant-0"  # a known id keeps its label

@@ -59,6 +59,16 @@ def test_passed(path: str) -> None:
         "/v1//load_lora_adapter",
         "/v1\\load_lora_adapter",
         "/tokenize/x",
+        # Servers drop a fragment and a ';' parameter before routing (aiohttp, uvicorn):
+        # the route behind them must be judged, so such paths are refused whole.
+        "/v1/load_lora_adapter#x",
+        "/v1/chat/completions#",
+        "/v1/load_lora_adapter;x",
+        "/v1/load_lora_adapter/",
+        "/v1/admin/",
+        "/v1/load_lora_adapter ",
+        "/v1/models:x",
+        "v1/embeddings",
     ],
 )
 def test_refused(path: str) -> None:

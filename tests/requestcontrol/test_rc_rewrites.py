@@ -11,7 +11,9 @@ import pytest
 
 from sluicegate.api.loader import build_config
 from sluicegate.errors import GatewayError
+from sluicegate.metrics import ANY_MODEL_LABEL, NO_MODEL_LABEL
 from sluicegate.requestcontrol.models import ModelTable
+from sluicegate.requestcontrol.parse import parse_other
 
 REWRITE_HEADER = "x-gateway-model-name-rewrite"
 
@@ -154,6 +156,35 @@ def test_generic_rule_rewrites_every_other_name(route_env: Any, pool_doc: Any) -
     d = env.route({"model": "whatever-the-client-says", "prompt": "x"})
     assert d.request.target_model == "base"
     assert orjson.loads(d.body)["model"] == "base"
+
+
+def test_generic_rule_leaves_model_less_requests_alone(route_env: Any, pool_doc: Any) -> None:
+    # A passed-through route without 'model' (POST /tokenize {"prompt": ...}) has no model
+    # to rewrite: a catch-all rule must not try (it used to raise a 500).
+    env = route_env([pool_doc(), rewrite_doc("all", [([], {"base": None})])])
+    env.scrape_all()
+    for i in range(3):
+        env.serve(i, base=["base"])
+    parsed = parse_other(b'{"prompt": "hello"}', {"content-type": "application/json"}, False)
+    d = env.director.route(parsed, "model-less", {})
+    assert (d.request.model, d.request.target_model, d.body) == ("", "", None)
+    assert d.request.model_label == NO_MODEL_LABEL
+
+
+def test_names_only_a_generic_rule_takes_are_one_metrics_label(
+    route_env: Any, pool_doc: Any
+) -> None:
+    env = route_env(
+        [pool_doc(), rewrite_doc("all", [(["named"], {"base": None}), ([], {"base": None})])]
+    )
+    env.scrape_all()
+    for i in range(3):
+        env.serve(i, base=["base"])
+    labels = {
+        env.route({"model": name, "prompt": "x"}).request.model_label
+        for name in ("named", *(f"made-up-{i}" for i in range(20)))
+    }
+    assert labels == {"named", ANY_MODEL_LABEL}
 
 
 def test_rewrite_to_a_target_no_endpoint_lists_is_a_503(route_env: Any, pool_doc: Any) -> None:

@@ -50,3 +50,18 @@ def test_whole_answers_of_other_routes() -> None:
     tokenize = ResponseStats()
     tokenize.observe_json({"count": 2, "tokens": [1, 2]})
     assert tokenize.prompt_tokens is None
+
+
+def test_usage_fields_that_are_not_counts_are_ignored() -> None:
+    # A server's junk must not become a negative TPOT or a True-token histogram sample.
+    stats = ResponseStats()
+    stats.observe_json(
+        {
+            "usage": {
+                "prompt_tokens": True,
+                "completion_tokens": -3,
+                "prompt_tokens_details": {"cached_tokens": 1.5},
+            }
+        }
+    )
+    assert (stats.prompt_tokens, stats.completion_tokens, stats.cached_tokens) == (None, None, None)

@@ -6,11 +6,14 @@ import itertools
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sluicegate.bench.extras import PLOTS, bench_extra
 from sluicegate.bench.goals import check
 from sluicegate.bench.scenarios import Scenario
+
+if TYPE_CHECKING:  # matplotlib is an optional extra, imported when plotting
+    from matplotlib.axes import Axes
 
 
 def run_label(run: dict[str, Any]) -> str:
@@ -193,7 +196,7 @@ def _offsets(count: int, spread: float) -> list[float]:
 
 
 def _panel(
-    ax: Any,
+    ax: Axes,
     series: dict[str, list[dict[str, Any]]],
     levels: list[float],
     getters: Sequence[tuple[str, Getter]],

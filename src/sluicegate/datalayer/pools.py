@@ -42,16 +42,18 @@ def static_endpoints(config: Config) -> dict[str, list[EndpointSpec]]:
 
 def empty_pool_hint(pool: InferencePool, discovered: bool) -> str:
     """What a pool without endpoints lacks, and the fix, in a few words: its endpoints
-    come from Kubernetes (``discovered``) or from its ``spec.endpoints`` list."""
-    labels = ",".join(f"{k}={v}" for k, v in sorted(pool.spec.match_labels.items()))
+    come from Kubernetes (``discovered``) or from its ``spec.endpoints`` list. Clients and
+    the open ``/health`` are told it, so it names no label, address or other detail of
+    the deployment (the start-up log line does)."""
+    selects = bool(pool.spec.match_labels)
     if discovered:
-        if not labels:
+        if not selects:
             return "its selector is empty, so it selects no pod"
-        return f"no Ready pod with an IP carries its selector's labels ({labels})"
+        return "no Ready pod with an IP carries its selector's labels"
     listed = "list the model servers under spec.endpoints (address: host:port)"
-    if labels:
+    if selects:
         return (
-            f"its selector ({labels}) is read only with --kubernetes; {listed}, "
+            f"its selector is read only with --kubernetes; {listed}, "
             "or run `sluicegate extproc --kubernetes` to find pods by its selector"
         )
     return f"{listed}, or give it a selector and run `sluicegate extproc --kubernetes`"

@@ -27,6 +27,32 @@ def band_flows(band: Band) -> list[tuple[int, str, int, int]]:
     return [(band.priority, flow, requests, nbytes) for flow, requests, nbytes in flows]
 
 
+MAX_FAIRNESS_LABELS = 32
+"""Fairness ids that get their own ``fairness_id`` label on the flow-control histograms."""
+
+
+class FairnessLabels:
+    """The ``fairness_id`` label of the flow-control histograms, bounded: the first
+    :data:`MAX_FAIRNESS_LABELS` ids seen keep their name, later ones are ``_other``.
+    Fairness ids are the client's word, and each id multiplies the histograms' series by
+    priorities × outcomes × pools × models: unbounded, made-up ids would use up the label
+    sets that real pools and models need."""
+
+    __slots__ = ("_known",)
+
+    def __init__(self) -> None:
+        self._known: set[str] = set()
+
+    def __call__(self, fairness_id: str) -> str:
+        known = self._known
+        if fairness_id in known:
+            return fairness_id
+        if len(known) < MAX_FAIRNESS_LABELS:
+            known.add(fairness_id)
+            return fairness_id
+        return OVERFLOW_LABEL
+
+
 _QUEUE_OUTCOMES = {
     "dispatched": "Dispatched",
     "cancelled": "EvictedContextCancelled",
@@ -45,4 +71,10 @@ def queue_outcome(reason: str, queued: bool) -> str:
     return "EvictedOther" if queued else "RejectedOther"
 
 
-__all__ = ["MAX_FLOW_SERIES", "band_flows", "queue_outcome"]
+__all__ = [
+    "MAX_FAIRNESS_LABELS",
+    "MAX_FLOW_SERIES",
+    "FairnessLabels",
+    "band_flows",
+    "queue_outcome",
+]

@@ -98,9 +98,16 @@ class LLMRequest:
     headers: Mapping[str, str] = field(default_factory=dict)
     """Request headers, lower-cased names."""
     body_bytes: int = 0
+    model_label: str = ""
+    """The ``model_name`` label of this request's metrics: ``model`` (the default), or a
+    placeholder when ``model`` is not a bounded name (see ``ModelTable.label``)."""
     prediction_based: bool = True
     """Whether the predicted-latency plugins may schedule it on latency predictions (the
     ``x-prediction-based-scheduling`` header, else the configured default)."""
+
+    def __post_init__(self) -> None:
+        if not self.model_label:
+            self.model_label = self.model
 
     @property
     def sheddable(self) -> bool:

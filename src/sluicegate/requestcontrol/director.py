@@ -155,7 +155,8 @@ class Director:
         ``subset`` (allowed ``host:port`` addresses) that names none of the pool's endpoints.
         """
         now = self.clock.now()
-        model_route = self.models.route(parsed.model)
+        # A model-less request (a passed-through route) has no model to route or rewrite.
+        model_route = self.models.route(parsed.model) if parsed.model else None
         pool_name = model_route.pool if model_route is not None else self.models.default_pool
         if pool_name is None:
             if not parsed.model:  # a passed-through route without a model
@@ -215,6 +216,7 @@ class Director:
             cache_salt=parsed.cache_salt,
             headers=headers or {},
             body_bytes=parsed.body_bytes,
+            model_label=self.models.label(parsed.model),
             prediction_based=(
                 self.prediction_default
                 if parsed.prediction_based is None
@@ -407,15 +409,19 @@ class Director:
             pool = self.datastore.pools.get(admitted.pool.name)
             if pool is None or not pool.endpoints:
                 doomed.append((item, entry, empty_pool(admitted.pool.name, pool)))
-            elif never_served(pool, admitted.request.target_model):
+            elif admitted.request.target_model and never_served(
+                pool, admitted.request.target_model
+            ):
                 model, target = admitted.request.model, admitted.request.target_model
                 doomed.append((item, entry, not_served(pool, model, target)))
+        answered = 0
         for item, entry, error in doomed:
             controller = self._controllers.get(entry.admitted.pool.name)
             if controller is not None and controller.cancel(item):
                 del self._waiting[item]
                 entry.ticket.rejected(item, error)
-        return len(doomed)
+                answered += 1
+        return answered
 
     def waiting_requests(self) -> int:
         """Requests queued in every pool (each leaves through its ticket or a cancel)."""

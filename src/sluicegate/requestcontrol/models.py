@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sluicegate.api.loader import Config
+from sluicegate.metrics import ANY_MODEL_LABEL, NO_MODEL_LABEL
 
 CRITICALITY_PRIORITY = {"Critical": 100, "Standard": 0, "Sheddable": -10}
 
@@ -119,6 +120,16 @@ class ModelTable:
     def route(self, public_name: str) -> ModelRoute | None:
         """The route of a requested name (see the module docstring), or None."""
         return self.routes.get(public_name) or self.generic
+
+    def label(self, public_name: str) -> str:
+        """The ``model_name`` metrics label for a requested name: the name itself, except
+        :data:`NO_MODEL_LABEL` for a request without one and :data:`ANY_MODEL_LABEL` for a
+        name only a catch-all rewrite takes (any string a client sends: never a label)."""
+        if not public_name:
+            return NO_MODEL_LABEL
+        if self.generic is not None and public_name not in self.routes:
+            return ANY_MODEL_LABEL
+        return public_name
 
     def priority(self, route: ModelRoute | None, objective: str | None) -> int:
         """The request's priority: objective header first, then criticality, else 0."""

@@ -161,7 +161,9 @@ def parse_other(raw: bytes, headers: Mapping[str, str], generates: bool = True) 
     scoring): the expected output is then one token, not a guess from the prompt.
     """
     content_type = headers.get("content-type", "")
-    json_body = "json" in content_type.lower() or (not content_type and raw[:1] == b"{")
+    json_body = "json" in content_type.lower() or (
+        not content_type and raw[:64].lstrip()[:1] == b"{"
+    )
     body = _decode(raw) if json_body and raw else {}
     model = body.get("model", "")
     if not isinstance(model, str) or ("model" in body and not model):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -110,13 +110,18 @@ class ResponseStats:
         # input/output tokens (https://platform.openai.com/docs/api-reference/responses).
         prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
         completion = usage.get("completion_tokens", usage.get("output_tokens"))
-        if isinstance(prompt, int):
+        if _count(prompt):
             self.prompt_tokens = prompt
-        if isinstance(completion, int):
+        if _count(completion):
             self.completion_tokens = completion
         details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
-        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-            self.cached_tokens = details["cached_tokens"]
+        if isinstance(details, dict) and _count(cached := details.get("cached_tokens")):
+            self.cached_tokens = cached
+
+
+def _count(value: object) -> TypeGuard[int]:
+    """Whether a usage field is a token count: an int ≥ 0 (JSON ``true`` is not one)."""
+    return type(value) is int and value >= 0
 
 
 def _usage_of(payload: dict[str, Any]) -> object:

@@ -19,8 +19,9 @@ until it is listed here.
   the v2 rerank API), and the top-level inference routes of :data:`TOP_LEVEL_ROUTES`;
 - refused (404): the LoRA load/unload routes and any ``admin`` segment under those
   namespaces, every other top-level path (``/reset_prefix_cache``, ``/sleep``,
-  ``/metrics/``, ``/admin/...``), and any path not in canonical form (percent escapes,
-  ``//``, ``.`` or ``..`` segments, backslashes) — servers decode and normalise paths
+  ``/metrics/``, ``/admin/...``), and any path not in canonical form (any character
+  but letters, digits, ``-._~/`` — so no percent escapes, fragments, parameters or
+  backslashes —, ``//``, ``.`` or ``..`` segments) — servers decode and normalise paths
   before routing, so a disguised spelling of a refused route must not get through.
 
 The judgement is on the path alone, lower-cased (servers route case-sensitively, so this
@@ -66,11 +67,12 @@ def check_passed(method: str, path: str) -> None:
     if not _canonical(lowered):
         raise GatewayError(
             404,
-            f"{method} {path} is not a route: paths with percent escapes, empty, '.' or "
-            "'..' segments are not passed through",
+            f"{method} {path} is not a route: only origin-form paths of letters, digits and "
+            "'-._~/' without empty, '.' or '..' segments are passed through",
             code="not_found",
         )
-    if lowered in DENIED_ROUTES or "/admin/" in lowered or lowered.endswith("/admin"):
+    bare = lowered.rstrip("/")
+    if bare in DENIED_ROUTES or "/admin/" in lowered or bare.endswith("/admin"):
         raise GatewayError(
             404,
             f"{method} {path} is an administrative route of the model servers: it is not "
@@ -88,8 +90,15 @@ def generates(path: str) -> bool:
     return not path.rstrip("/").endswith(_NON_GENERATIVE_SUFFIXES)
 
 
+_PATH_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-._~/")
+"""What a passed path (lower-cased) may hold: RFC 3986's unreserved characters and ``/``.
+Anything else — ``%`` escapes, ``#`` fragments, ``;`` parameters, ``:``, ``\\``, spaces —
+may be decoded, dropped or split differently by the server than here, so a refused route
+could hide behind it (``/v1/load_lora_adapter#x`` is that route to aiohttp and uvicorn)."""
+
+
 def _canonical(path: str) -> bool:
-    if "%" in path or "\\" in path or "//" in path:
+    if not path.startswith("/") or "//" in path or not _PATH_CHARACTERS.issuperset(path):
         return False
     return not any(segment in (".", "..") for segment in path.split("/"))
 
