@@ -1,0 +1,303 @@
+"""The precise block index: which endpoints hold which KV block, from their own events.
+
+Keys are sluicegate's, recomputed from token ids (vLLM's block hashes are seeded per
+process, so two servers name the same prefix differently): block *i*'s key is
+``xxh3_64(len(tokens) ‖ tokens as uint32 ‖ extra, seed=key of block i−1)`` with the root
+seed :data:`ROOT_KEY`; ``extra`` is :func:`~sluicegate.datalayer.kvevents.wire.extra_key_bytes`
+of what besides tokens names the block (LoRA name, multimodal hashes, cache salt on the
+first block), so a key names its whole prefix. :func:`block_keys` is the one chain both
+ingestion and the request path use.
+
+Per endpoint the index maps vLLM's hash → our key (so removals, which carry only vLLM's
+hashes, work) in store order; across endpoints it maps our key → the endpoints holding it.
+Each endpoint holds at most its capacity (its ``num_gpu_blocks`` plus a margin): storing
+beyond it evicts that endpoint's oldest entry (counted in ``evictions``) — the server must
+have evicted something the index missed. Only GPU-tier blocks (``medium`` None or
+``"GPU"``) of the first KV-cache group (``group_idx`` None or 0) are indexed; others are
+counted in ``ignored``. A stored block whose parent the endpoint's entries do not hold
+cannot be keyed and is counted in ``orphans``.
+
+Measured (``tests/datalayer/test_dl_kvevents_index.py::test_cost_report``, CPython 3.11,
+one endpoint, 100,000 entries, tracemalloc): about 190 bytes per entry held by one
+endpoint and about 120 more per further endpoint holding the same block; ``longest_prefix``
+over 64 matched blocks on 8 endpoints about 9 µs (0.14 µs per matched block and holder).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+import xxhash
+
+from sluicegate.datalayer.kvevents.wire import (
+    AllBlocksCleared,
+    BlockHash,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    extra_key_bytes,
+)
+
+ROOT_KEY: Final = 0x5A17_C0DE_B10C_0000
+"""The seed of every prefix's first block."""
+
+_xxh3 = xxhash.xxh3_64_intdigest
+_GPU_MEDIA: Final = frozenset({None, "GPU"})
+
+
+def block_key(parent: int, tokens: Sequence[int], extra: bytes | None = None) -> int:
+    """One block's key from its parent's key, its token ids and its extra identity bytes.
+
+    Raises ``OverflowError`` for a token id outside 0 … 2³²−1.
+    """
+    data = len(tokens).to_bytes(4, "little") + array("I", tokens).tobytes()
+    if extra is not None:
+        data += extra
+    return _xxh3(data, seed=parent)
+
+
+def block_keys(
+    token_ids: Sequence[int],
+    block_size: int,
+    extras: Sequence[bytes | None] | None = None,
+    parent: int = ROOT_KEY,
+) -> list[int]:
+    """The keys of every *full* block of ``token_ids`` (a trailing partial block has none)."""
+    keys: list[int] = []
+    for i in range(len(token_ids) // block_size):
+        extra = extras[i] if extras is not None and i < len(extras) else None
+        parent = block_key(parent, token_ids[i * block_size : (i + 1) * block_size], extra)
+        keys.append(parent)
+    return keys
+
+
+@dataclass
+class IndexCounters:
+    """Totals since start (for metrics): blocks indexed, removed, evicted for capacity,
+    not keyable (parent unknown), not indexed (other medium or group)."""
+
+    stored: int = 0
+    removed: int = 0
+    evictions: int = 0
+    orphans: int = 0
+    ignored: int = 0
+
+
+class _Blocks:
+    """One endpoint's entries: vLLM hash → our key, oldest first; ``bit`` is its bit in
+    the index's holder masks."""
+
+    __slots__ = ("bit", "by_hash", "capacity", "dup")
+
+    def __init__(self, capacity: int, bit: int) -> None:
+        self.by_hash: OrderedDict[BlockHash, int] = OrderedDict()
+        self.capacity = capacity
+        self.bit = bit
+        # keys this endpoint holds under more than one vLLM hash → extra holdings; rare (the
+        # same content stored twice under different hashes), so kept out of the common path
+        self.dup: dict[int, int] = {}
+
+
+@dataclass
+class PreciseIndex:
+    """Exact endpoint ↔ block index; ``default_capacity`` is in blocks per endpoint.
+
+    Holders are kept as a bit mask per key (one bit per endpoint, bits reused when an
+    endpoint leaves): a set per key would cost ~200 bytes, and a prefix lookup is then
+    a chain of integer ANDs.
+    """
+
+    default_capacity: int
+    counters: IndexCounters = field(default_factory=IndexCounters)
+    _holders: dict[int, int] = field(default_factory=dict, repr=False)
+    _endpoints: dict[str, _Blocks] = field(default_factory=dict, repr=False)
+    _names: list[str | None] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.default_capacity < 1:
+            raise ValueError(f"capacity must be ≥ 1 block, got {self.default_capacity}")
+
+    def set_capacity(self, endpoint: str, blocks: int) -> None:
+        """Bound ``endpoint``'s entries to ``blocks``, evicting its oldest beyond it."""
+        if blocks < 1:
+            raise ValueError(f"capacity must be ≥ 1 block, got {blocks}")
+        entries = self._entries(endpoint)
+        entries.capacity = blocks
+        while len(entries.by_hash) > blocks:
+            self._evict_oldest(entries)
+
+    def apply(self, endpoint: str, event: KVEvent) -> None:
+        """Apply one event the endpoint published."""
+        if isinstance(event, BlockStored):
+            self.store(endpoint, event)
+        elif isinstance(event, BlockRemoved):
+            if event.medium in _GPU_MEDIA and not event.group_idx:
+                self.remove(endpoint, event.block_hashes)
+            else:
+                self.counters.ignored += len(event.block_hashes)
+        elif isinstance(event, AllBlocksCleared):
+            self.drop_endpoint(endpoint, keep_capacity=True)
+
+    def store(self, endpoint: str, event: BlockStored) -> None:
+        """Index the event's blocks (already validated: tokens = blocks × block_size)."""
+        n = len(event.block_hashes)
+        if event.medium not in _GPU_MEDIA or event.group_idx:
+            self.counters.ignored += n
+            return
+        entries = self._entries(endpoint)
+        by_hash = entries.by_hash
+        if event.parent_block_hash is None:
+            parent = ROOT_KEY
+        else:
+            known = by_hash.get(event.parent_block_hash)
+            if known is None:
+                self.counters.orphans += n
+                return
+            parent = known
+        size = event.block_size
+        tokens = event.token_ids
+        extras = event.extra_keys
+        if extras is None and event.lora_name is not None:
+            # versions that send lora_name but no extra_keys: the LoRA name is the identity
+            # (a cache salt, if any, is then unknown and such blocks simply never match)
+            extras = (extra_key_bytes((event.lora_name,)),) * n
+        holders = self._holders
+        bit = entries.bit
+        for i, vllm_hash in enumerate(event.block_hashes):
+            parent = block_key(
+                parent, tokens[i * size : (i + 1) * size], None if extras is None else extras[i]
+            )
+            old = by_hash.get(vllm_hash)
+            if old is not None:
+                by_hash.move_to_end(vllm_hash)
+                if old == parent:
+                    continue
+                self._release(entries, old)
+            by_hash[vllm_hash] = parent
+            mask = holders.get(parent, 0)
+            if mask & bit:
+                entries.dup[parent] = entries.dup.get(parent, 0) + 1
+            else:
+                holders[parent] = mask | bit
+            self.counters.stored += 1
+            if len(by_hash) > entries.capacity:
+                self._evict_oldest(entries)
+
+    def remove(self, endpoint: str, block_hashes: Iterable[BlockHash]) -> None:
+        """Forget the given vLLM hashes on ``endpoint`` (unknown ones are ignored)."""
+        entries = self._endpoints.get(endpoint)
+        if entries is None:
+            return
+        for vllm_hash in block_hashes:
+            key = entries.by_hash.pop(vllm_hash, None)
+            if key is not None:
+                self._release(entries, key)
+                self.counters.removed += 1
+
+    def drop_endpoint(self, endpoint: str, *, keep_capacity: bool = False) -> None:
+        """Remove every entry of ``endpoint`` (it left, cleared, restarted or lost events);
+        ``keep_capacity`` keeps its configured capacity (it stays, empty)."""
+        entries = self._endpoints.get(endpoint)
+        if entries is None:
+            return
+        holders = self._holders
+        keep = ~entries.bit
+        for key in entries.by_hash.values():
+            mask = holders.get(key, 0) & keep
+            if mask:
+                holders[key] = mask
+            else:
+                holders.pop(key, None)
+        if keep_capacity:
+            self._endpoints[endpoint] = _Blocks(entries.capacity, entries.bit)
+        else:
+            del self._endpoints[endpoint]
+            self._names[entries.bit.bit_length() - 1] = None
+
+    def longest_prefix(self, keys: Sequence[int]) -> dict[str, int]:
+        """For every endpoint holding ``keys[0]``, how many leading blocks of ``keys`` it
+        holds. Cost: one dict lookup and AND per matched block, plus one step per endpoint
+        in the answer; stops at the first block no endpoint still matching holds."""
+        holders = self._holders
+        if not keys:
+            return {}
+        mask = holders.get(keys[0], 0)
+        matched: dict[str, int] = {}
+        depth = 1
+        while mask and depth < len(keys):
+            still = mask & holders.get(keys[depth], 0)
+            if still != mask:
+                self._record(mask & ~still, depth, matched)
+                mask = still
+            depth += 1
+        self._record(mask, depth, matched)
+        return matched
+
+    def holders(self, key: int) -> frozenset[str]:
+        """The endpoints holding the block named ``key``."""
+        found: dict[str, int] = {}
+        self._record(self._holders.get(key, 0), 1, found)
+        return frozenset(found)
+
+    def size(self, endpoint: str) -> int:
+        """How many blocks ``endpoint`` holds in the index."""
+        entries = self._endpoints.get(endpoint)
+        return 0 if entries is None else len(entries.by_hash)
+
+    def entries(self, endpoint: str) -> dict[BlockHash, int]:
+        """A copy of ``endpoint``'s vLLM hash → key entries (tests, debugging)."""
+        entries = self._endpoints.get(endpoint)
+        return {} if entries is None else dict(entries.by_hash)
+
+    def endpoints(self) -> list[str]:
+        """Endpoints with an entry table (holding blocks or a capacity set)."""
+        return list(self._endpoints)
+
+    def keys_held(self) -> int:
+        """How many distinct keys some endpoint holds."""
+        return len(self._holders)
+
+    def _record(self, mask: int, depth: int, into: dict[str, int]) -> None:
+        names = self._names
+        while mask:
+            low = mask & -mask
+            name = names[low.bit_length() - 1]
+            assert name is not None  # a bit in a mask always belongs to a present endpoint
+            into[name] = depth
+            mask ^= low
+
+    def _entries(self, endpoint: str) -> _Blocks:
+        entries = self._endpoints.get(endpoint)
+        if entries is None:
+            names = self._names
+            try:
+                slot = names.index(None)
+                names[slot] = endpoint
+            except ValueError:
+                slot = len(names)
+                names.append(endpoint)
+            entries = self._endpoints[endpoint] = _Blocks(self.default_capacity, 1 << slot)
+        return entries
+
+    def _evict_oldest(self, entries: _Blocks) -> None:
+        _, key = entries.by_hash.popitem(last=False)
+        self._release(entries, key)
+        self.counters.evictions += 1
+
+    def _release(self, entries: _Blocks, key: int) -> None:
+        extra = entries.dup.get(key)
+        if extra is not None:
+            if extra > 1:
+                entries.dup[key] = extra - 1
+            else:
+                del entries.dup[key]
+            return
+        mask = self._holders.get(key, 0) & ~entries.bit
+        if mask:
+            self._holders[key] = mask
+        else:
+            self._holders.pop(key, None)
