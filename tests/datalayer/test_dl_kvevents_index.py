@@ -37,6 +37,30 @@ def test_keys_from_events_equal_keys_from_request_tokens() -> None:
     assert index.entries("a") == {901: keys[0], 902: keys[1], 903: keys[2]}
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, 2**32 - 1), min_size=BS, max_size=8 * BS),
+    st.integers(0, 8 * BS - 1),
+    st.integers(0, 2**32 - 1),
+)
+def test_a_key_names_its_whole_prefix(tokens: list[int], at: int, value: int) -> None:
+    keys = block_keys(tokens, BS)
+    assert len(keys) == len(tokens) // BS
+    assert block_keys(tokens[: len(keys) // 2 * BS], BS) == keys[: len(keys) // 2]
+    if at >= len(tokens) or tokens[at] == value:
+        return
+    changed = [*tokens[:at], value, *tokens[at + 1 :]]
+    other = block_keys(changed, BS)
+    block = at // BS
+    assert other[:block] == keys[:block]  # blocks before the change keep their keys
+    assert all(a != b for a, b in zip(other[block:], keys[block:], strict=True))
+
+
+def test_block_size_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="block size"):
+        block_keys([1, 2], 0)
+
+
 def test_longest_prefix_counts_leading_blocks_per_endpoint() -> None:
     index = PreciseIndex(default_capacity=100)
     tokens = list(range(16))
@@ -90,6 +114,38 @@ def test_orphans_and_other_media_are_not_indexed() -> None:
     assert index.size("a") == 0
     assert index.counters.orphans == 1
     assert index.counters.ignored == 3
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        BlockStored((1,), None, [1, 2, 3], BS),  # 3 tokens for a block of 4
+        BlockStored((1,), None, [], 0),  # block size 0
+        BlockStored((1, 2), None, list(range(8)), BS, extra_keys=(None,)),  # one extra for two
+        BlockStored((1,), None, [1, 2, -3, 4], BS),  # a token id uint32 cannot hold
+    ],
+)
+def test_malformed_stores_are_counted_not_indexed(event: BlockStored) -> None:
+    index = PreciseIndex(default_capacity=100)
+    index.apply("a", event)
+    assert index.size("a") == 0
+    assert index.counters.invalid == len(event.block_hashes)
+
+
+def test_a_hash_stored_twice_stays_until_both_copies_are_removed() -> None:
+    # vLLM caches two physical blocks under one hash when two requests compute the same
+    # prefix at once, and removes each when it is evicted
+    index = PreciseIndex(default_capacity=100)
+    tokens = list(range(4))
+    index.apply("a", _stored([1], None, tokens))
+    index.apply("a", _stored([1], None, tokens))
+    keys = block_keys(tokens, BS)
+    index.apply("a", BlockRemoved((1,)))
+    assert index.longest_prefix(keys) == {"a": 1}
+    index.apply("a", BlockRemoved((1,)))
+    assert index.longest_prefix(keys) == {}
+    index.apply("a", BlockRemoved((1,)))  # one removal too many is harmless
+    assert index.size("a") == 0
 
 
 def test_capacity_evicts_the_oldest() -> None:
@@ -163,6 +219,7 @@ _event = st.one_of(
 def test_index_equals_a_naive_model(events: list[tuple[object, ...]]) -> None:
     index = PreciseIndex(default_capacity=10_000)
     model: dict[str, dict[int, int]] = {}  # endpoint → vLLM hash → our key
+    copies: dict[tuple[str, int], int] = {}  # (endpoint, vLLM hash) → physical copies
     for event in events:
         kind, endpoint = event[0], str(event[1])
         held = model.setdefault(endpoint, {})
@@ -177,19 +234,28 @@ def test_index_equals_a_naive_model(events: list[tuple[object, ...]]) -> None:
             key = ROOT_KEY if parent is None else held[parent]  # type: ignore[index]
             for i, h in enumerate(hashes):
                 key = block_key(key, tokens[i * BS : (i + 1) * BS])
+                same = held.get(h) == key
+                copies[endpoint, h] = copies.get((endpoint, h), 0) + 1 if same else 1
                 held.pop(h, None)  # a re-store moves it to the end, like the index
                 held[h] = key
         elif kind == "remove":
             assert isinstance(event[2], list)
             index.apply(endpoint, BlockRemoved(tuple(event[2])))
             for h in event[2]:
-                held.pop(h, None)
-        elif kind == "clear":
-            index.apply(endpoint, AllBlocksCleared())
-            held.clear()
+                left = copies.get((endpoint, h), 0) - 1
+                if left > 0:
+                    copies[endpoint, h] = left
+                else:
+                    copies.pop((endpoint, h), None)
+                    held.pop(h, None)
         else:
-            index.drop_endpoint(endpoint)
+            if kind == "clear":
+                index.apply(endpoint, AllBlocksCleared())
+            else:
+                index.drop_endpoint(endpoint)
             held.clear()
+            for pair in [p for p in copies if p[0] == endpoint]:
+                del copies[pair]
     for endpoint in "ab":
         assert index.entries(endpoint) == model.get(endpoint, {})
     every_key = {k for held in model.values() for k in held.values()}

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 
 import msgpack
 import pytest
 import zmq.asyncio
-from kv_support import FakeVLLMPublisher, cleared, removed, stored, until
+from kv_support import FakeVLLMPublisher, cleared, encode_batch, removed, stored, until
 
 from sluicegate.clock import ManualClock
 from sluicegate.datalayer.kvevents.index import PreciseIndex, block_keys
@@ -287,3 +288,31 @@ async def test_topic_filters_messages(ctx: zmq.asyncio.Context, subs: KVEventSub
         assert (counters.received, counters.other_topic, counters.dropped) == (2, 1, 0)
     finally:
         await pub.close()
+
+
+async def test_ingestion_cost_report(
+    subs: KVEventSubscribers, publisher: FakeVLLMPublisher
+) -> None:
+    """Reports the cost of one batch over loopback: receive, decode, apply (16-block store
+    and a 16-block removal per batch, as a busy server's step might publish)."""
+    await _join(subs, publisher)
+    n = 2000
+    payloads = []
+    for b in range(n):
+        hashes = [b * 16 + j for j in range(16)]
+        tokens = [(b * 16 + j) % 50_000 for j in range(16 * 16)]
+        events = [stored(hashes, None, tokens, 16)]
+        if b:
+            events.append(removed([h - 16 for h in hashes]))
+        payloads.append(encode_batch(events))
+    stream = subs.streams["a"]
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    for payload in payloads:
+        await publisher.publish_raw(payload)
+    await until(lambda: stream.counters.decoded == n, within=60)
+    per_batch_us = (loop.time() - start) / n * 1e6
+    print(f"\ningest (publish + receive + decode + apply) per batch: {per_batch_us:.0f} µs")
+    assert stream.counters.gaps == 0
+    assert subs.index.size("a") == 16
+    assert per_batch_us < 5000
