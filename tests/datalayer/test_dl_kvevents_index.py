@@ -214,10 +214,12 @@ _event = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(_event, max_size=40))
-def test_index_equals_a_naive_model(events: list[tuple[object, ...]]) -> None:
-    index = PreciseIndex(default_capacity=10_000)
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_event, max_size=40), st.sampled_from([3, 10_000]))
+def test_index_equals_a_naive_model(events: list[tuple[object, ...]], capacity: int) -> None:
+    """Any sequence of stores, removes, clears and departures; with a capacity that evicts
+    (3 blocks) or never does."""
+    index = PreciseIndex(default_capacity=capacity)
     model: dict[str, dict[int, int]] = {}  # endpoint → vLLM hash → our key
     copies: dict[tuple[str, int], int] = {}  # (endpoint, vLLM hash) → physical copies
     for event in events:
@@ -238,6 +240,10 @@ def test_index_equals_a_naive_model(events: list[tuple[object, ...]]) -> None:
                 copies[endpoint, h] = copies.get((endpoint, h), 0) + 1 if same else 1
                 held.pop(h, None)  # a re-store moves it to the end, like the index
                 held[h] = key
+                if len(held) > capacity:  # the oldest goes, with all its copies
+                    oldest = next(iter(held))
+                    del held[oldest]
+                    copies.pop((endpoint, oldest), None)
         elif kind == "remove":
             assert isinstance(event[2], list)
             index.apply(endpoint, BlockRemoved(tuple(event[2])))

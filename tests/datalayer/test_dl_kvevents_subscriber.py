@@ -19,6 +19,7 @@ from sluicegate.datalayer.kvevents.subscriber import (
     SubscriberSettings,
     View,
 )
+from sluicegate.datalayer.kvevents.wire import BlockStored
 
 BS = 4
 TOKENS = list(range(1000, 1032))  # 8 blocks
@@ -241,6 +242,35 @@ async def test_malformed_messages_are_counted_and_skipped(
     await until(lambda: stream.counters.decoded == 2)
     assert _matched(subs) == 1
     assert stream.counters.gaps == 0  # the unreadable batch's sequence was consumed
+
+
+class _FaultyIndex(PreciseIndex):
+    """Raises on the first store it is given (a bug of ours, simulated)."""
+
+    faults = 1
+
+    def store(self, endpoint: str, event: BlockStored) -> None:
+        if self.faults:
+            self.faults -= 1
+            raise RuntimeError("simulated fault")
+        super().store(endpoint, event)
+
+
+async def test_an_unexpected_fault_loses_the_view_not_the_stream(
+    publisher: FakeVLLMPublisher,
+) -> None:
+    subs = KVEventSubscribers(_FaultyIndex(default_capacity=100), clock=ManualClock())
+    try:
+        await _join(subs, publisher)
+        await _store(publisher, 0)  # the fault
+        stream = subs.streams["a"]
+        await until(lambda: subs.view("a") is View.UNKNOWN and stream.next_seq is None)
+        await _store(publisher, 0)  # seq 1: replayed from 0, whose store now works
+        await until(lambda: stream.counters.decoded == 2)
+        assert subs.view("a") is View.SYNCED
+        assert _matched(subs) == 1
+    finally:
+        await subs.close()
 
 
 async def test_endpoints_come_and_go(

@@ -54,6 +54,9 @@ from sluicegate.datalayer.kvevents.wire import (
 
 log = logging.getLogger(__name__)
 
+ERROR_BACKOFF_S = 0.1
+"""Pause (s) after an unexpected fault before reading on, so a fault cannot spin a core."""
+
 
 @dataclass(frozen=True, slots=True)
 class KVEventSource:
@@ -153,8 +156,18 @@ class _Subscriber:
 
     async def _run(self) -> None:
         while True:
-            frames = await self.sub.recv_multipart(copy=True)
-            await self.handle(frames)
+            try:
+                frames = await self.sub.recv_multipart(copy=True)
+                await self.handle(frames)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # a fault of ours or the socket's must not end the stream silently: what
+                # the batch held is lost, so is the view; the next batch starts over
+                log.exception("kv events: %s: unexpected fault; its entries are dropped", self.key)
+                self._lost()
+                self.stream.next_seq = None
+                await asyncio.sleep(ERROR_BACKOFF_S)
 
     async def handle(self, frames: list[bytes]) -> None:
         """One PUB message: ``(topic, seq, payload)``."""
