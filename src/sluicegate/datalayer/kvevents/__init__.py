@@ -1,0 +1,92 @@
+"""Precise prefix-cache state from the model servers' own KV-cache events (issue 17).
+
+- :mod:`~sluicegate.datalayer.kvevents.wire` — vLLM's ZeroMQ/msgpack event protocol,
+  decoded into ``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared`` (``decode_batch``);
+- :mod:`~sluicegate.datalayer.kvevents.index` — ``PreciseIndex``: which endpoint holds
+  which block, keyed by sluicegate's own chain of token-id hashes (``block_keys``);
+- :mod:`~sluicegate.datalayer.kvevents.subscriber` — ``KVEventSubscribers``: one SUB
+  socket per endpoint, gaps replayed, restarts and losses drop that endpoint's entries.
+
+Nothing imports this package yet: the precise producer plugin, the simulator's publisher,
+configuration and metrics come in later slices (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sluicegate import lazy
+
+_WIRE = "sluicegate.datalayer.kvevents.wire"
+_INDEX = "sluicegate.datalayer.kvevents.index"
+_SUBSCRIBER = "sluicegate.datalayer.kvevents.subscriber"
+_EXPORTS = {
+    "AllBlocksCleared": _WIRE,
+    "BlockRemoved": _WIRE,
+    "BlockStored": _WIRE,
+    "KVEvent": _WIRE,
+    "KVEventBatch": _WIRE,
+    "KVEventDecodeError": _WIRE,
+    "decode_batch": _WIRE,
+    "extra_key_bytes": _WIRE,
+    "ROOT_KEY": _INDEX,
+    "IndexCounters": _INDEX,
+    "PreciseIndex": _INDEX,
+    "block_keys": _INDEX,
+    "EndpointStream": _SUBSCRIBER,
+    "KVEventCounters": _SUBSCRIBER,
+    "KVEventSource": _SUBSCRIBER,
+    "KVEventSubscribers": _SUBSCRIBER,
+    "SubscriberSettings": _SUBSCRIBER,
+    "View": _SUBSCRIBER,
+}
+
+if TYPE_CHECKING:
+    from sluicegate.datalayer.kvevents.index import (
+        ROOT_KEY,
+        IndexCounters,
+        PreciseIndex,
+        block_keys,
+    )
+    from sluicegate.datalayer.kvevents.subscriber import (
+        EndpointStream,
+        KVEventCounters,
+        KVEventSource,
+        KVEventSubscribers,
+        SubscriberSettings,
+        View,
+    )
+    from sluicegate.datalayer.kvevents.wire import (
+        AllBlocksCleared,
+        BlockRemoved,
+        BlockStored,
+        KVEvent,
+        KVEventBatch,
+        KVEventDecodeError,
+        decode_batch,
+        extra_key_bytes,
+    )
+
+
+__getattr__ = lazy.exports(__name__, _EXPORTS, globals())
+
+__all__ = [
+    "ROOT_KEY",
+    "AllBlocksCleared",
+    "BlockRemoved",
+    "BlockStored",
+    "EndpointStream",
+    "IndexCounters",
+    "KVEvent",
+    "KVEventBatch",
+    "KVEventCounters",
+    "KVEventDecodeError",
+    "KVEventSource",
+    "KVEventSubscribers",
+    "PreciseIndex",
+    "SubscriberSettings",
+    "View",
+    "block_keys",
+    "decode_batch",
+    "extra_key_bytes",
+]
