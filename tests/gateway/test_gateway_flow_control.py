@@ -237,7 +237,7 @@ async def test_critical_overtakes_a_standard_backlog_and_sheddable_is_refused(
     # no request of a higher priority may still be waiting (every request here can use
     # every endpoint, so "no room for it" would mean "no room for anyone").
     violations: list[tuple[int, list[tuple[int, int]]]] = []
-    observe_wait = gw.runtime._observe_wait
+    observe_wait = gw.runtime.observe.wait
 
     def watch(item: QueueItem, pool: str, outcome: str) -> None:
         if outcome == "dispatched":
@@ -250,7 +250,7 @@ async def test_critical_overtakes_a_standard_backlog_and_sheddable_is_refused(
                 violations.append((item.priority, above))
         observe_wait(item, pool, outcome)
 
-    gw.runtime._observe_wait = watch  # type: ignore[method-assign]
+    gw.runtime.observe.wait = watch  # type: ignore[method-assign]
 
     started: set[int] = set()  # standard requests that have their first token
     standard = [

@@ -4,7 +4,8 @@
   (``parse_request`` → ``ParsedRequest``) and the control headers;
 - :mod:`~sluicegate.requestcontrol.models` — model routing (``ModelTable``, ``ModelRoute``);
 - :mod:`~sluicegate.requestcontrol.director` — ``Director``: admission, flow control,
-  scheduling;
+  scheduling; its queues in :mod:`~sluicegate.requestcontrol.waiting`, the 503s for a
+  request nothing can serve in :mod:`~sluicegate.requestcontrol.refusals`;
 - :mod:`~sluicegate.requestcontrol.dispatch` — ``Dispatch``, one routed request and what it
   charges to its endpoint;
 - :mod:`~sluicegate.requestcontrol.responses` — what an answer tells (``Usage``,

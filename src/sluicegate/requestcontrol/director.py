@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from sluicegate.clock import Clock
@@ -54,6 +54,8 @@ from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.jsonbytes import replace_top_level_string
 from sluicegate.requestcontrol.models import ModelRoute, ModelTable
 from sluicegate.requestcontrol.parse import ParsedRequest
+from sluicegate.requestcontrol.refusals import empty_pool, never_served, not_served
+from sluicegate.requestcontrol.waiting import Waiting, WaitingRoom
 from sluicegate.scheduling.config import BuiltScheduler
 
 
@@ -89,18 +91,6 @@ class Ticket(Protocol):
         ...
 
 
-@dataclass(slots=True)
-class _Waiting:
-    """What the director keeps for a queued request until it leaves the queue."""
-
-    admitted: Admitted
-    ticket: Ticket
-    state: CycleState | None
-    """The scheduling state from admission (what was prefetched for it)."""
-    candidates: list[Endpoint] = field(default_factory=list)
-    """The endpoints with room found when it was last considered for dispatch."""
-
-
 class Director:
     """Routes requests for every pool of a :class:`Datastore`."""
 
@@ -127,9 +117,7 @@ class Director:
         self.flow = flow or build_flow_control(
             None, scheduler.plugins, PluginContext(clock), scheduler.registry
         )
-        self._controllers: dict[str, FlowController] = {}
-        self._waiting: dict[QueueItem, _Waiting] = {}
-        """Queued requests: removed as each leaves the queue, whichever way."""
+        self._room = WaitingRoom()
         self.on_enqueue: Callable[[Admitted, str | None, float], None] | None = None
         """Told of each request flow control admitted to a queue (reason None) or refused
         (the GatewayError's reason), with the time it took (s), for metrics."""
@@ -246,7 +234,7 @@ class Director:
         ceiling = flow.usage_limit.ceiling(request.priority)
         if request.sheddable and flow.detector.saturation(candidates, now) >= ceiling:
             raise shed("system saturated, sheddable request dropped")
-        controller = self._controller(pool)
+        controller = self._room.controller(pool, flow)
         if controller is None:
             if not candidates:
                 # The client's name: the target is the gateway's business (and may be
@@ -268,7 +256,7 @@ class Director:
             raise
         if self.on_enqueue is not None:
             self.on_enqueue(admitted, None, time.perf_counter() - started)
-        self._waiting[item] = _Waiting(admitted, ticket, state)
+        self._room.add(item, Waiting(admitted, ticket, state))
         self.pump(now)
         return item
 
@@ -305,136 +293,59 @@ class Director:
     def set_flow(self, flow: FlowControlSetup) -> None:
         """Switch to new flow-control settings; requests already waiting stay queued."""
         self.flow = flow
-        for controller in self._controllers.values():
-            controller.settings = flow.settings
-
-    def _controller(self, pool: Pool) -> FlowController | None:
-        """The pool's flow controller, or None when flow control is off for it."""
-        controller = self._controllers.get(pool.name)
-        if not self.flow.enabled_for(pool.annotations):
-            # Turned off by a reload: new requests bypass the queue; those waiting in it
-            # still leave through pump(), and it goes once drained.
-            if controller is not None and not controller.requests:
-                del self._controllers[pool.name]
-            return None
-        if controller is None:
-            controller = self._controllers[pool.name] = FlowController(self.flow.settings)
-        return controller
+        self._room.set_flow(flow)
 
     def pump(self, now: float | None = None) -> int:
         """Dispatch every waiting request that now has room; returns how many left."""
-        if not self._controllers:
+        if not self._room.controllers():
             return 0
         started = time.perf_counter()
-        left = self._pump(self.clock.now() if now is None else now)
+        now = self.clock.now() if now is None else now
+        left = self._room.pump(self.flow, now, self.candidates, self._dispatch_queued)
         if self.on_dispatch_cycle is not None:
             self.on_dispatch_cycle(time.perf_counter() - started)
         return left
 
-    def _pump(self, now: float) -> int:
-        flow = self.flow
-        left = 0
-
-        waiting = self._waiting
-
-        def room(item: QueueItem) -> bool:
-            entry = waiting[item]
-            ceiling = flow.usage_limit.ceiling(item.priority)
-            entry.candidates = [
-                e
-                for e in self.candidates(entry.admitted, now)
-                if flow.detector.has_room(e, now, ceiling)
-            ]
-            return bool(entry.candidates)
-
-        for controller in self._controllers.values():
-            while controller.requests:
-                item = controller.pop_dispatchable(room)
-                if item is None:
-                    break
-                left += 1
-                entry = waiting.pop(item)
-                # The producers run again over the endpoints with room now; what was
-                # prefetched at admission (remote predictions) stays in the state.
-                state = entry.state
-                if state is not None:
-                    self.built.scheduler.prepare(item.request, state, entry.candidates)
-                try:
-                    dispatch = self.schedule(entry.admitted, entry.candidates, state)
-                except GatewayError as exc:
-                    entry.ticket.rejected(item, exc)
-                else:
-                    entry.ticket.dispatched(item, dispatch)
-        return left
+    def _dispatch_queued(self, item: QueueItem, entry: Waiting) -> Dispatch | GatewayError:
+        """Schedule a request leaving the queue over the endpoints with room now: its
+        Dispatch, or the refusal to hand its ticket."""
+        # The producers run again over them; what was prefetched at admission (remote
+        # predictions) stays in the state.
+        state = entry.state
+        if state is not None:
+            self.built.scheduler.prepare(item.request, state, entry.candidates)
+        try:
+            return self.schedule(entry.admitted, entry.candidates, state)
+        except GatewayError as exc:
+            return exc
 
     def expire(self, now: float | None = None) -> int:
         """Answer requests whose time to live ran out (503); returns how many."""
-        now = self.clock.now() if now is None else now
-        count = 0
-        for controller in self._controllers.values():
-            for item in controller.expire(now):
-                count += 1
-                self._waiting.pop(item).ticket.rejected(
-                    item,
-                    GatewayError(
-                        503,
-                        "request timed out in queue",
-                        code="queue_timeout",
-                        retry_after_s=1,
-                        reason="rejected-ttl-expired",
-                    ),
-                )
-        return count
+        return self._room.expire(self.clock.now() if now is None else now)
 
     def cancel(self, item: QueueItem) -> bool:
         """Forget a waiting request whose client went away (its ticket is not told);
         False when it already left the queue."""
-        entry = self._waiting.get(item)
-        if entry is None:
-            return False
-        controller = self._controllers.get(entry.admitted.pool.name)
-        if controller is None or not controller.cancel(item):
-            return False
-        del self._waiting[item]
-        return True
+        return self._room.cancel(item)
 
     def reject_unservable(self) -> int:
         """Answer at once (503) every waiting request no endpoint can serve any more: its
         pool has no endpoints left, or every endpoint lists its models and none has the
         request's target. Call it when the endpoint set or a served-model list changed;
         returns how many were answered."""
-        doomed: list[tuple[QueueItem, _Waiting, GatewayError]] = []
-        for item, entry in self._waiting.items():
-            admitted = entry.admitted
-            pool = self.datastore.pools.get(admitted.pool.name)
-            if pool is None or not pool.endpoints:
-                doomed.append((item, entry, empty_pool(admitted.pool.name, pool)))
-            elif admitted.request.target_model and never_served(
-                pool, admitted.request.target_model
-            ):
-                model, target = admitted.request.model, admitted.request.target_model
-                doomed.append((item, entry, not_served(pool, model, target)))
-        answered = 0
-        for item, entry, error in doomed:
-            controller = self._controllers.get(entry.admitted.pool.name)
-            if controller is not None and controller.cancel(item):
-                del self._waiting[item]
-                entry.ticket.rejected(item, error)
-                answered += 1
-        return answered
+        return self._room.reject_unservable(self.datastore.pools)
 
     def waiting_requests(self) -> int:
         """Requests queued in every pool (each leaves through its ticket or a cancel)."""
-        return len(self._waiting)
+        return len(self._room)
 
     def next_deadline(self) -> float | None:
         """The clock time of the next queue expiry, if any request waits with a TTL."""
-        deadlines = [d for c in self._controllers.values() if (d := c.next_deadline()) is not None]
-        return min(deadlines) if deadlines else None
+        return self._room.next_deadline()
 
     def controllers(self) -> Mapping[str, FlowController]:
         """Flow controllers by pool name (for metrics)."""
-        return self._controllers
+        return self._room.controllers()
 
     # ------------------------------------------------------------------ scheduling
 
@@ -511,41 +422,6 @@ class Director:
         return serving or None
 
 
-def never_served(pool: Pool, target: str) -> bool:
-    """Every endpoint of ``pool`` (ejected ones too: they come back) has listed its models
-    and none lists ``target``. False before the first listing: nothing is known yet."""
-    endpoints = pool.endpoints
-    return all(e.models.known for e in endpoints) and not any(
-        e.models.serves(target) for e in endpoints
-    )
-
-
-def empty_pool(name: str, pool: Pool | None) -> GatewayError:
-    """The 503 for a request whose pool has no endpoint at all."""
-    hint = pool.empty_hint if pool is not None else "it has no endpoint list"
-    return no_endpoint(f"pool '{name}' has no endpoints: {hint}")
-
-
-_LISTED_NAMES = 8
-"""Served names a ``not_served`` detail shows (the log line stays short)."""
-
-
-def not_served(pool: Pool, model: str, target: str) -> GatewayError:
-    """The 503 for a target model no endpoint of ``pool`` lists. The client is told its own
-    model name (the target may be an adapter it was never told of); the log is told the
-    target and what the endpoints do serve."""
-    served = sorted({n for e in pool.endpoints for n in e.models.base_models | e.models.adapters})
-    shown = ", ".join(served[:_LISTED_NAMES]) + (" ..." if len(served) > _LISTED_NAMES else "")
-    error = no_endpoint(
-        f"no endpoint of pool '{pool.name}' serves model '{model}': the model it is routed "
-        "to is not among the models the pool's servers list; fix the target model name in "
-        "the gateway's configuration or the servers' served model names"
-    )
-    error.reason = "model-not-served"
-    error.detail = f"target model '{target}'; the endpoints list: {shown or 'nothing'}"
-    return error
-
-
 def _response_headers(state: CycleState) -> dict[str, str]:
     headers = state.get(RESPONSE_HEADERS)
     return dict(headers) if headers else {}
@@ -560,13 +436,4 @@ def _rewritten_body(parsed: ParsedRequest, target: str) -> bytes | None:
     return replace_top_level_string(parsed.raw, "model", target)
 
 
-__all__ = [
-    "Admitted",
-    "Director",
-    "Dispatch",
-    "GatewayError",
-    "Ticket",
-    "empty_pool",
-    "never_served",
-    "not_served",
-]
+__all__ = ["Admitted", "Director", "Dispatch", "GatewayError", "Ticket"]

@@ -1,5 +1,5 @@
 """The simulator's routes beyond completions and chat: embeddings, the Responses API,
-detokenize and the model list, in the shapes vLLM serves them.
+tokenize and detokenize and the model list, in the shapes vLLM serves them.
 
 - ``POST /v1/embeddings``: one deterministic unit vector per input (a string, a list of
   strings, token ids or lists of token ids) derived from its bytes, as floats or — the
@@ -7,8 +7,11 @@ detokenize and the model list, in the shapes vLLM serves them.
   float32s. Answered at once (the simulated engine models generation only).
 - ``POST /v1/responses``: the Responses API, through the engine
   (:mod:`sluicegate.sim.responses_api`).
-- ``POST /detokenize``: ``{"tokens": [...]}`` → ``{"prompt": text}``, the inverse of the
-  simulator's ``/tokenize`` (a token is four bytes of the prompt).
+- ``POST /tokenize``: a ``prompt`` or chat ``messages`` → ``{"count", "max_model_len",
+  "tokens", "token_strs"}``; a token is four bytes of the prompt (the last one padded with
+  NUL bytes), as the engine counts them;
+- ``POST /detokenize``: ``{"tokens": [...]}`` → ``{"prompt": text}``, the inverse of
+  ``/tokenize``.
 - ``GET /v1/models``: vLLM's model cards (``owned_by: "vllm"``, ``root``, ``parent``,
   ``max_model_len``, ``permission``); a LoRA adapter has ``parent`` = the base model and
   ``root`` = its path.
@@ -31,7 +34,7 @@ from sluicegate.lax import LaxValueError, as_int
 from sluicegate.sim import api
 from sluicegate.sim.reply import bind, inject_faults, json_body, json_reply, model_of
 from sluicegate.sim.responses_api import responses
-from sluicegate.sim.text import PromptError, render_prompt
+from sluicegate.sim.text import PromptError, render_chat, render_prompt
 from sluicegate.tokens import BYTES_PER_TOKEN, count_bytes_tokens
 
 if TYPE_CHECKING:
@@ -47,6 +50,7 @@ def register(app: web.Application, replica: Replica) -> None:
     app.router.add_get("/v1/models", bind(models, replica))
     app.router.add_post("/v1/embeddings", bind(embeddings, replica))
     app.router.add_post("/v1/responses", bind(responses, replica))
+    app.router.add_post("/tokenize", bind(tokenize, replica))
     app.router.add_post("/detokenize", bind(detokenize, replica))
 
 
@@ -171,7 +175,31 @@ def embedding_vector(text: bytes, dimensions: int) -> list[float]:
     return list(struct.unpack(f"<{dimensions}f", packed))
 
 
-# --------------------------------------------------------------------------- detokenize
+# --------------------------------------------------------------------------- tokenize
+
+
+async def tokenize(replica: Replica, request: web.Request) -> web.Response:
+    body = await json_body(request)
+    try:
+        if "messages" in body:
+            prompt = render_chat(body["messages"])
+        elif "prompt" in body:
+            prompt = render_prompt(body["prompt"])
+        else:
+            raise api.ApiError(400, "'prompt' or 'messages' is required")
+    except PromptError as exc:
+        raise api.ApiError(400, str(exc)) from None
+    padded = prompt + b"\0" * (-len(prompt) % 4)
+    tokens = [int.from_bytes(padded[i : i + 4], "little") for i in range(0, len(padded), 4)]
+    return json_reply(
+        replica,
+        {
+            "count": len(tokens),
+            "max_model_len": replica.options.profile.max_model_len,
+            "tokens": tokens,
+            "token_strs": None,  # vLLM's, unless ``return_token_strs``
+        },
+    )
 
 
 async def detokenize(replica: Replica, request: web.Request) -> web.Response:

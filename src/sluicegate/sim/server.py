@@ -13,34 +13,25 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import random
-import time
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import orjson
 from aiohttp import web
 
-from sluicegate.sim import api
+from sluicegate.sim import admin as sim_admin
+from sluicegate.sim import answer, api
 from sluicegate.sim import routes as sim_routes
-from sluicegate.sim.driver import EngineDriver, Handle
+from sluicegate.sim.driver import EngineDriver
 from sluicegate.sim.engine import Engine, Sequence, new_sequence
 from sluicegate.sim.faults import Faults
 from sluicegate.sim.metrics import EngineMetrics
 from sluicegate.sim.profiles import EngineProfile
+from sluicegate.sim.reply import inject_faults, json_reply, replica_headers
 from sluicegate.sim.text import (
-    PromptError,
-    StopHit,
     find_stop,
-    output_bytes,
-    output_text_token,
-    render_chat,
-    render_prompt,
 )
-from sluicegate.tokens import BYTES_PER_TOKEN, count_bytes_tokens
-
-log = logging.getLogger("sluicegate.sim")
+from sluicegate.tokens import count_bytes_tokens
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 SIM_VERSION = "0.32.0+sluicegate.sim"
@@ -62,44 +53,6 @@ class ReplicaOptions:
     seed: int = 0
     histogram_max_age_s: float = 0.0
     """How long ``/metrics`` may reuse its histograms' text, in wall seconds (0: never)."""
-
-
-@dataclass(slots=True, eq=False)
-class _Choice:
-    """One choice of a request: its sequence in the engine and what its answer keeps.
-
-    Text positions are in bytes of generated text, which is ASCII, so they are characters
-    too.
-    """
-
-    request_id: str
-    """The request's id, which the choices share (each sequence has its own)."""
-    index: int
-    handle: Handle
-    stop: StopHit | None
-    sent: int = 0
-    """Tokens streamed so far."""
-    sent_bytes: int = 0
-    """Bytes of text streamed so far."""
-
-    @property
-    def stop_reason(self) -> str | int | None:
-        """The stop string or token id that ended the answer; None for any other end."""
-        return self.stop.reason if self.stop is not None else None
-
-    def keep(self, tokens: int) -> int:
-        """Bytes of the first ``tokens`` tokens' text that the answer keeps."""
-        end = tokens * BYTES_PER_TOKEN
-        return min(end, self.stop.text_bytes) if self.stop is not None else end
-
-    def text(self, start: int, end: int) -> str:
-        """Generated text from byte ``start`` to ``end``."""
-        if end <= start:
-            return ""
-        first, last = start // BYTES_PER_TOKEN, -(-end // BYTES_PER_TOKEN)
-        chunk = output_bytes(self.handle.seq.output_seed, first, last)
-        offset = first * BYTES_PER_TOKEN
-        return chunk[start - offset : end - offset].decode()
 
 
 class Replica:
@@ -191,13 +144,8 @@ class Replica:
         app.router.add_get("/health", self._health)
         app.router.add_get("/version", self._version)
         app.router.add_get("/metrics", self._metrics)
-        app.router.add_post("/tokenize", self._tokenize)
-        app.router.add_post("/v1/load_lora_adapter", self._load_lora)
-        app.router.add_post("/v1/unload_lora_adapter", self._unload_lora)
-        app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
-        app.router.add_get("/admin/faults", self._get_faults)
-        app.router.add_post("/admin/faults", self._set_faults)
-        sim_routes.register(app, self)  # /v1/models, embeddings, responses, detokenize
+        sim_routes.register(app, self)  # models, embeddings, responses, (de)tokenize
+        sim_admin.register(app, self)  # LoRA adapters, prefix cache, faults
         return app
 
     @web.middleware
@@ -216,27 +164,12 @@ class Replica:
             if transport is not None:
                 self._transports.discard(transport)
 
-    def _headers(self) -> dict[str, str]:
-        return {
-            "x-inference-pod": self.pod_name,
-            "x-inference-port": str(self.port),
-            "x-inference-namespace": self.options.namespace,
-        }
-
     def _error(self, exc: api.ApiError) -> web.Response:
         return web.Response(
             status=exc.status,
             body=exc.body(),
             content_type="application/json",
-            headers=self._headers(),
-        )
-
-    def _json(self, payload: Any, status: int = 200) -> web.Response:
-        return web.Response(
-            status=status,
-            body=orjson.dumps(payload),
-            content_type="application/json",
-            headers=self._headers(),
+            headers=replica_headers(self),
         )
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
@@ -246,18 +179,12 @@ class Replica:
         return await self._generate(request, chat=True)
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        faults = self.faults
-        if faults.hang:
-            await asyncio.Event().wait()
-        if faults.latency_ms > 0:
-            await asyncio.sleep(faults.latency_ms / 1000.0)
-        if faults.error_rate > 0 and self.rng.random() < faults.error_rate:
-            raise api.ApiError(faults.error_status, "injected fault")
+        await inject_faults(self)
         params = api.parse_generate(await request.read(), chat)
         lora = self._resolve_model(params.model)
         request_id = self.check_context(params)
         event = asyncio.Event()  # wakes the handler for any of the request's choices
-        choices: list[_Choice] = []
+        choices: list[answer.Choice] = []
         try:
             for index in range(params.n):
                 seq = self.sequence(params, lora, request_id, index)
@@ -275,10 +202,10 @@ class Replica:
                     seq.max_output_tokens = stop.tokens
                     seq.finish_reason = "stop"
                 handle = self.driver.submit(seq, event)
-                choices.append(_Choice(request_id, index, handle, stop))
+                choices.append(answer.Choice(request_id, index, handle, stop))
             if params.stream:
-                return await self._stream(request, choices, event, params)
-            return await self._respond_whole(request, choices, event, params)
+                return await answer.stream(self, request, choices, event, params)
+            return await answer.respond_whole(self, request, choices, event, params)
         finally:
             for c in choices:
                 self.driver.release(c.handle)
@@ -328,190 +255,11 @@ class Replica:
             min_tokens=params.min_tokens,
         )
 
-    def _cut_connection(self, request: web.Request) -> web.StreamResponse:
-        """Drop the client's connection (a fault); returns a response that is never sent.
-
-        Returning (rather than raising) lets aiohttp treat the dead connection as a client
-        disconnect: no traceback is logged and the handler task ends normally.
-        """
-        if request.transport is not None:
-            request.transport.abort()
-        return web.Response(status=500)
-
-    async def _respond_whole(
-        self,
-        request: web.Request,
-        choices: list[_Choice],
-        event: asyncio.Event,
-        params: api.GenerateRequest,
-    ) -> web.StreamResponse:
-        reset_after = self.faults.reset_after_tokens
-        while not all(c.handle.done for c in choices):
-            await event.wait()
-            event.clear()
-            if reset_after is not None and sum(c.handle.visible for c in choices) >= reset_after:
-                return self._cut_connection(request)
-        bodies = []
-        for c in choices:
-            seq = c.handle.seq
-            logprobs = None
-            if params.logprobs is not None:
-                logprobs = (
-                    api.chat_logprobs(seq.output_seed, 0, seq.num_output, params.logprobs)
-                    if params.chat
-                    else api.completion_logprobs(
-                        seq.output_seed, 0, seq.num_output, params.logprobs, 0
-                    )
-                )
-            bodies.append(
-                api.choice(
-                    params.chat,
-                    c.index,
-                    c.text(0, c.keep(seq.num_output)),
-                    seq.finish_reason,
-                    c.stop_reason,
-                    logprobs,
-                    stream=False,
-                )
-            )
-        body = api.completion_body(
-            choices[0].request_id,
-            int(time.time()),
-            params.model,
-            params.chat,
-            bodies,
-            self._usage(choices),
-        )
-        return web.Response(body=body, content_type="application/json", headers=self._headers())
-
-    @staticmethod
-    def _usage(choices: list[_Choice], partial: _Choice | None = None) -> dict[str, Any]:
-        """``usage``: the prompt once, every choice's tokens (or ``partial``'s streamed ones)."""
-        first = choices[0].handle.seq
-        generated = partial.sent if partial else sum(c.handle.seq.num_output for c in choices)
-        return api.usage(first.prompt_tokens, generated, first.num_cached_prompt_tokens)
-
-    async def _stream(
-        self,
-        request: web.Request,
-        choices: list[_Choice],
-        event: asyncio.Event,
-        params: api.GenerateRequest,
-    ) -> web.StreamResponse:
-        response = web.StreamResponse(
-            headers={
-                **self._headers(),
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-            }
-        )
-        await response.prepare(request)
-
-        async def send(data: bytes) -> bool:
-            """Write ``data``; False if the client has gone away."""
-            try:
-                await response.write(data)
-            except ConnectionResetError:
-                return False
-            return True
-
-        # On a lost client every path below returns ``response``: aiohttp then fails to
-        # finish it, which it treats as a premature disconnect (quietly), and _generate
-        # aborts the request in the engine.
-        created = int(time.time())
-        request_id = choices[0].request_id
-        model, chat = params.model, params.chat
-        hold_back = params.hold_back
-        top = params.logprobs
-        reset_after = self.faults.reset_after_tokens
-        budget = reset_after if reset_after is not None else -1  # tokens left before the cut
-        role_sent = False
-        single = choices[0] if len(choices) == 1 else None
-        while True:
-            if budget == 0:
-                self._cut_connection(request)
-                return response
-            # Runs once per step per stream: the common single choice skips the scans.
-            if single is not None:
-                ready = choices if single.sent < single.handle.visible else []
-            else:
-                ready = [c for c in choices if c.sent < c.handle.visible]
-            if not ready:
-                if single.handle.done if single else all(c.handle.done for c in choices):
-                    break
-                await event.wait()
-                event.clear()
-                continue
-            frames: list[bytes] = []
-            if chat and not role_sent:
-                # As vLLM does, the role arrives with the first token, not before it, one
-                # chunk per choice.
-                role_sent = True
-                first = choices[0].handle.seq
-                role_usage = (
-                    api.usage(first.prompt_tokens, 0, 0) if params.continuous_usage else None
-                )
-                for c in choices:
-                    role = api.choice(chat, c.index, "", None, None, None, stream=True, role=True)
-                    frames.append(
-                        api.stream_chunk(request_id, created, model, chat, [role], role_usage)
-                    )
-            for c in ready:
-                handle, seq = c.handle, c.handle.seq
-                produced = handle.visible
-                if budget >= 0:
-                    produced = min(produced, c.sent + budget)
-                    budget -= produced - c.sent
-                # Without a stop string to cut or hold back, each token's text is one piece.
-                plain = c.stop is None and hold_back == 0
-                seed = seq.output_seed
-                for i in range(c.sent, produced):
-                    final = handle.done and i == handle.visible - 1
-                    if plain:
-                        text = output_text_token(seed, i)
-                        end = (i + 1) * BYTES_PER_TOKEN
-                    else:
-                        end = c.keep(i + 1)
-                        if not final:
-                            end = min(end, (i + 1) * BYTES_PER_TOKEN - hold_back)
-                        end = max(end, c.sent_bytes)
-                        text = c.text(c.sent_bytes, end)
-                    logprobs = None
-                    if top is not None:
-                        logprobs = (
-                            api.chat_logprobs(seed, i, i + 1, top)
-                            if chat
-                            else api.completion_logprobs(seed, i, i + 1, top, c.sent_bytes)
-                        )
-                    delta = api.choice(
-                        chat,
-                        c.index,
-                        text,
-                        seq.finish_reason if final else None,
-                        c.stop_reason if final else None,
-                        logprobs,
-                        stream=True,
-                    )
-                    c.sent_bytes = end
-                    c.sent = i + 1
-                    usage_block = self._usage(choices, c) if params.continuous_usage else None
-                    frames.append(
-                        api.stream_chunk(request_id, created, model, chat, [delta], usage_block)
-                    )
-            if not await send(b"".join(frames)):
-                return response
-        if params.include_usage and not await send(
-            api.stream_chunk(request_id, created, model, chat, [], self._usage(choices))
-        ):
-            return response
-        await send(api.STREAM_DONE)
-        return response  # aiohttp writes the end of the chunked body
-
     async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200, headers=self._headers())
+        return web.Response(status=200, headers=replica_headers(self))
 
     async def _version(self, request: web.Request) -> web.Response:
-        return self._json({"version": SIM_VERSION})
+        return json_reply(self, {"version": SIM_VERSION})
 
     async def _metrics(self, request: web.Request) -> web.Response:
         if self.faults.freeze_metrics:
@@ -523,82 +271,14 @@ class Replica:
             body = self.metrics.render()
         return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
-    async def _read_json_object(self, request: web.Request) -> dict[str, Any]:
-        try:
-            body = orjson.loads(await request.read())
-        except orjson.JSONDecodeError as exc:
-            raise api.ApiError(400, f"request body is not valid JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise api.ApiError(400, "request body must be a JSON object")
-        return body
+    def freeze_metrics(self) -> None:
+        """Serve ``/metrics`` as it reads now until :meth:`thaw_metrics` (the
+        ``freeze_metrics`` fault turned on)."""
+        self._frozen_metrics = self.metrics.render()
 
-    async def _tokenize(self, request: web.Request) -> web.Response:
-        body = await self._read_json_object(request)
-        try:
-            if "messages" in body:
-                prompt = render_chat(body["messages"])
-            elif "prompt" in body:
-                prompt = render_prompt(body["prompt"])
-            else:
-                raise api.ApiError(400, "'prompt' or 'messages' is required")
-        except PromptError as exc:
-            raise api.ApiError(400, str(exc)) from None
-        padded = prompt + b"\0" * (-len(prompt) % 4)
-        tokens = [int.from_bytes(padded[i : i + 4], "little") for i in range(0, len(padded), 4)]
-        return self._json(
-            {
-                "count": len(tokens),
-                "max_model_len": self.options.profile.max_model_len,
-                "tokens": tokens,
-                "token_strs": None,  # vLLM's, unless ``return_token_strs``
-            }
-        )
-
-    async def _load_lora(self, request: web.Request) -> web.Response:
-        body = await self._read_json_object(request)
-        name, path = body.get("lora_name"), body.get("lora_path")
-        if not isinstance(name, str) or not name:
-            raise api.ApiError(400, "'lora_name' must be a non-empty string", "lora_name")
-        if name in self.loras:
-            raise api.ApiError(
-                400, f"The lora adapter '{name}' has already been loaded.", "lora_name"
-            )
-        self.loras[name] = path if isinstance(path, str) and path else f"/adapters/{name}"
-        self.metrics.lora_enabled = True
-        return web.Response(
-            text=f"Success: LoRA adapter '{name}' added successfully.", headers=self._headers()
-        )
-
-    async def _unload_lora(self, request: web.Request) -> web.Response:
-        body = await self._read_json_object(request)
-        name = body.get("lora_name")
-        if not isinstance(name, str) or name not in self.loras:
-            raise api.ApiError(404, f"The lora adapter '{name}' cannot be found.", "lora_name")
-        del self.loras[name]
-        return web.Response(
-            text=f"Success: LoRA adapter '{name}' removed successfully.", headers=self._headers()
-        )
-
-    async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
-        self.engine.pool.clear_cache()
-        return web.Response(status=200, headers=self._headers())
-
-    async def _get_faults(self, request: web.Request) -> web.Response:
-        return self._json(self.faults.as_dict())
-
-    async def _set_faults(self, request: web.Request) -> web.Response:
-        body = await self._read_json_object(request)
-        was_frozen = self.faults.freeze_metrics
-        try:
-            self.faults.update(body)
-        except ValueError as exc:
-            raise api.ApiError(400, str(exc)) from None
-        if self.faults.freeze_metrics and not was_frozen:
-            self._frozen_metrics = self.metrics.render()  # frozen as it is now
-        elif not self.faults.freeze_metrics:
-            self._frozen_metrics = None
-        log.info("replica %d faults: %s", self.index, self.faults.as_dict())
-        return self._json(self.faults.as_dict())
+    def thaw_metrics(self) -> None:
+        """Serve live ``/metrics`` again."""
+        self._frozen_metrics = None
 
 
 class SimCluster:

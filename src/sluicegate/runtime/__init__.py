@@ -8,7 +8,9 @@ a parsed request to get a :class:`~sluicegate.requestcontrol.dispatch.Dispatch` 
 flow control when the pool is saturated) and :meth:`release` when the response has ended,
 however it ended.
 
-Everything here runs on one event loop; nothing blocks it.
+Everything here runs on one event loop; nothing blocks it. What it tells the exported
+metrics is in :mod:`~sluicegate.runtime.observe`, what it logs for requests nothing can
+serve in :mod:`~sluicegate.runtime.notices`.
 """
 
 from __future__ import annotations
@@ -30,26 +32,17 @@ from sluicegate.datalayer.outlier import OutlierDetector, OutlierSettings, Resul
 from sluicegate.datalayer.pools import EndpointsByPool, static_endpoints, sync_pools
 from sluicegate.errors import GatewayError
 from sluicegate.flowcontrol.config import FlowControlSetup, build_flow_control
-from sluicegate.flowcontrol.observe import FairnessLabels, band_flows, queue_outcome
-from sluicegate.framework import (
-    PREDICTION_OUTCOME,
-    PREDICTIONS,
-    PREDICTOR_SERVICE,
-    PREFIX_MATCH,
-    PluginContext,
-    PredictionOutcome,
-    PrefixIndexer,
-    QueueItem,
-)
+from sluicegate.framework import PREDICTION_OUTCOME, PREDICTOR_SERVICE, PluginContext, QueueItem
 from sluicegate.latency.host import PredictorHost
-from sluicegate.metrics import PLUGIN_TIMING_EVERY, UNKNOWN_MODEL_LABEL, GatewayMetrics
-from sluicegate.requestcontrol.director import Admitted, Director
+from sluicegate.metrics import GatewayMetrics
+from sluicegate.requestcontrol.director import Director
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import ParsedRequest
 from sluicegate.requestcontrol.responses import Usage as Usage  # re-exported
+from sluicegate.runtime.notices import Notices
+from sluicegate.runtime.observe import RequestMetrics, flow_state, prefix_index_size, time_plugins
 from sluicegate.scheduling.config import BuiltScheduler, build_scheduler
-from sluicegate.scheduling.scheduler import PluginTiming
 from sluicegate.upstream import UpstreamPool
 
 log = logging.getLogger("sluicegate.runtime")
@@ -66,14 +59,14 @@ class _Waiter:
         self.pool = pool
 
     def dispatched(self, item: QueueItem, dispatch: Dispatch) -> None:
-        self.runtime._observe_wait(item, self.pool, "dispatched")
+        self.runtime.observe.wait(item, self.pool, "dispatched")
         if self.future.done():  # its client left while it was being scheduled
             dispatch.finish(self.runtime.clock.now(), ok=False)
         else:
             self.future.set_result(dispatch)
 
     def rejected(self, item: QueueItem, error: GatewayError) -> None:
-        self.runtime._observe_wait(item, self.pool, error.reason)
+        self.runtime.observe.wait(item, self.pool, error.reason)
         if not self.future.done():
             self.future.set_exception(error)
 
@@ -130,14 +123,15 @@ class Runtime:
             self.datastore,
             self.clock,
             self.staleness_s,
-            self._prefix_index_size,
-            self._flow_state,
+            lambda: prefix_index_size(self.built),
+            lambda: flow_state(self.director, self.datastore, self.clock.now()),
             names=config.gateway.metrics_names,
         )
-        self._fairness_label = FairnessLabels()
-        self.director.on_enqueue = self._observe_enqueue
+        self.observe = RequestMetrics(self.metrics, self.clock)
+        """Records each request's way into the metrics."""
+        self.director.on_enqueue = self.observe.enqueue
         self.director.on_dispatch_cycle = self.metrics.dispatch_cycle.observe
-        self._time_plugins(self.built)
+        time_plugins(self.built, self.metrics)
         if self.predictor is not None:
             self.predictor.register_metrics(self.metrics.registry)
         self.collector: Collector | None = None
@@ -146,10 +140,7 @@ class Runtime:
         self._outlier_task: asyncio.Task[None] | None = None
         self._expiry: asyncio.TimerHandle | None = None
         self._discovered: EndpointsByPool | None = None
-        self._warned_empty: set[str] = set()
-        """Pools whose emptiness has been logged (logged again once they had endpoints)."""
-        self._logged_unserved: set[str] = set()
-        """Not-served refusals already logged (bounded; emptied on every reload)."""
+        self._notices = Notices()
         sync_pools(self.datastore, config, static_endpoints(config))
 
     # ------------------------------------------------------------------ lifecycle
@@ -159,10 +150,6 @@ class Runtime:
 
     def _build_scheduler(self, config: Config) -> BuiltScheduler:
         return build_scheduler(config.picker, self._context(), self.registry)
-
-    def _time_plugins(self, built: BuiltScheduler) -> None:
-        """Have the scheduler time its plugin calls (sampled) into the metrics."""
-        built.scheduler.timing = PluginTiming(self.metrics.plugin_call, every=PLUGIN_TIMING_EVERY)
 
     def _build_flow(self, config: Config, built: BuiltScheduler) -> FlowControlSetup:
         return build_flow_control(config.picker, built.plugins, self._context(), self.registry)
@@ -196,7 +183,7 @@ class Runtime:
             self.outlier.on_eject.append(self.metrics.endpoint_ejected)
             self.collector.on_reachable.append(self.outlier.reachable_again)
             self._outlier_task = asyncio.create_task(self._outlier_loop(), name="outlier")
-        self._warn_empty_pools()
+        self._notices.empty_pools(self.datastore, self.config)
 
     async def _outlier_loop(self) -> None:
         detector = self.outlier
@@ -270,14 +257,14 @@ class Runtime:
             discovered=discovered,
         )
         if not same:
-            self._time_plugins(built)
+            time_plugins(built, self.metrics)
         self.metrics.names = config.gateway.metrics_names
         self.built = self.director.built = built
         self.director.set_flow(flow)
-        self._logged_unserved.clear()
+        self._notices.reloaded()
         self.director.reject_unservable()
         if not discovered and self.collector is not None:  # started: a reload of the file
-            self._warn_empty_pools()
+            self._notices.empty_pools(self.datastore, self.config)
         log.info(
             "configuration applied: %d pool(s), %d model(s), %d endpoint(s)%s",
             len(self.datastore.pools),
@@ -327,30 +314,14 @@ class Runtime:
                 dispatch = result
                 metrics.scheduler_duration.observe(time.perf_counter() - started)
         except GatewayError as exc:
-            metrics.scheduler_attempts.labels("failure").inc()
-            metrics.refused.labels(exc.reason).inc()
-            # A model nothing serves is the client's word: one label for all of them, so
-            # made-up names cannot use up the label sets real models' errors need.
-            model = (
-                UNKNOWN_MODEL_LABEL
-                if exc.reason == "unknown-model"
-                else self.director.models.label(parsed.model)
-            )
-            metrics.errors.labels(model, "", str(exc.status)).inc()
+            self.observe.refused(exc, self.director.models, parsed.model)
             if exc.detail:
-                self._log_refusal(exc)
+                self._notices.refusal(exc)
             raise
-        metrics.attempt_success.inc()
-        match = dispatch.state.get(PREFIX_MATCH)
-        if match is not None and match.hashes:
-            metrics.prefix_hit_ratio.observe(match.score(dispatch.endpoint.name))
-        series = metrics.model_series(dispatch.request.model_label, dispatch.request.target_model)
-        series.requests.inc()
-        series.running.inc()
-        series.request_sizes.observe(dispatch.request.body_bytes)
+        self.observe.dispatched(dispatch)
         outcome = dispatch.state.get(PREDICTION_OUTCOME)
         if outcome is not None:
-            self._observe_prediction(dispatch, outcome)
+            self.observe.prediction(dispatch, outcome)
         return dispatch
 
     def release(self, dispatch: Dispatch, status: int, usage: Usage | None = None) -> None:
@@ -364,12 +335,7 @@ class Runtime:
             self.report(dispatch, classify_status(status), f"status {status}")
         ok = 200 <= status < 400
         dispatch.finish(self.clock.now(), usage.output_tokens if usage and ok else None, ok)
-        request = dispatch.request
-        self.metrics.model_series(request.model_label, request.target_model).running.dec()
-        if ok:
-            self._observe(dispatch, usage or Usage())
-        elif status:
-            self.metrics.errors.labels(request.model_label, request.target_model, str(status)).inc()
+        self.observe.ended(dispatch, status, ok, usage)
         if self.director.controllers():
             self.director.pump()  # its place may be someone else's now
             self._arm_expiry()
@@ -395,42 +361,11 @@ class Runtime:
             # The client left: free its place in the queue. If it was dispatched just
             # before (the result set, this task not resumed yet), release the dispatch.
             if self.director.cancel(item):
-                self._observe_wait(item, ticket.pool, "cancelled")
+                self.observe.wait(item, ticket.pool, "cancelled")
             elif waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                 waiter.result().finish(self.clock.now(), ok=False)
                 self.director.pump()
             raise
-
-    def _observe_wait(self, item: QueueItem, pool: str, reason: str) -> None:
-        """A queued request left the queue (``reason``: dispatched, cancelled or its
-        refusal's)."""
-        request = item.request
-        self.metrics.queue_wait.labels(
-            self._fairness_label(request.fairness_id),
-            str(request.priority),
-            queue_outcome(reason, queued=True),
-            pool,
-            request.model_label,
-            request.target_model,
-        ).observe(self.clock.now() - item.enqueued_at)
-
-    def _observe_enqueue(self, admitted: Admitted, refused: str | None, took_s: float) -> None:
-        """Flow control queued ``admitted`` (``refused`` None) or refused it at the door:
-        the enqueue time, and for a refusal its (zero) time in flow control."""
-        request = admitted.request
-        priority = str(request.priority)
-        outcome = "NotYetFinalized" if refused is None else queue_outcome(refused, queued=False)
-        fairness = self._fairness_label(request.fairness_id)
-        self.metrics.enqueue_duration.labels(fairness, priority, outcome).observe(took_s)
-        if refused is not None:
-            self.metrics.queue_wait.labels(
-                fairness,
-                priority,
-                outcome,
-                admitted.pool.name,
-                request.model_label,
-                request.target_model,
-            ).observe(0.0)
 
     def _arm_expiry(self) -> None:
         """Make sure a timer fires at the next queue deadline."""
@@ -453,32 +388,6 @@ class Runtime:
         if self.director.waiting_requests():
             self.director.reject_unservable()
 
-    def _log_refusal(self, error: GatewayError) -> None:
-        """Log a refusal's operator detail once per distinct message (bounded)."""
-        key = f"{error.message} {error.detail}"
-        if key in self._logged_unserved or len(self._logged_unserved) >= _MAX_LOGGED:
-            return
-        self._logged_unserved.add(key)
-        log.warning("%s (%s)", error.message, error.detail)
-
-    def _warn_empty_pools(self) -> None:
-        """One log line for each configured pool without endpoints, saying what is missing
-        and how to fix it (again only after it had endpoints in between)."""
-        for name, pool in self.datastore.pools.items():
-            if pool.endpoints:
-                self._warned_empty.discard(name)
-            elif name not in self._warned_empty:
-                self._warned_empty.add(name)
-                resource = self.config.pools.get(name)
-                labels = resource.spec.match_labels if resource is not None else {}
-                selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-                log.warning(
-                    "InferencePool '%s'%s has no endpoints, so its requests are answered 503: %s",
-                    name,
-                    f" (selector {selector})" if selector else "",
-                    pool.empty_hint,
-                )
-
     def empty_pools(self) -> list[str]:
         """Pools with no endpoint at all (none configured or discovered), by name."""
         return sorted(name for name, pool in self.datastore.pools.items() if not pool.endpoints)
@@ -487,84 +396,6 @@ class Runtime:
         """Fresh metrics may show room for waiting requests."""
         if self.director.controllers():
             self.director.pump()
-
-    # ------------------------------------------------------------------ metrics
-
-    def _flow_state(self) -> list[tuple[str, float, list[tuple[int, str, int, int]]]]:
-        now = self.clock.now()
-        out = []
-        for name, controller in self.director.controllers().items():
-            pool = self.datastore.pools.get(name)
-            endpoints = [e for e in pool.endpoints if not e.health.ejected] if pool else []
-            flows: list[tuple[int, str, int, int]] = []
-            for band in controller.bands():
-                flows.extend(band_flows(band))
-            out.append((name, self.director.flow.detector.saturation(endpoints, now), flows))
-        return out
-
-    def _prefix_index_size(self) -> int:
-        return sum(
-            p.indexed_blocks() for p in self.built.plugins.values() if isinstance(p, PrefixIndexer)
-        )
-
-    def _observe_prediction(self, dispatch: Dispatch, outcome: PredictionOutcome) -> None:
-        """What the predicted-latency producer did for a dispatched request: the chosen
-        endpoint's predictions and the call's duration, or a fallback (opted-out requests
-        count as neither)."""
-        metrics = self.metrics
-        if outcome.fallback:
-            metrics.predictor_fallbacks.labels(outcome.status).inc()
-            return
-        if outcome.status != "predicted":
-            return
-        request = dispatch.request
-        series = metrics.prediction_series(request.model_label, request.target_model)
-        # One batched call predicts both targets: its duration is each one's (as GIE does).
-        series.ttft_duration.observe(outcome.duration_s)
-        chosen = (dispatch.state.get(PREDICTIONS) or {}).get(dispatch.endpoint.name)
-        if chosen is None:  # e.g. an endpoint whose prediction was not finite
-            return
-        series.predicted_ttft.observe(chosen.ttft_ms / 1000.0)
-        if chosen.tpot_ms > 0:  # 0 until a TPOT model exists: nothing was predicted
-            series.tpot_duration.observe(outcome.duration_s)
-            series.predicted_tpot.observe(chosen.tpot_ms / 1000.0)
-
-    def _observe(self, dispatch: Dispatch, usage: Usage) -> None:
-        m = self.metrics.model_series(dispatch.request.model_label, dispatch.request.target_model)
-        finished = dispatch.finished_at or self.clock.now()
-        e2e = finished - dispatch.request.arrival
-        m.duration.observe(e2e)
-        output_tokens = usage.output_tokens
-        request = dispatch.request
-        if dispatch.first_byte_at is not None and request.stream:
-            ttft = dispatch.first_byte_at - request.arrival
-            m.ttft.observe(ttft)
-            if request.slo_ttft_ms is not None and ttft * 1000.0 > request.slo_ttft_ms:
-                self._slo_violated(request.model_label, request.target_model, "ttft")
-            if output_tokens > 1:
-                tpot = (e2e - ttft) / (output_tokens - 1)
-                m.tpot.observe(tpot)
-                if request.slo_tpot_ms is not None and tpot * 1000.0 > request.slo_tpot_ms:
-                    self._slo_violated(request.model_label, request.target_model, "tpot")
-        if usage.prompt_tokens is not None:
-            m.input_tokens.observe(usage.prompt_tokens)
-        if output_tokens:
-            m.output_tokens.observe(output_tokens)
-            # As the reference: the whole latency over all output tokens (not TPOT's).
-            m.ntpot.observe(e2e / output_tokens)
-        if usage.response_bytes is not None:
-            m.response_sizes.observe(usage.response_bytes)
-        if usage.cached_tokens is not None:
-            m.cached_tokens.observe(usage.cached_tokens)
-
-    def _slo_violated(self, model: str, target: str, kind: str) -> None:
-        # Only streamed answers: the gateway sees no first token of a non-streamed one,
-        # so its TTFT (and TPOT) cannot be judged against the SLO.
-        self.metrics.slo_violations.labels(model, target, kind).inc()
-
-
-_MAX_LOGGED = 256
-"""Distinct refusal details logged between two reloads."""
 
 
 def outlier_settings(spec: OutlierDetectionSettings) -> OutlierSettings:
@@ -584,3 +415,6 @@ def outlier_settings(spec: OutlierDetectionSettings) -> OutlierSettings:
         failure_percentage_request_volume=spec.failure_percentage_request_volume,
         stall_timeout_s=spec.stall_timeout_ms / 1000.0,
     )
+
+
+__all__ = ["Runtime", "RuntimeOptions", "Usage", "outlier_settings"]
