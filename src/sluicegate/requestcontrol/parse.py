@@ -122,26 +122,7 @@ def parse_request(kind: RequestKind, raw: bytes, headers: Mapping[str, str]) -> 
     salt = body.get("cache_salt")
     if salt is not None and not isinstance(salt, str):
         raise bad_request("'cache_salt' must be a string", "cache_salt")
-    parsed = ParsedRequest(
-        kind=kind,
-        body=body,
-        model=model,
-        stream=stream,
-        max_tokens=max_tokens,
-        prompt=prompt,
-        prompt_tokens=count_bytes_tokens(prompt),
-        cache_salt=salt or "",
-        slo_ttft_ms=None,
-        slo_tpot_ms=None,
-        objective=None,
-        fairness_id=DEFAULT_FLOW,
-        model_rewrite=None,
-        body_bytes=len(raw),
-        raw=raw,
-    )
-    if not _READ_HEADERS.isdisjoint(headers):
-        _read_headers(parsed, headers)
-    return parsed
+    return _parsed(kind, body, raw, headers, model, stream, max_tokens, prompt, salt or "")
 
 
 def parse_other(raw: bytes, headers: Mapping[str, str], generates: bool = True) -> ParsedRequest:
@@ -175,25 +156,8 @@ def parse_other(raw: bytes, headers: Mapping[str, str], generates: bool = True) 
         raise bad_request(str(exc), exc.field) from None
     prompt = _other_prompt(body)
     salt = body.get("cache_salt")
-    parsed = ParsedRequest(
-        kind="other",
-        body=body,
-        model=model,
-        stream=stream,
-        max_tokens=max_tokens,
-        prompt=prompt,
-        prompt_tokens=count_bytes_tokens(prompt),
-        cache_salt=salt if isinstance(salt, str) else "",
-        slo_ttft_ms=None,
-        slo_tpot_ms=None,
-        objective=None,
-        fairness_id=DEFAULT_FLOW,
-        model_rewrite=None,
-        body_bytes=len(raw),
-        raw=raw,
-    )
-    if not _READ_HEADERS.isdisjoint(headers):
-        _read_headers(parsed, headers)
+    salt = salt if isinstance(salt, str) else ""
+    parsed = _parsed("other", body, raw, headers, model, stream, max_tokens, prompt, salt)
     if not model:
         parsed.model_rewrite = None  # no ``model`` field to rewrite
     return parsed
@@ -233,6 +197,41 @@ def _decode(raw: bytes) -> dict[str, Any]:
     if not within_depth(body):
         raise _too_deep()
     return body
+
+
+def _parsed(
+    kind: RequestKind,
+    body: dict[str, Any],
+    raw: bytes,
+    headers: Mapping[str, str],
+    model: str,
+    stream: bool,
+    max_tokens: int | None,
+    prompt: bytes,
+    cache_salt: str,
+) -> ParsedRequest:
+    """The request of checked body fields, with its control headers read (a 400
+    GatewayError for a malformed one)."""
+    parsed = ParsedRequest(
+        kind=kind,
+        body=body,
+        model=model,
+        stream=stream,
+        max_tokens=max_tokens,
+        prompt=prompt,
+        prompt_tokens=count_bytes_tokens(prompt),
+        cache_salt=cache_salt,
+        slo_ttft_ms=None,
+        slo_tpot_ms=None,
+        objective=None,
+        fairness_id=DEFAULT_FLOW,
+        model_rewrite=None,
+        body_bytes=len(raw),
+        raw=raw,
+    )
+    if not _READ_HEADERS.isdisjoint(headers):
+        _read_headers(parsed, headers)
+    return parsed
 
 
 def without_routing_headers(headers: Mapping[str, str]) -> Mapping[str, str]:

@@ -67,8 +67,9 @@ def check_passed(method: str, path: str) -> None:
     if not _canonical(lowered):
         raise GatewayError(
             404,
-            f"{method} {path} is not a route: only origin-form paths of letters, digits and "
-            "'-._~/' without empty, '.' or '..' segments are passed through",
+            f"{method} {path} is not a route: a passed path holds only letters, digits and "
+            "'-._~/' (no percent escapes, fragments or parameters) and no empty, '.' or '..' "
+            "segments",
             code="not_found",
         )
     bare = lowered.rstrip("/")
