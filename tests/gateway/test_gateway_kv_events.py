@@ -20,7 +20,7 @@ from sluicegate.scheduling.config import load_preset
 from sluicegate.tokens import token_ids
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "datalayer"))
-from kv_support import FakeVLLMPublisher, stored, until  # noqa: E402
+from kv_support import FakeVLLMPublisher, stored, until
 
 BASE = "tiny-llama"
 BS = 16

@@ -160,8 +160,8 @@ class KVEventsHost:
         subs = self.service.pools.get(endpoint.pool)
         if subs is None or endpoint.name not in subs.streams:
             return  # not subscribed yet: the next scrape applies it
-        margin = 1.0 + settings.capacity_margin_percent / 100.0
-        subs.index.set_capacity(endpoint.name, math.ceil(m.num_gpu_blocks * margin))
+        margin = math.ceil(m.num_gpu_blocks * settings.capacity_margin_percent / 100.0)
+        subs.index.set_capacity(endpoint.name, m.num_gpu_blocks + margin)
         self._applied_blocks[key] = m.num_gpu_blocks
 
     def unknown_views(self) -> list[dict[str, str]]:
