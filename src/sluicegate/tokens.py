@@ -75,6 +75,12 @@ def token_ids(data: bytes, max_tokens: int = 0) -> list[int]:
     These are the ids the precise prefix index is keyed by until a model's own tokenizer
     is wired in, and the ones the simulator publishes in its KV-cache events.
     """
+    return token_id_array(data, max_tokens).tolist()
+
+
+def token_id_array(data: bytes, max_tokens: int = 0) -> array[int]:
+    """:func:`token_ids` as an ``array("I")`` — about 100× cheaper than the list for a
+    16 KB prompt (no int objects), and what the precise index's key chain hashes."""
     if max_tokens > 0:
         data = data[: max_tokens * BYTES_PER_TOKEN]
     rest = len(data) % BYTES_PER_TOKEN
@@ -83,4 +89,4 @@ def token_ids(data: bytes, max_tokens: int = 0) -> list[int]:
     ids = array("I", data)  # "I" is 4 bytes on every platform CPython supports here
     if sys.byteorder == "big":
         ids.byteswap()
-    return ids.tolist()
+    return ids

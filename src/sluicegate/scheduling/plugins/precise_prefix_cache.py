@@ -35,6 +35,9 @@ defaults as there (docs/plugins.md#approx-prefix-cache-producer).
 
 Cost on top of the approximate producer: one token-id conversion and one xxh3 per block
 of the prompt, one dict lookup per matched block (the index's ``longest_prefix``).
+Measured (CPython 3.11, shared 2-core machine, 8 synced endpoints holding 1/8 … 8/8 of
+the prompt in 16-token blocks): a 16 KB prompt (256 blocks) about 92 µs per request
+(approximate alone: 13 µs), a 1 KB prompt about 26 µs.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ from sluicegate.framework import (
     StateKey,
 )
 from sluicegate.scheduling.prefix_index import PrefixIndex
-from sluicegate.tokens import block_hashes, hash_seed, token_ids
+from sluicegate.tokens import block_hashes, hash_seed, token_id_array
 
 _DEFAULT_LRU_BLOCKS_16 = 31_250
 """The approximate producer's default ``lruCapacityPerServer`` (16-token blocks)."""
@@ -176,7 +179,7 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, Pre
     def _keys(self, request: LLMRequest, size: int) -> list[int]:
         """The request's block keys, built as vLLM names blocks (extra keys: the LoRA name
         on every block, the cache salt after it on the first)."""
-        ids = token_ids(request.prompt, self.params.max_prefix_tokens_to_match)
+        ids = token_id_array(request.prompt, self.params.max_prefix_tokens_to_match)
         n = len(ids) // size
         if not n:
             return []
