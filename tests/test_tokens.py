@@ -14,6 +14,7 @@ from sluicegate.tokens import (
     count_bytes_tokens,
     count_tokens,
     hash_seed,
+    token_ids,
 )
 
 BLOCK = 16
@@ -167,3 +168,15 @@ def test_max_blocks_truncates(include_partial: bool) -> None:
     assert hashes(2) == full[:2]
     assert hashes(6) == full[:6]
     assert hashes(100) == full
+
+
+def test_token_ids_are_little_endian_words_and_prefix_stable() -> None:
+    assert token_ids(b"") == []
+    assert token_ids(b"abcd") == [int.from_bytes(b"abcd", "little")]
+    assert token_ids(b"abcdef") == [int.from_bytes(b"abcd", "little"), ord("e") + (ord("f") << 8)]
+    text = "héllo wörld, a longer prompt".encode()
+    whole = token_ids(text)
+    assert len(whole) == -(-len(text) // 4)
+    cut = token_ids(text[:12])
+    assert whole[:3] == cut
+    assert token_ids(text, max_tokens=2) == whole[:2]

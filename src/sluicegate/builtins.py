@@ -25,6 +25,7 @@ from sluicegate.scheduling.plugins.least_request_picker import LeastRequestPicke
 from sluicegate.scheduling.plugins.load_aware_scorer import LoadAwareScorer
 from sluicegate.scheduling.plugins.lora_affinity_scorer import LoraAffinityScorer
 from sluicegate.scheduling.plugins.max_score_picker import MaxScorePicker
+from sluicegate.scheduling.plugins.precise_prefix_cache import PrecisePrefixCacheProducer
 from sluicegate.scheduling.plugins.predicted_latency import PredictedLatencyProducer
 from sluicegate.scheduling.plugins.prefix_affinity_filter import PrefixCacheAffinityFilter
 from sluicegate.scheduling.plugins.prefix_cache import ApproxPrefixCacheProducer, PrefixCacheScorer
@@ -41,6 +42,7 @@ from sluicegate.scheduling.plugins.weighted_random_picker import WeightedRandomP
 BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     # scheduling: producers, filters, scorers, pickers, profile handlers, admitters
     ApproxPrefixCacheProducer,
+    PrecisePrefixCacheProducer,
     PredictedLatencyProducer,
     PrefixCacheAffinityFilter,
     SloHeadroomTierFilter,

@@ -99,6 +99,109 @@ class LabelSelector(Model):
     match_labels: dict[str, str] = Field(default_factory=dict)
 
 
+_KV_TEMPLATE_FIELDS = {"host": "10.0.0.1", "port": 8000, "name": "e"}
+
+
+def _check_kv_template(value: str | None, field: str) -> str | None:
+    """A ZeroMQ address template: ``tcp://`` or ``ipc://``, placeholders {host}, {port}
+    (the endpoint's HTTP port) and {name} only."""
+    if value is None:
+        return None
+    if not value.startswith(("tcp://", "ipc://")):
+        raise ValueError(f"{field} must start with tcp:// or ipc://, got {value!r}")
+    try:
+        value.format(**_KV_TEMPLATE_FIELDS)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(
+            f"{field} {value!r}: only the placeholders {{host}}, {{port}} and {{name}} are "
+            f"known ({exc!r})"
+        ) from None
+    return value
+
+
+class KVEventsOverride(Model):
+    """One endpoint's changes to its pool's ``kvEvents`` (unset fields: the pool's)."""
+
+    enabled: bool | None = None
+    port: Annotated[int, Field(ge=1, le=65535)] | None = None
+    replay_port: Annotated[int, Field(ge=1, le=65535)] | None = None
+    endpoint: str | None = None
+    replay_endpoint: str | None = None
+    topic: str | None = None
+    capacity_blocks: Annotated[int, Field(ge=1)] | None = None
+
+    @field_validator("endpoint", "replay_endpoint")
+    @classmethod
+    def _template(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return _check_kv_template(value, to_camel(info.field_name or ""))
+
+
+class KVEventsSettings(Model):
+    """Where a pool's servers publish their KV-cache events (vLLM's ``--kv-events-config``)
+    for precise prefix-cache routing; see docs/configuration.md#kvevents."""
+
+    enabled: bool = True
+    port: Annotated[int, Field(ge=1, le=65535)] = 5557
+    """The PUB port on the endpoint's host (vLLM's default ``tcp://*:5557``)."""
+    replay_port: Annotated[int, Field(ge=1, le=65535)] | None = None
+    """The replay (ROUTER) port; None: no replay (vLLM's default), a gap drops the view."""
+    endpoint: str | None = None
+    """A PUB address template instead of ``port``, e.g. ``tcp://{host}:5557``."""
+    replay_endpoint: str | None = None
+    """A replay address template instead of ``replayPort``."""
+    topic: str = ""
+    """vLLM's ``topic`` (default empty: every message)."""
+    capacity_blocks: Annotated[int, Field(ge=1)] | None = None
+    """Index entries kept per endpoint; None: the server's ``num_gpu_blocks`` from its
+    ``cache_config_info`` gauge plus ``capacityMarginPercent``, else 31,250."""
+    capacity_margin_percent: Annotated[float, Field(ge=0, le=100)] = 10.0
+
+    @field_validator("endpoint", "replay_endpoint")
+    @classmethod
+    def _template(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return _check_kv_template(value, to_camel(info.field_name or ""))
+
+    @model_validator(mode="after")
+    def _one_address(self) -> KVEventsSettings:
+        if self.endpoint is not None and "port" in self.model_fields_set:
+            raise ValueError("kvEvents: give port or endpoint, not both")
+        if self.replay_endpoint is not None and self.replay_port is not None:
+            raise ValueError("kvEvents: give replayPort or replayEndpoint, not both")
+        return self
+
+    def merged(self, override: KVEventsOverride | None) -> KVEventsSettings:
+        """These settings with an endpoint's override applied."""
+        if override is None:
+            return self
+        changes = {k: getattr(override, k) for k in override.model_fields_set}
+        if "endpoint" in changes and "port" not in changes:
+            changes["port"] = 5557
+        if "port" in changes and "endpoint" not in changes:
+            changes["endpoint"] = None
+        if "replay_endpoint" in changes and "replay_port" not in changes:
+            changes["replay_port"] = None
+        if "replay_port" in changes and "replay_endpoint" not in changes:
+            changes["replay_endpoint"] = None
+        return self.model_copy(update=changes)
+
+    def addresses(self, host: str, port: int, name: str) -> tuple[str, str | None]:
+        """The PUB and replay addresses for an endpoint at ``host`` (HTTP ``port``)."""
+        bracketed = f"[{host}]" if ":" in host else host
+        values = {"host": bracketed, "port": port, "name": name}
+        pub = (
+            self.endpoint.format(**values)
+            if self.endpoint is not None
+            else f"tcp://{bracketed}:{self.port}"
+        )
+        if self.replay_endpoint is not None:
+            replay: str | None = self.replay_endpoint.format(**values)
+        elif self.replay_port is not None:
+            replay = f"tcp://{bracketed}:{self.replay_port}"
+        else:
+            replay = None
+        return pub, replay
+
+
 class StaticEndpoint(Model):
     """A model server listed explicitly (standalone use, no Kubernetes)."""
 
@@ -109,6 +212,9 @@ class StaticEndpoint(Model):
     engine_type: Literal["vllm", "sglang", "trtllm-serve", "triton-tensorrt-llm"] = "vllm"
     """Which metric names the server exports (the engine types of GIE's
     https://github.com/kubernetes-sigs/gateway-api-inference-extension/blob/1748e829/pkg/epp/framework/plugins/datalayer/extractor/metrics/factories.go)."""
+    kv_events: KVEventsOverride | None = None
+    """Changes to the pool's ``kvEvents`` for this endpoint (e.g. another port per
+    data-parallel rank)."""
 
     @field_validator("address")
     @classmethod
@@ -128,6 +234,9 @@ class InferencePoolSpec(Model):
     endpoint_picker_ref: EndpointPickerRef | None = None
     extension_ref: ExtensionRef | None = None
     endpoints: list[StaticEndpoint] = Field(default_factory=list)
+    kv_events: KVEventsSettings | None = None
+    """The servers' KV-cache event streams, for the ``precise-prefix-cache-producer`` (a
+    sluicegate extension; None: not subscribed)."""
 
     @model_validator(mode="after")
     def _ports(self) -> InferencePoolSpec:

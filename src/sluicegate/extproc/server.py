@@ -170,6 +170,10 @@ class ExtProcServer:
         )
 
     async def _healthz(self, request: web.Request) -> web.Response:
+        kv_events = self.runtime.kv_events
+        unknown = kv_events.unknown_views() if kv_events.active else []
+        if unknown:  # alive; precise prefix routing is approximate for these endpoints
+            return web.json_response({"status": "degraded", "kv_events_unknown": unknown})
         return web.json_response({"status": "ok"})
 
     async def _readyz(self, request: web.Request) -> web.Response:

@@ -65,6 +65,9 @@ class Plugin(abc.ABC):
     """Other names configuration may use for this type."""
     requires: ClassVar[tuple[str, ...]] = ()
     """Types of producer plugins this plugin reads; created automatically if missing."""
+    provides: ClassVar[tuple[str, ...]] = ()
+    """Producer types whose output this plugin writes in their stead (a plugin requiring
+    one of them is then satisfied without creating it)."""
     Parameters: ClassVar[type[PluginParameters]] = PluginParameters
     params: PluginParameters
 

@@ -445,14 +445,16 @@ class Gateway:
         # Liveness: 200 while the process serves, whatever the pools hold (a restart
         # would not add endpoints); the body names pools nothing can be routed to.
         empty = self.runtime.empty_pools()
-        if not empty:
+        unknown = self.runtime.kv_events.unknown_views() if self.runtime.kv_events.active else []
+        if not empty and not unknown:
             responder.send(200, [_JSON], b'{"status":"ok"}')
             return
         pools = self.runtime.datastore.pools
-        body = {
-            "status": "degraded",
-            "empty_pools": [{"pool": name, "fix": pools[name].empty_hint} for name in empty],
-        }
+        body: dict[str, object] = {"status": "degraded"}
+        if empty:
+            body["empty_pools"] = [{"pool": name, "fix": pools[name].empty_hint} for name in empty]
+        if unknown:  # precise prefix routing falls back to the approximate index there
+            body["kv_events_unknown"] = unknown
         responder.send(200, [_JSON], orjson.dumps(body))
 
     async def _ready(self, request: Request, responder: Responder, request_id: str) -> None:

@@ -28,6 +28,7 @@ from sluicegate.clock import Clock, MonotonicClock
 from sluicegate.datalayer.collector import Collector, CollectorSettings
 from sluicegate.datalayer.datastore import Datastore
 from sluicegate.datalayer.endpoint import Endpoint
+from sluicegate.datalayer.kvevents.service import KV_EVENTS_SERVICE
 from sluicegate.datalayer.outlier import OutlierDetector, OutlierSettings, Result, classify_status
 from sluicegate.datalayer.pools import EndpointsByPool, static_endpoints, sync_pools
 from sluicegate.errors import GatewayError
@@ -40,6 +41,7 @@ from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import ParsedRequest
 from sluicegate.requestcontrol.responses import Usage as Usage  # re-exported
+from sluicegate.runtime.kvevents import KVEventsCollector, KVEventsHost
 from sluicegate.runtime.notices import Notices
 from sluicegate.runtime.observe import RequestMetrics, flow_state, prefix_index_size, time_plugins
 from sluicegate.scheduling.config import BuiltScheduler, build_scheduler
@@ -107,6 +109,9 @@ class Runtime:
                 trace=self.options.latency_trace,
             )
             self._services[PREDICTOR_SERVICE] = self.predictor.service
+        self.kv_events = KVEventsHost(self.clock)
+        """The servers' KV-cache event streams (idle unless a pool has ``kvEvents``)."""
+        self._services.setdefault(KV_EVENTS_SERVICE, self.kv_events.service)
         self.staleness_s = config.gateway.metrics_staleness_ms / 1000.0
         self.datastore = Datastore()
         self.built = self._build_scheduler(config)
@@ -134,6 +139,7 @@ class Runtime:
         time_plugins(self.built, self.metrics)
         if self.predictor is not None:
             self.predictor.register_metrics(self.metrics.registry)
+        self.metrics.registry.register(KVEventsCollector(self.kv_events))
         self.collector: Collector | None = None
         self.outlier: OutlierDetector | None = None
         """Ejects endpoints whose requests fail (None when ``outlierDetection`` is off)."""
@@ -142,6 +148,7 @@ class Runtime:
         self._discovered: EndpointsByPool | None = None
         self._notices = Notices()
         sync_pools(self.datastore, config, static_endpoints(config))
+        self.kv_events.request_sync(config, self.datastore)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -173,6 +180,9 @@ class Runtime:
             ),
         )
         self.collector.on_scrape.append(self._on_scrape)
+        if self.kv_events.active:
+            self.collector.on_scrape.append(self.kv_events.on_scrape)
+        self.kv_events.start()
         self.collector.on_models.append(self._on_models)
         self.collector.on_eject.append(self.metrics.endpoint_ejected)
         self.collector.start()
@@ -218,6 +228,7 @@ class Runtime:
             self.collector = None
         if self.predictor is not None:
             await self.predictor.stop()
+        await self.kv_events.stop()
 
     def apply_config(self, config: Config, endpoints: EndpointsByPool | None = None) -> None:
         """Switch to ``config`` (and, from discovery, ``endpoints`` by pool) without dropping
@@ -256,6 +267,10 @@ class Runtime:
             self._discovered if self._discovered is not None else static_endpoints(config),
             discovered=discovered,
         )
+        was_active = self.kv_events.active
+        self.kv_events.request_sync(config, self.datastore)
+        if self.collector is not None and self.kv_events.active and not was_active:
+            self.collector.on_scrape.append(self.kv_events.on_scrape)
         if not same:
             time_plugins(built, self.metrics)
         self.metrics.names = config.gateway.metrics_names

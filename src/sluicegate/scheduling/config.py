@@ -98,6 +98,7 @@ def build_scheduler(
 
     # Producers that configured plugins read, created when missing.
     present = {type(p).type_name for p in plugins.values()}
+    present.update(name for p in plugins.values() for name in type(p).provides)
     auto: list[Plugin] = []
     for plugin in list(plugins.values()):
         for needed in plugin.requires:
@@ -164,6 +165,9 @@ def _dependency_order(
 ) -> list[DataProducer]:
     """Producers ordered so each runs after the producer types it ``requires``."""
     by_type = {type(p).type_name: p for p in producers}
+    for p in producers:
+        for provided in type(p).provides:
+            by_type.setdefault(provided, p)
     ordered: list[DataProducer] = []
     visiting: set[str] = set()
 

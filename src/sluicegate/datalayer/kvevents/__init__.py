@@ -5,10 +5,11 @@
 - :mod:`~sluicegate.datalayer.kvevents.index` — ``PreciseIndex``: which endpoint holds
   which block, keyed by sluicegate's own chain of token-id hashes (``block_keys``);
 - :mod:`~sluicegate.datalayer.kvevents.subscriber` — ``KVEventSubscribers``: one SUB
-  socket per endpoint, gaps replayed, restarts and losses drop that endpoint's entries.
+  socket per endpoint, gaps replayed, restarts and losses drop that endpoint's entries;
+- :mod:`~sluicegate.datalayer.kvevents.service` — ``KVEventsService``: each pool's
+  subscribers, as the ``precise-prefix-cache-producer`` finds them.
 
-Nothing imports this package yet: the precise producer plugin, the simulator's publisher,
-configuration and metrics come in later slices (docs/architecture.md).
+The runtime's :mod:`sluicegate.runtime.kvevents` subscribes per the pools' ``kvEvents``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from sluicegate import lazy
 _WIRE = "sluicegate.datalayer.kvevents.wire"
 _INDEX = "sluicegate.datalayer.kvevents.index"
 _SUBSCRIBER = "sluicegate.datalayer.kvevents.subscriber"
+_SERVICE = "sluicegate.datalayer.kvevents.service"
 _EXPORTS = {
     "AllBlocksCleared": _WIRE,
     "BlockRemoved": _WIRE,
@@ -39,6 +41,9 @@ _EXPORTS = {
     "KVEventSubscribers": _SUBSCRIBER,
     "SubscriberSettings": _SUBSCRIBER,
     "View": _SUBSCRIBER,
+    "KV_EVENTS_SERVICE": _SERVICE,
+    "KVEventsService": _SERVICE,
+    "LookupCounters": _SERVICE,
 }
 
 if TYPE_CHECKING:
@@ -47,6 +52,11 @@ if TYPE_CHECKING:
         IndexCounters,
         PreciseIndex,
         block_keys,
+    )
+    from sluicegate.datalayer.kvevents.service import (
+        KV_EVENTS_SERVICE,
+        KVEventsService,
+        LookupCounters,
     )
     from sluicegate.datalayer.kvevents.subscriber import (
         EndpointStream,
@@ -71,6 +81,7 @@ if TYPE_CHECKING:
 __getattr__ = lazy.exports(__name__, _EXPORTS, globals())
 
 __all__ = [
+    "KV_EVENTS_SERVICE",
     "ROOT_KEY",
     "AllBlocksCleared",
     "BlockRemoved",
@@ -83,6 +94,8 @@ __all__ = [
     "KVEventDecodeError",
     "KVEventSource",
     "KVEventSubscribers",
+    "KVEventsService",
+    "LookupCounters",
     "PreciseIndex",
     "SubscriberSettings",
     "View",

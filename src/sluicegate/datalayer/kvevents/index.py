@@ -112,12 +112,14 @@ class _Blocks:
     """One endpoint's entries: vLLM hash → our key, oldest first; ``bit`` is its bit in
     the index's holder masks."""
 
-    __slots__ = ("bit", "by_hash", "capacity", "copies", "dup")
+    __slots__ = ("bit", "block_size", "by_hash", "capacity", "copies", "dup")
 
-    def __init__(self, capacity: int, bit: int) -> None:
+    def __init__(self, capacity: int, bit: int, block_size: int = 0) -> None:
         self.by_hash: OrderedDict[BlockHash, int] = OrderedDict()
         self.capacity = capacity
         self.bit = bit
+        self.block_size = block_size
+        """Tokens per block of the endpoint's last valid store (0: none yet)."""
         # vLLM hashes stored more than once → extra copies. vLLM does not de-duplicate: two
         # requests computing the same prefix at once cache two physical blocks under one
         # hash, each stored and later removed on its own (vllm/v1/core/block_pool.py). Kept
@@ -182,6 +184,7 @@ class PreciseIndex:
             self.counters.invalid += n
             return
         entries = self._entries(endpoint)
+        entries.block_size = size
         by_hash = entries.by_hash
         if event.parent_block_hash is None:
             parent = ROOT_KEY
@@ -257,7 +260,7 @@ class PreciseIndex:
             else:
                 holders.pop(key, None)
         if keep_capacity:
-            self._endpoints[endpoint] = _Blocks(entries.capacity, entries.bit)
+            self._endpoints[endpoint] = _Blocks(entries.capacity, entries.bit, entries.block_size)
         else:
             del self._endpoints[endpoint]
             self._names[entries.bit.bit_length() - 1] = None
@@ -291,6 +294,12 @@ class PreciseIndex:
         """How many blocks ``endpoint`` holds in the index."""
         entries = self._endpoints.get(endpoint)
         return 0 if entries is None else len(entries.by_hash)
+
+    def block_size(self, endpoint: str) -> int:
+        """Tokens per block in ``endpoint``'s events (vLLM sends its ``block_size`` with
+        every store); 0 before its first valid store."""
+        entries = self._endpoints.get(endpoint)
+        return 0 if entries is None else entries.block_size
 
     def entries(self, endpoint: str) -> dict[BlockHash, int]:
         """A copy of ``endpoint``'s vLLM hash → key entries (tests, debugging)."""
