@@ -15,6 +15,8 @@ prefix are the same whatever follows.
 
 from __future__ import annotations
 
+import struct
+
 import xxhash
 
 BYTES_PER_TOKEN = 4
@@ -32,6 +34,15 @@ def count_tokens(text: str) -> int:
 def count_bytes_tokens(data: bytes) -> int:
     """Number of built-in tokens in already-encoded UTF-8 ``data``."""
     return -(-len(data) // BYTES_PER_TOKEN)
+
+
+def token_ids(data: bytes) -> list[int]:
+    """The built-in tokenizer's ids of UTF-8 ``data``: each 4-byte token read as a
+    little-endian uint32, the last one padded with zero bytes (what the simulator's
+    ``/tokenize`` answers and its KV-cache events carry)."""
+    n = count_bytes_tokens(data)
+    padded = data.ljust(n * BYTES_PER_TOKEN, b"\0")
+    return list(struct.unpack(f"<{n}I", padded))
 
 
 def hash_seed(*parts: str) -> int:
