@@ -75,7 +75,7 @@ def add_parser(sub: Subparsers) -> None:
         "--kv-events-config",
         default=None,
         metavar="JSON",
-        help="publish KV-cache events as vLLM does, e.g. '{\"enable_kv_cache_events\": true, "
+        help='publish KV-cache events as vLLM does, e.g. \'{"enable_kv_cache_events": true, '
         '"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}\'; replica i '
         "binds each port + i (see docs/simulator.md)",
     )

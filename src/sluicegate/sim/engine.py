@@ -479,7 +479,11 @@ class Engine:
     def _log_stored(self, seq: Sequence, start: int, end: int) -> None:
         """Log blocks ``start`` … ``end − 1`` of ``seq`` as stored, as vLLM describes them."""
         assert self.kv_events is not None
-        data = b"".join(self._block_bytes(seq, b) for b in range(start, end))
+        bs_bytes = self.profile.block_size * BYTES_PER_TOKEN
+        if end * bs_bytes <= len(seq.prompt):  # prompt blocks: one slice
+            data = seq.prompt[start * bs_bytes : end * bs_bytes]
+        else:
+            data = b"".join(self._block_bytes(seq, b) for b in range(start, end))
         extra: list[list[str] | None] | None = None
         if seq.lora or seq.cache_salt:
             # vLLM's extra keys of a block: the adapter's name, the salt on the first block
