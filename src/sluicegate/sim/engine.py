@@ -430,14 +430,20 @@ class Engine:
         gpu[name] = None
         result.loaded_loras.append(name)
 
-    def _extend_hashes(self, seq: Sequence, n_blocks: int) -> None:
-        """Compute chained hashes for the first ``n_blocks`` blocks of prompt + output."""
+    def _extend_hashes(
+        self, seq: Sequence, n_blocks: int, chunks: dict[int, bytes] | None = None
+    ) -> None:
+        """Compute chained hashes for the first ``n_blocks`` blocks of prompt + output
+        (and keep each new block's bytes in ``chunks`` when given)."""
         hashes = seq.hashes
         if len(hashes) >= n_blocks:
             return
         h = hashes[-1] if hashes else seq.hash_seed
         for b in range(len(hashes), n_blocks):
-            h = _xxh64(self._block_bytes(seq, b), h)
+            chunk = self._block_bytes(seq, b)
+            if chunks is not None:
+                chunks[b] = chunk
+            h = _xxh64(chunk, h)
             hashes.append(h)
 
     def _block_bytes(self, seq: Sequence, b: int) -> bytes:
@@ -455,13 +461,15 @@ class Engine:
         return head + output_bytes(seq.output_seed, first_out, last_out)
 
     def _register_blocks(self, seq: Sequence, full_blocks: int) -> None:
-        self._extend_hashes(seq, full_blocks)
         register = self.pool.register
         blocks, hashes = seq.blocks, seq.hashes
         if self.kv_events is None:
+            self._extend_hashes(seq, full_blocks)
             for b in range(seq.num_registered, full_blocks):
                 register(blocks[b], hashes[b])
         else:
+            chunks: dict[int, bytes] = {}  # generated blocks' bytes, hashed and logged
+            self._extend_hashes(seq, full_blocks, chunks)
             # one BlockStored per run of blocks entered into the cache (a block another
             # block already holds is not: the sim keeps one copy per hash)
             run = -1
@@ -470,20 +478,20 @@ class Engine:
                     if run < 0:
                         run = b
                 elif run >= 0:
-                    self._log_stored(seq, run, b)
+                    self._log_stored(seq, run, b, chunks)
                     run = -1
             if run >= 0:
-                self._log_stored(seq, run, full_blocks)
+                self._log_stored(seq, run, full_blocks, chunks)
         seq.num_registered = full_blocks
 
-    def _log_stored(self, seq: Sequence, start: int, end: int) -> None:
+    def _log_stored(self, seq: Sequence, start: int, end: int, chunks: dict[int, bytes]) -> None:
         """Log blocks ``start`` … ``end − 1`` of ``seq`` as stored, as vLLM describes them."""
         assert self.kv_events is not None
         bs_bytes = self.profile.block_size * BYTES_PER_TOKEN
         if end * bs_bytes <= len(seq.prompt):  # prompt blocks: one slice
             data = seq.prompt[start * bs_bytes : end * bs_bytes]
         else:
-            data = b"".join(self._block_bytes(seq, b) for b in range(start, end))
+            data = b"".join(chunks.get(b) or self._block_bytes(seq, b) for b in range(start, end))
         extra: list[list[str] | None] | None = None
         if seq.lora or seq.cache_salt:
             # vLLM's extra keys of a block: the adapter's name, the salt on the first block
