@@ -244,6 +244,30 @@ async def test_reset_prefix_cache_clears_the_index(
     assert replica.engine.pool.cached_hashes() == set()
 
 
+async def test_a_restarted_replica_counts_from_zero_on_the_same_ports(
+    pool: SimCluster, subscribers: KVEventSubscribers
+) -> None:
+    """The subscriber tells a restart by the sequence going back, so the old run must have
+    published more batches than the new one has when the SUB socket reconnects (ZeroMQ
+    retries every 100 ms): a long first run, then requests one at a time."""
+    replica = pool.replicas[0]
+    await workload([replica], requests=40)
+    await caught_up(subscribers, [replica])
+    before = source(replica)
+    await replica.restart()
+    assert source(replica) == before  # same addresses: the subscriber reconnects by itself
+    stream = subscribers.streams["r0"]
+    async with aiohttp.ClientSession() as http:
+        for i in range(200):
+            if stream.counters.restarts:
+                break
+            await complete(http, replica, prompt(5, 100 + i))
+            await asyncio.sleep(0.05)
+    assert stream.counters.restarts == 1
+    await caught_up(subscribers, [replica])
+    assert_index_matches(subscribers, replica)
+
+
 async def test_replay_socket_answers_as_vllm(pool: SimCluster) -> None:
     """A DEALER asking from seq 1 gets every buffered batch from 1 on, then (-1, b"")."""
     replica = pool.replicas[0]

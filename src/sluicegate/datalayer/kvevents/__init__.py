@@ -7,8 +7,9 @@
 - :mod:`~sluicegate.datalayer.kvevents.subscriber` — ``KVEventSubscribers``: one SUB
   socket per endpoint, gaps replayed, restarts and losses drop that endpoint's entries.
 
-Nothing imports this package yet: the precise producer plugin, the simulator's publisher,
-configuration and metrics come in later slices (docs/architecture.md).
+Nothing imports this package yet: the precise producer plugin, configuration and metrics
+come in later slices (docs/architecture.md). The simulator publishes the same protocol
+(:mod:`sluicegate.sim.kvevents`); the wire structs both use are in :mod:`sluicegate.kv_wire`.
 """
 
 from __future__ import annotations
