@@ -456,3 +456,29 @@ async def test_cost_report() -> None:
         f"on {min(on) * 1e3:.0f} ms ({min(on) / min(off) - 1:+.1%}), {batches} batches, "
         f"{stored} blocks stored: {extra_us:.1f} µs per stored block"
     )
+
+
+async def test_adapter_blocks_carry_the_adapters_name(sim_cluster: Any) -> None:
+    """Blocks computed for a LoRA adapter are keyed with its name, as vLLM's extra keys."""
+    profile = replace(get_profile("tiny"), num_gpu_blocks=BLOCKS)
+    cluster: SimCluster = await sim_cluster(
+        replicas=1, profile=profile, time_scale=0.02, kv_events=FREE_PORTS, lora=["sql"]
+    )
+    replica = cluster.replicas[0]
+    subs = KVEventSubscribers(PreciseIndex(default_capacity=BLOCKS))
+    try:
+        await subs.sync({"r0": source(replica)})
+        await subscribed(subs, [replica])
+        data = prompt(6, 6)
+        async with aiohttp.ClientSession() as http:
+            await complete(http, replica, data, model="sql")
+        await caught_up(subs, [replica])
+        assert_index_matches(subs, replica)
+        ids = token_ids(data.encode())
+        bs = replica.engine.profile.block_size
+        n = len(ids) // bs
+        keyed = block_keys(ids, bs, [extra_key_bytes(("sql",))] * n)
+        assert subs.index.longest_prefix(keyed).get("r0", 0) == n
+        assert "r0" not in subs.index.longest_prefix(block_keys(ids, bs))
+    finally:
+        await subs.close()
