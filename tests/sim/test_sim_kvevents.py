@@ -33,7 +33,8 @@ from sluicegate.datalayer.kvevents import (
 from sluicegate.kv_wire import WireStoredMap
 from sluicegate.sim.engine import Engine, new_sequence
 from sluicegate.sim.faults import Faults
-from sluicegate.sim.kvevents import KVEventLog, KVEventPublisher, KVEventsConfig, replica_endpoint
+from sluicegate.sim.kvevents import KVEventLog, KVEventsConfig, replica_endpoint
+from sluicegate.sim.kvpublisher import KVEventPublisher
 from sluicegate.sim.profiles import get_profile
 from sluicegate.sim.server import Replica, SimCluster
 from sluicegate.tokens import block_hashes, token_ids

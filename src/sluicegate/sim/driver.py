@@ -10,11 +10,15 @@ sequences and wait on their :class:`Handle`; they never step the engine themselv
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from sluicegate.sim.engine import Engine, Sequence
-from sluicegate.sim.kvevents import KVEventLog, KVEventPublisher
+from sluicegate.sim.kvevents import KVEventLog
 from sluicegate.sim.metrics import EngineMetrics
 from sluicegate.sim.profiles import EngineProfile
+
+if TYPE_CHECKING:
+    from sluicegate.sim.kvpublisher import KVEventPublisher
 
 _MIN_SLEEP_S = 0.001
 """Waits shorter than this are not slept (the event loop rounds timers up to 1 ms)."""

@@ -26,11 +26,11 @@ import math
 import random
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import xxhash
 
 from sluicegate.sim.kvcache import BlockPool
-from sluicegate.sim.kvevents import KVEventLog
 from sluicegate.sim.profiles import EngineProfile
 from sluicegate.sim.text import output_bytes
 from sluicegate.tokens import (
@@ -40,6 +40,9 @@ from sluicegate.tokens import (
     hash_seed,
     token_ids,
 )
+
+if TYPE_CHECKING:
+    from sluicegate.sim.kvevents import KVEventLog
 
 _xxh64 = xxhash.xxh64_intdigest
 

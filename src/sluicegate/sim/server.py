@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import random
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import web
 
@@ -25,7 +25,7 @@ from sluicegate.sim import routes as sim_routes
 from sluicegate.sim.driver import EngineDriver
 from sluicegate.sim.engine import Engine, Sequence, new_sequence
 from sluicegate.sim.faults import Faults
-from sluicegate.sim.kvevents import KVEventPublisher, KVEventsConfig
+from sluicegate.sim.kvevents import KVEventsConfig
 from sluicegate.sim.metrics import EngineMetrics
 from sluicegate.sim.profiles import EngineProfile
 from sluicegate.sim.reply import inject_faults, json_reply, replica_headers
@@ -33,6 +33,9 @@ from sluicegate.sim.text import (
     find_stop,
 )
 from sluicegate.tokens import count_bytes_tokens
+
+if TYPE_CHECKING:
+    from sluicegate.sim.kvpublisher import KVEventPublisher
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 SIM_VERSION = "0.32.0+sluicegate.sim"
@@ -124,6 +127,9 @@ class Replica:
         self.driver.start(f"sim-engine-{self.index}")
 
     def _start_kv_events(self) -> None:
+        # imported here: ZeroMQ is loaded only by replicas that publish
+        from sluicegate.sim.kvpublisher import KVEventPublisher
+
         # a restarted replica binds the ports it had (a port-0 config took free ones)
         publisher = KVEventPublisher(
             self.options.kv_events,
