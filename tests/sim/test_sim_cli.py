@@ -124,6 +124,20 @@ async def test_sim_command_rejects_bad_options() -> None:
     assert "no-such-profile" in stderr.decode()
 
 
+async def test_sim_command_rejects_a_bad_kv_events_config() -> None:
+    process = await asyncio.create_subprocess_exec(
+        *sluicegate_command(),
+        "sim",
+        "--kv-events-config",
+        '{"enable_kv_cache_events": true, "endpont": "tcp://*:5557"}',
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=20)
+    assert process.returncode == 2
+    assert "unknown kv-events field 'endpont'" in stderr.decode()
+
+
 async def test_sim_command_reports_a_port_in_use() -> None:
     port = free_port_pair()
     with socket.socket() as taken:

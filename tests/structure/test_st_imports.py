@@ -5,7 +5,7 @@ Layers, lowest first (a module may import its own package and lower layers only)
 
 | rank | packages |
 |---|---|
-| 0 | ``api``, ``clock``, ``lax``, ``lazy``, ``tokens``, ``errors``, ``instruments``, |
+| 0 | ``api``, ``clock``, ``lax``, ``lazy``, ``tokens``, ``kv_wire``, ``errors``, ``instruments``, |
 |   | ``upstream``, ``metric_buckets``, ``metric_names`` |
 | 1 | ``datalayer`` |
 | 2 | ``framework``, ``k8s``, ``live_metrics`` |
@@ -38,6 +38,7 @@ RANKS = {
             "lax",
             "lazy",
             "tokens",
+            "kv_wire",
             "errors",
             "instruments",
             "upstream",

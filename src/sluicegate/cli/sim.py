@@ -71,6 +71,14 @@ def add_parser(sub: Subparsers) -> None:
         metavar="[REPLICA:]KEY=VALUE,...",
         help="inject faults, e.g. 1:error_rate=0.5,error_status=503 (repeatable)",
     )
+    sim.add_argument(
+        "--kv-events-config",
+        default=None,
+        metavar="JSON",
+        help='publish KV-cache events as vLLM does, e.g. \'{"enable_kv_cache_events": true, '
+        '"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}\'; replica i '
+        "binds each port + i (see docs/simulator.md)",
+    )
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument(
         "--histogram-max-age",
@@ -87,6 +95,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from sluicegate.sim.faults import parse_fault_spec
+    from sluicegate.sim.kvevents import KVEventsConfig
     from sluicegate.sim.profiles import get_profile
     from sluicegate.sim.run import fault_table, serve_pool
     from sluicegate.sim.server import ReplicaOptions
@@ -100,6 +109,11 @@ def _cmd_sim(args: argparse.Namespace) -> int:
                 return fail("--num-gpu-blocks-override must be at least 1")
             profile = replace(profile, num_gpu_blocks=args.num_gpu_blocks_override)
         faults = fault_table([parse_fault_spec(s) for s in args.fault], args.replicas)
+        kv_events = (
+            KVEventsConfig()
+            if args.kv_events_config is None
+            else KVEventsConfig.parse(args.kv_events_config)
+        )
     except (KeyError, ValueError) as exc:
         return fail(str(exc.args[0]))
         return 2
@@ -118,6 +132,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         legacy_metric_names=args.legacy_metrics,
         seed=args.seed,
         histogram_max_age_s=args.histogram_max_age,
+        kv_events=kv_events,
     )
     try:
         run(serve_pool(options, args.replicas, args.host, args.port, faults, console))

@@ -9,6 +9,8 @@ in simulated time, for tests, the lab and the embedded pool.
 - :mod:`~sluicegate.sim.api`, :mod:`~sluicegate.sim.text` — request bodies, prompts and
   generated text;
 - :mod:`~sluicegate.sim.metrics` — the Prometheus metrics vLLM exports;
+- :mod:`~sluicegate.sim.kvevents` — ``KVEventsConfig`` (vLLM's ``--kv-events-config``) and
+  ``KVEventLog``; :mod:`~sluicegate.sim.kvpublisher` — its ZeroMQ sockets;
 - :mod:`~sluicegate.sim.faults` — injected faults; :mod:`~sluicegate.sim.run` — the command.
 
 The names are imported on first use (lazy): the discrete-event lab imports the engine alone
@@ -33,6 +35,8 @@ _EXPORTS = {
     "Faults": "sluicegate.sim.faults",
     "parse_fault_spec": "sluicegate.sim.faults",
     "BlockPool": "sluicegate.sim.kvcache",
+    "KVEventLog": "sluicegate.sim.kvevents",
+    "KVEventsConfig": "sluicegate.sim.kvevents",
     "EngineMetrics": "sluicegate.sim.metrics",
     "PROFILES": "sluicegate.sim.profiles",
     "EngineProfile": "sluicegate.sim.profiles",
@@ -55,6 +59,7 @@ if TYPE_CHECKING:
     from sluicegate.sim.engine import Engine, SeqStatus, Sequence, StepResult, new_sequence
     from sluicegate.sim.faults import Faults, parse_fault_spec
     from sluicegate.sim.kvcache import BlockPool
+    from sluicegate.sim.kvevents import KVEventLog, KVEventsConfig
     from sluicegate.sim.metrics import EngineMetrics
     from sluicegate.sim.profiles import (
         PROFILES,
@@ -80,6 +85,8 @@ __all__ = [
     "EngineMetrics",
     "EngineProfile",
     "Faults",
+    "KVEventLog",
+    "KVEventsConfig",
     "LinearOpsCurve",
     "PromptError",
     "Replica",

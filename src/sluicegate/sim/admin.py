@@ -64,7 +64,8 @@ async def unload_lora(replica: Replica, request: web.Request) -> web.Response:
 
 
 async def reset_prefix_cache(replica: Replica, request: web.Request) -> web.Response:
-    replica.engine.pool.clear_cache()
+    replica.engine.reset_prefix_cache()
+    replica.driver.flush_kv_events()  # AllBlocksCleared goes out now, not at the next step
     return web.Response(status=200, headers=replica_headers(replica))
 
 

@@ -10,10 +10,15 @@ sequences and wait on their :class:`Handle`; they never step the engine themselv
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from sluicegate.sim.engine import Engine, Sequence
+from sluicegate.sim.kvevents import KVEventLog
 from sluicegate.sim.metrics import EngineMetrics
 from sluicegate.sim.profiles import EngineProfile
+
+if TYPE_CHECKING:
+    from sluicegate.sim.kvpublisher import KVEventPublisher
 
 _MIN_SLEEP_S = 0.001
 """Waits shorter than this are not slept (the event loop rounds timers up to 1 ms)."""
@@ -70,6 +75,8 @@ class EngineDriver:
         self._wake = asyncio.Event()
         self._t0 = 0.0
         self._engine_now = 0.0
+        self.kv_publisher: KVEventPublisher | None = None
+        """Publishes the engine's KV-cache events once per step, when they are on."""
         self.reset(lora_enabled)
 
     def reset(self, lora_enabled: bool) -> None:
@@ -82,6 +89,17 @@ class EngineDriver:
             legacy_names=self._legacy_metric_names,
             histogram_max_age_s=self._histogram_max_age_s,
         )
+
+    def publish_kv_events_to(self, publisher: KVEventPublisher | None) -> None:
+        """Publish the engine's KV-cache events through ``publisher`` (None: stop logging)."""
+        self.kv_publisher = publisher
+        self.engine.log_kv_events(None if publisher is None else KVEventLog())
+
+    def flush_kv_events(self) -> None:
+        """Publish what the KV cache did since the last batch, as one batch (if anything)."""
+        events = self.engine.kv_events
+        if self.kv_publisher is not None and events is not None and events.events:
+            self.kv_publisher.publish(events.take())
 
     def now(self) -> float:
         """Simulated seconds since :meth:`start`."""
@@ -164,6 +182,8 @@ class EngineDriver:
             # for a skipped one.
             await asyncio.sleep(delay if delay >= _MIN_SLEEP_S else 0.0)
             self._engine_now = done_at
+            # vLLM publishes a step's events once the step ran: here when its results show
+            self.flush_kv_events()
             self.metrics.observe_step(result)
             handles = self.handles
             for seq in result.emitted:

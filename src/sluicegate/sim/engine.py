@@ -26,13 +26,23 @@ import math
 import random
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import xxhash
 
 from sluicegate.sim.kvcache import BlockPool
 from sluicegate.sim.profiles import EngineProfile
 from sluicegate.sim.text import output_bytes
-from sluicegate.tokens import BYTES_PER_TOKEN, block_hashes, count_bytes_tokens, hash_seed
+from sluicegate.tokens import (
+    BYTES_PER_TOKEN,
+    block_hashes,
+    count_bytes_tokens,
+    hash_seed,
+    token_ids,
+)
+
+if TYPE_CHECKING:
+    from sluicegate.sim.kvevents import KVEventLog
 
 _xxh64 = xxhash.xxh64_intdigest
 
@@ -57,6 +67,7 @@ class Sequence:
     hash_seed: int
     output_seed: int
     lora: str | None = None
+    cache_salt: str = ""
     prompt_tokens: int = 0
     status: SeqStatus = SeqStatus.WAITING
     num_computed: int = 0
@@ -138,6 +149,17 @@ class Engine:
         """Waiting sequences skipped in the last step for LoRA capacity."""
         self._gpu_loras: OrderedDict[str, None] = OrderedDict()
         self._by_id: dict[str, Sequence] = {}
+        self.kv_events: KVEventLog | None = None
+        """What the KV cache did this step, when KV events are on (see :meth:`log_kv_events`)."""
+
+    def log_kv_events(self, events: KVEventLog | None) -> None:
+        """Log every prefix-cache store, eviction and clear into ``events`` (None: stop)."""
+        self.kv_events = events
+        self.pool.kv_events = events
+
+    def reset_prefix_cache(self) -> None:
+        """vLLM's ``reset_prefix_cache``: every cached block is forgotten (and logged)."""
+        self.pool.clear_cache()
 
     # ------------------------------------------------------------------ requests
 
@@ -180,6 +202,7 @@ class Engine:
         twin.profile = self.profile
         twin.enable_prefix_caching = self.enable_prefix_caching
         twin.pool = self.pool.fork()
+        twin.kv_events = None
         twin.counters = replace(
             self.counters, finished_by_reason=dict(self.counters.finished_by_reason)
         )
@@ -410,35 +433,84 @@ class Engine:
         gpu[name] = None
         result.loaded_loras.append(name)
 
-    def _extend_hashes(self, seq: Sequence, n_blocks: int) -> None:
-        """Compute chained hashes for the first ``n_blocks`` blocks of prompt + output."""
+    def _extend_hashes(
+        self, seq: Sequence, n_blocks: int, chunks: dict[int, bytes] | None = None
+    ) -> None:
+        """Compute chained hashes for the first ``n_blocks`` blocks of prompt + output
+        (and keep each new block's bytes in ``chunks`` when given)."""
         hashes = seq.hashes
         if len(hashes) >= n_blocks:
             return
-        bs_bytes = self.profile.block_size * BYTES_PER_TOKEN
-        prompt = seq.prompt
         h = hashes[-1] if hashes else seq.hash_seed
         for b in range(len(hashes), n_blocks):
-            start, end = b * bs_bytes, (b + 1) * bs_bytes
-            if end <= len(prompt):
-                chunk = prompt[start:end]
-            else:
-                # Generated tokens start at the first token boundary after the prompt.
-                prompt_end = seq.prompt_tokens * BYTES_PER_TOKEN
-                head = prompt[start:].ljust(max(0, prompt_end - start), b"\0")
-                first_out = max(0, (start - prompt_end) // BYTES_PER_TOKEN)
-                last_out = (end - prompt_end) // BYTES_PER_TOKEN
-                chunk = head + output_bytes(seq.output_seed, first_out, last_out)
+            chunk = self._block_bytes(seq, b)
+            if chunks is not None:
+                chunks[b] = chunk
             h = _xxh64(chunk, h)
             hashes.append(h)
 
+    def _block_bytes(self, seq: Sequence, b: int) -> bytes:
+        """The bytes of block ``b`` of the sequence's prompt + output (a full block)."""
+        bs_bytes = self.profile.block_size * BYTES_PER_TOKEN
+        prompt = seq.prompt
+        start, end = b * bs_bytes, (b + 1) * bs_bytes
+        if end <= len(prompt):
+            return prompt[start:end]
+        # Generated tokens start at the first token boundary after the prompt.
+        prompt_end = seq.prompt_tokens * BYTES_PER_TOKEN
+        head = prompt[start:].ljust(max(0, prompt_end - start), b"\0")
+        first_out = max(0, (start - prompt_end) // BYTES_PER_TOKEN)
+        last_out = (end - prompt_end) // BYTES_PER_TOKEN
+        return head + output_bytes(seq.output_seed, first_out, last_out)
+
     def _register_blocks(self, seq: Sequence, full_blocks: int) -> None:
-        self._extend_hashes(seq, full_blocks)
         register = self.pool.register
         blocks, hashes = seq.blocks, seq.hashes
-        for b in range(seq.num_registered, full_blocks):
-            register(blocks[b], hashes[b])
+        if self.kv_events is None:
+            self._extend_hashes(seq, full_blocks)
+            for b in range(seq.num_registered, full_blocks):
+                register(blocks[b], hashes[b])
+        else:
+            chunks: dict[int, bytes] = {}  # generated blocks' bytes, hashed and logged
+            self._extend_hashes(seq, full_blocks, chunks)
+            # one BlockStored per run of blocks entered into the cache (a block another
+            # block already holds is not: the sim keeps one copy per hash)
+            run = -1
+            for b in range(seq.num_registered, full_blocks):
+                if register(blocks[b], hashes[b]):
+                    if run < 0:
+                        run = b
+                elif run >= 0:
+                    self._log_stored(seq, run, b, chunks)
+                    run = -1
+            if run >= 0:
+                self._log_stored(seq, run, full_blocks, chunks)
         seq.num_registered = full_blocks
+
+    def _log_stored(self, seq: Sequence, start: int, end: int, chunks: dict[int, bytes]) -> None:
+        """Log blocks ``start`` … ``end − 1`` of ``seq`` as stored, as vLLM describes them."""
+        assert self.kv_events is not None
+        bs_bytes = self.profile.block_size * BYTES_PER_TOKEN
+        if end * bs_bytes <= len(seq.prompt):  # prompt blocks: one slice
+            data = seq.prompt[start * bs_bytes : end * bs_bytes]
+        else:
+            data = b"".join(chunks.get(b) or self._block_bytes(seq, b) for b in range(start, end))
+        extra: list[list[str] | None] | None = None
+        if seq.lora or seq.cache_salt:
+            # vLLM's extra keys of a block: the adapter's name, the salt on the first block
+            lora = [seq.lora] if seq.lora else []
+            extra = [
+                ([*lora, seq.cache_salt] if b == 0 and seq.cache_salt else lora) or None
+                for b in range(start, end)
+            ]
+        self.kv_events.stored(
+            seq.hashes[start:end],
+            seq.hashes[start - 1] if start else None,
+            token_ids(data),
+            self.profile.block_size,
+            seq.lora,
+            extra,
+        )
 
 
 def _fork_sequence(seq: Sequence) -> Sequence:
@@ -511,4 +583,5 @@ def new_sequence(
         hash_seed=hash_seed(lora or model, cache_salt),
         output_seed=output_seed,
         lora=lora,
+        cache_salt=cache_salt,
     )

@@ -15,7 +15,10 @@ class Faults:
     - ``hang``: accept generate requests and never answer them;
     - ``reset_after_tokens``: cut the connection after this many generated tokens
       (mid-stream for streaming requests, before the answer otherwise);
-    - ``freeze_metrics``: keep serving the ``/metrics`` text captured when set.
+    - ``freeze_metrics``: keep serving the ``/metrics`` text captured when set;
+    - ``kv_events_drop_rate``: share of KV-event batches (0..1) lost on the PUB socket (still
+      buffered for replay), ``kv_events_reorder_rate``: share held back and sent after the
+      next batch (:mod:`sluicegate.sim.kvevents`).
     """
 
     error_rate: float = 0.0
@@ -24,6 +27,8 @@ class Faults:
     hang: bool = False
     reset_after_tokens: int | None = None
     freeze_metrics: bool = False
+    kv_events_drop_rate: float = 0.0
+    kv_events_reorder_rate: float = 0.0
 
     def update(self, changes: dict[str, Any]) -> None:
         """Apply ``changes`` (a partial mapping); raises ``ValueError`` naming a bad field."""
@@ -38,9 +43,10 @@ class Faults:
 
     @staticmethod
     def validated(values: dict[str, Any]) -> Faults:
-        rate = values["error_rate"]
-        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
-            raise ValueError("error_rate must be a number between 0 and 1")
+        rate, drop, reorder = (
+            _share(values, name)
+            for name in ("error_rate", "kv_events_drop_rate", "kv_events_reorder_rate")
+        )
         status = values["error_status"]
         if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
             raise ValueError("error_status must be an HTTP error status (400-599)")
@@ -56,16 +62,25 @@ class Faults:
             if not isinstance(values[name], bool):
                 raise ValueError(f"{name} must be true or false")
         return Faults(
-            error_rate=float(rate),
+            error_rate=rate,
             error_status=status,
             latency_ms=float(latency),
             hang=values["hang"],
             reset_after_tokens=reset,
             freeze_metrics=values["freeze_metrics"],
+            kv_events_drop_rate=drop,
+            kv_events_reorder_rate=reorder,
         )
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _share(values: dict[str, Any], name: str) -> float:
+    value = values[name]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise ValueError(f"{name} must be a number between 0 and 1")
+    return float(value)
 
 
 def parse_fault_spec(spec: str) -> tuple[int | None, dict[str, Any]]:

@@ -11,6 +11,10 @@ freed first), which evicts their hash.
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sluicegate.sim.kvevents import KVEventLog
 
 _NO_HASH = -1
 
@@ -18,7 +22,7 @@ _NO_HASH = -1
 class BlockPool:
     """KV blocks, their reference counts and the prefix-cache index (hash -> block)."""
 
-    __slots__ = ("_block_hash", "_cached", "_free", "_ref", "num_blocks")
+    __slots__ = ("_block_hash", "_cached", "_free", "_ref", "kv_events", "num_blocks")
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks <= 0:
@@ -29,6 +33,8 @@ class BlockPool:
         # Free blocks in eviction order: the front is taken first.
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._cached: dict[int, int] = {}
+        self.kv_events: KVEventLog | None = None
+        """Where evictions and clears are logged when KV events are on."""
 
     @property
     def num_free(self) -> int:
@@ -74,6 +80,7 @@ class BlockPool:
         if n > len(self._free):
             raise MemoryError(f"need {n} KV blocks, {len(self._free)} free")
         free, ref, block_hash, cached = self._free, self._ref, self._block_hash, self._cached
+        events = self.kv_events
         out: list[int] = []
         for _ in range(n):
             b, _none = free.popitem(last=False)
@@ -81,6 +88,8 @@ class BlockPool:
             if h != _NO_HASH:
                 if cached.get(h) == b:
                     del cached[h]
+                    if events is not None:
+                        events.removed(h)
                 block_hash[b] = _NO_HASH
             ref[b] = 1
             out.append(b)
@@ -100,13 +109,14 @@ class BlockPool:
             elif ref[b] < 0:
                 raise RuntimeError(f"KV block {b} released more often than referenced")
 
-    def register(self, block: int, block_hash: int) -> None:
-        """Record that ``block`` holds the full block identified by ``block_hash``."""
-        if self._block_hash[block] != _NO_HASH:
-            return
-        if block_hash not in self._cached:
-            self._cached[block_hash] = block
-            self._block_hash[block] = block_hash
+    def register(self, block: int, block_hash: int) -> bool:
+        """Record that ``block`` holds the full block identified by ``block_hash``; False
+        when it was not entered (the block has a hash, or another block holds this one)."""
+        if self._block_hash[block] != _NO_HASH or block_hash in self._cached:
+            return False
+        self._cached[block_hash] = block
+        self._block_hash[block] = block_hash
+        return True
 
     def fork(self) -> BlockPool:
         """An independent copy, for what-if simulations."""
@@ -116,14 +126,21 @@ class BlockPool:
         twin._block_hash = list(self._block_hash)
         twin._free = self._free.copy()
         twin._cached = dict(self._cached)
+        twin.kv_events = None  # what-ifs publish nothing
         return twin
 
     def referenced_blocks(self) -> int:
         """Blocks with a non-zero reference count (for invariant checks)."""
         return sum(1 for r in self._ref if r > 0)
 
+    def cached_hashes(self) -> set[int]:
+        """The hashes of every block in the prefix cache (tests compare the KV-event index)."""
+        return set(self._cached)
+
     def clear_cache(self) -> None:
         """Forget every cached hash (vLLM's reset_prefix_cache); referenced blocks stay."""
+        if self.kv_events is not None:
+            self.kv_events.cleared()
         for h, b in self._cached.items():
             if self._block_hash[b] == h:
                 self._block_hash[b] = _NO_HASH

@@ -50,6 +50,10 @@ async def serve_pool(
             f"  {replica.pod_name}: http://{host}:{replica.port}  "
             f"model [green]{replica.model_name}[/]"
         )
+        publisher = replica.kv_publisher
+        if publisher is not None:
+            replay = publisher.replay_address or "none"
+            console.print(f"    kv events: {publisher.pub_address}  replay: {replay}")
     first = cluster.replicas[0]
     console.print(
         f"\nTry: curl http://{host}:{first.port}/v1/completions -H 'content-type: "

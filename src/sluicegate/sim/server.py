@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import random
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import web
 
@@ -25,6 +25,7 @@ from sluicegate.sim import routes as sim_routes
 from sluicegate.sim.driver import EngineDriver
 from sluicegate.sim.engine import Engine, Sequence, new_sequence
 from sluicegate.sim.faults import Faults
+from sluicegate.sim.kvevents import KVEventsConfig
 from sluicegate.sim.metrics import EngineMetrics
 from sluicegate.sim.profiles import EngineProfile
 from sluicegate.sim.reply import inject_faults, json_reply, replica_headers
@@ -32,6 +33,9 @@ from sluicegate.sim.text import (
     find_stop,
 )
 from sluicegate.tokens import count_bytes_tokens
+
+if TYPE_CHECKING:
+    from sluicegate.sim.kvpublisher import KVEventPublisher
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 SIM_VERSION = "0.32.0+sluicegate.sim"
@@ -53,6 +57,8 @@ class ReplicaOptions:
     seed: int = 0
     histogram_max_age_s: float = 0.0
     """How long ``/metrics`` may reuse its histograms' text, in wall seconds (0: never)."""
+    kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
+    """vLLM's ``--kv-events-config``: replica *i* publishes on the endpoint's port + *i*."""
 
 
 class Replica:
@@ -72,6 +78,10 @@ class Replica:
         self._frozen_metrics: bytes | None = None
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
+        self.kv_publisher: KVEventPublisher | None = None
+        """This replica's KV-event sockets while it runs (``pub_address``,
+        ``replay_address``: where it bound them)."""
+        self._kv_bound: tuple[str, str | None] | None = None
         self.driver = EngineDriver(
             options.profile,
             self.model_name,
@@ -112,7 +122,25 @@ class Replica:
         # An asyncio.Server, or uvloop's look-alike under uvloop.
         server = cast(asyncio.Server, self._site._server)
         self.port = server.sockets[0].getsockname()[1]
+        if self.options.kv_events.active:
+            self._start_kv_events()
         self.driver.start(f"sim-engine-{self.index}")
+
+    def _start_kv_events(self) -> None:
+        # imported here: ZeroMQ is loaded only by replicas that publish
+        from sluicegate.sim.kvpublisher import KVEventPublisher
+
+        # a restarted replica binds the ports it had (a port-0 config took free ones)
+        publisher = KVEventPublisher(
+            self.options.kv_events,
+            self.index,
+            self.faults,
+            binds=self._kv_bound,
+            seed=self.options.seed,
+        )
+        self._kv_bound = publisher.bound
+        self.kv_publisher = publisher
+        self.driver.publish_kv_events_to(publisher)
 
     async def stop(self) -> None:
         """Die like a crashed server: close the port, cut every connection, drop all work."""
@@ -120,6 +148,10 @@ class Replica:
             await self._site.stop()  # no new connections from here on
             self._site = None
         await self.driver.stop()
+        if self.kv_publisher is not None:
+            self.driver.publish_kv_events_to(None)
+            await self.kv_publisher.close()
+            self.kv_publisher = None
         for transport in list(self._transports):
             transport.abort()
         self._transports.clear()

@@ -10,6 +10,8 @@
   subscribers, as the ``precise-prefix-cache-producer`` finds them.
 
 The runtime's :mod:`sluicegate.runtime.kvevents` subscribes per the pools' ``kvEvents``.
+The simulator publishes the same protocol (:mod:`sluicegate.sim.kvevents`); the wire
+structs both use are in :mod:`sluicegate.kv_wire`.
 """
 
 from __future__ import annotations

@@ -38,16 +38,27 @@ removal of 16 blocks each about 17 µs (``test_dl_kvevents_wire.py::test_decode_
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 import msgspec
 
-BlockHash = int | bytes
-"""vLLM's ``ExternalBlockHash``: an int or the raw hash bytes, depending on version."""
-
-SEQ_BYTES: Final = 8
-END_SEQ: Final = -1
-"""The replay socket's end-of-replay marker sequence."""
+# The wire structs are shared with the simulator's publisher (rank 0 of the layers).
+from sluicegate.kv_wire import (
+    END_SEQ,
+    SEQ_BYTES,
+    BlockHash,
+    WireArrayEvent,
+    WireBatchArray,
+    WireBatchMap,
+    WireClearedArray,
+    WireClearedMap,
+    WireMapEvent,
+    WireRemovedArray,
+    WireRemovedMap,
+    WireStoredArray,
+    WireStoredMap,
+    encode_seq,
+)
 
 
 class KVEventDecodeError(ValueError):
@@ -102,70 +113,6 @@ class KVEventBatch:
     data_parallel_rank: int | None = None
     skipped: int = 0
 
-
-# -- the wire structs, mirroring vLLM's -----------------------------------------------------
-# extra_keys entries are tuples of whatever vLLM puts in a block's identity (str LoRA names,
-# multimodal hashes, cache salts …): their element types are vLLM's business, so Any.
-
-
-class WireStoredArray(msgspec.Struct, array_like=True, tag="BlockStored", omit_defaults=True):
-    block_hashes: list[BlockHash]
-    parent_block_hash: BlockHash | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None = None
-    medium: str | None = None
-    lora_name: str | None = None
-    extra_keys: list[list[Any] | None] | None = None
-    group_idx: int | None = None
-
-
-class WireRemovedArray(msgspec.Struct, array_like=True, tag="BlockRemoved", omit_defaults=True):
-    block_hashes: list[BlockHash]
-    medium: str | None = None
-    group_idx: int | None = None
-
-
-class WireClearedArray(msgspec.Struct, array_like=True, tag="AllBlocksCleared"):
-    pass
-
-
-class WireStoredMap(msgspec.Struct, tag="BlockStored", omit_defaults=True):
-    block_hashes: list[BlockHash]
-    parent_block_hash: BlockHash | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None = None
-    medium: str | None = None
-    lora_name: str | None = None
-    extra_keys: list[list[Any] | None] | None = None
-    group_idx: int | None = None
-
-
-class WireRemovedMap(msgspec.Struct, tag="BlockRemoved", omit_defaults=True):
-    block_hashes: list[BlockHash]
-    medium: str | None = None
-    group_idx: int | None = None
-
-
-class WireClearedMap(msgspec.Struct, tag="AllBlocksCleared"):
-    pass
-
-
-class WireBatchArray(msgspec.Struct, array_like=True, omit_defaults=True):
-    ts: float
-    events: list[msgspec.Raw]
-    data_parallel_rank: int | None = None
-
-
-class WireBatchMap(msgspec.Struct, omit_defaults=True):
-    ts: float
-    events: list[msgspec.Raw]
-    data_parallel_rank: int | None = None
-
-
-WireArrayEvent = WireStoredArray | WireRemovedArray | WireClearedArray
-WireMapEvent = WireStoredMap | WireRemovedMap | WireClearedMap
 
 _batch_array = msgspec.msgpack.Decoder(WireBatchArray)
 _batch_map = msgspec.msgpack.Decoder(WireBatchMap)
@@ -264,6 +211,28 @@ def decode_seq(frame: bytes | memoryview) -> int:
     return int.from_bytes(frame, "big", signed=True)
 
 
-def encode_seq(seq: int) -> bytes:
-    """The inverse of :func:`decode_seq` (replay requests; −1 is the end marker)."""
-    return seq.to_bytes(SEQ_BYTES, "big", signed=True)
+__all__ = [
+    "END_SEQ",
+    "SEQ_BYTES",
+    "AllBlocksCleared",
+    "BlockHash",
+    "BlockRemoved",
+    "BlockStored",
+    "KVEvent",
+    "KVEventBatch",
+    "KVEventDecodeError",
+    "WireArrayEvent",
+    "WireBatchArray",
+    "WireBatchMap",
+    "WireClearedArray",
+    "WireClearedMap",
+    "WireMapEvent",
+    "WireRemovedArray",
+    "WireRemovedMap",
+    "WireStoredArray",
+    "WireStoredMap",
+    "decode_batch",
+    "decode_seq",
+    "encode_seq",
+    "extra_key_bytes",
+]

@@ -1,0 +1,93 @@
+"""vLLM's KV-cache event wire structs, shared by the reader and the writer of the protocol.
+
+The gateway's decoder (:mod:`sluicegate.datalayer.kvevents.wire`) reads these; the
+simulator (:mod:`sluicegate.sim.kvevents`) writes the newest (map) layout with them, so
+both sides of the protocol are one definition. The protocol — ``(topic, seq 8 bytes
+big-endian, msgpack payload)`` on a PUB socket, ``(b"", seq, payload)`` answers and the
+end marker ``seq = -1`` on the ROUTER replay socket — and the vLLM commits it was read
+from are described in the decoder's module. Rank 0 of the import layers: imports nothing
+of sluicegate.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+
+BlockHash = int | bytes
+"""vLLM's ``ExternalBlockHash``: an int or the raw hash bytes, depending on version."""
+
+SEQ_BYTES: Final = 8
+END_SEQ: Final = -1
+"""The replay socket's end-of-replay marker sequence."""
+
+
+def encode_seq(seq: int) -> bytes:
+    """A sequence frame: 8 bytes big-endian, signed so −1 is the replay end marker."""
+    return seq.to_bytes(SEQ_BYTES, "big", signed=True)
+
+
+# -- the wire structs, mirroring vLLM's -----------------------------------------------------
+# extra_keys entries are tuples of whatever vLLM puts in a block's identity (str LoRA names,
+# multimodal hashes, cache salts …): their element types are vLLM's business, so Any.
+
+
+class WireStoredArray(msgspec.Struct, array_like=True, tag="BlockStored", omit_defaults=True):
+    block_hashes: list[BlockHash]
+    parent_block_hash: BlockHash | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: list[list[Any] | None] | None = None
+    group_idx: int | None = None
+
+
+class WireRemovedArray(msgspec.Struct, array_like=True, tag="BlockRemoved", omit_defaults=True):
+    block_hashes: list[BlockHash]
+    medium: str | None = None
+    group_idx: int | None = None
+
+
+class WireClearedArray(msgspec.Struct, array_like=True, tag="AllBlocksCleared"):
+    pass
+
+
+class WireStoredMap(msgspec.Struct, tag="BlockStored", omit_defaults=True):
+    block_hashes: list[BlockHash]
+    parent_block_hash: BlockHash | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: list[list[Any] | None] | None = None
+    group_idx: int | None = None
+
+
+class WireRemovedMap(msgspec.Struct, tag="BlockRemoved", omit_defaults=True):
+    block_hashes: list[BlockHash]
+    medium: str | None = None
+    group_idx: int | None = None
+
+
+class WireClearedMap(msgspec.Struct, tag="AllBlocksCleared"):
+    pass
+
+
+class WireBatchArray(msgspec.Struct, array_like=True, omit_defaults=True):
+    ts: float
+    events: list[msgspec.Raw]
+    data_parallel_rank: int | None = None
+
+
+class WireBatchMap(msgspec.Struct, omit_defaults=True):
+    ts: float
+    events: list[msgspec.Raw]
+    data_parallel_rank: int | None = None
+
+
+WireArrayEvent = WireStoredArray | WireRemovedArray | WireClearedArray
+WireMapEvent = WireStoredMap | WireRemovedMap | WireClearedMap
