@@ -165,7 +165,13 @@ async def test_repeated_prompts_stick_while_load_stays_balanced(
     for c in by_group.values():
         load.update(c)
     assert len(load) == 4, load
-    assert max(load.values()) <= 2.5 * min(load.values()), load
+    # Eight sticky groups on four replicas: 2-2-2-2 is perfect, 3-2-2-1 and 3-3-1-1 are
+    # the next best (3× between the busiest and the idlest); 4-2-1-1 or worse is not
+    # balanced. The first turns race each other, so the exact split varies from run to run.
+    groups_on = Counter(c.most_common(1)[0][0] for c in by_group.values())
+    assert len(groups_on) == 4, by_group
+    assert max(groups_on.values()) <= 3, by_group
+    assert max(load.values()) <= 3 * min(load.values()), load
     # The servers really hit their caches for the repeats.
     hits = sum(r.engine.counters.prefix_cache_hits for r in cluster.replicas)
     assert hits > 0
