@@ -67,10 +67,9 @@ from sluicegate.framework import (
     SchedulingResult,
     StateKey,
 )
-from sluicegate.scheduling.prefix_index import PrefixIndex
-from sluicegate.tokens import block_hashes, hash_seed, token_id_array
+from sluicegate.scheduling.approximate import DEFAULT_LRU_BLOCKS_16, ApproximatePrefix
+from sluicegate.tokens import token_id_array
 
-_DEFAULT_LRU_BLOCKS_16 = 31_250
 """The approximate producer's default ``lruCapacityPerServer`` (16-token blocks)."""
 
 VLLM_DEFAULT_BLOCK_SIZE = 16
@@ -86,7 +85,7 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, Pre
     class Parameters(PluginParameters):
         max_prefix_tokens_to_match: int = Field(131_072, ge=0)
         block_size_tokens: int = Field(64, ge=1)
-        lru_capacity_per_server: int = Field(_DEFAULT_LRU_BLOCKS_16, ge=1)
+        lru_capacity_per_server: int = Field(DEFAULT_LRU_BLOCKS_16, ge=1)
         auto_tune: bool = True
 
     params: Parameters
@@ -102,19 +101,20 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, Pre
             )
         self.service = service
         """None when the host has no event streams (every view unknown: approximate)."""
-        # the fallback: the approximate producer's index and hashing (the same chain as
-        # approx-prefix-cache-producer; plugins do not import each other)
-        self.approximate = PrefixIndex(
-            max(1, p.lru_capacity_per_server * 16 // p.block_size_tokens)
+        # the fallback: the approximate producer's own match
+        self.approximate = ApproximatePrefix(
+            p.block_size_tokens,
+            p.max_prefix_tokens_to_match,
+            p.lru_capacity_per_server,
+            p.auto_tune,
         )
-        self._approx_max_blocks = -(-p.max_prefix_tokens_to_match // p.block_size_tokens)
 
     def produce(
         self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
     ) -> None:
         subs = self._subscribers(endpoints)
         if subs is None:  # no stream for this pool: the approximate match as it is
-            approx = self._approximate(request, endpoints)
+            approx = self.approximate.match(request, endpoints)
             state.put(_APPROXIMATE, approx)
             state.put(PREFIX_MATCH, approx)
             if self.service is not None:
@@ -130,7 +130,7 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, Pre
                 synced.append(e.name)
             else:
                 unknown.append(e)
-        approx = self._approximate(request, unknown)
+        approx = self.approximate.match(request, unknown)
         state.put(_APPROXIMATE, approx)
         keys = self._keys(request, size)
         held = index.longest_prefix(keys) if keys and synced else {}
@@ -148,16 +148,6 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, Pre
         counters.miss_blocks += total - best
         counters.fallbacks += len(unknown)
         state.put(PREFIX_MATCH, PrefixMatch(keys, size, matched))
-
-    def _approximate(self, request: LLMRequest, endpoints: Sequence[Endpoint]) -> PrefixMatch:
-        """The approximate producer's match over ``endpoints`` (its blocks and hashes)."""
-        size = self.params.block_size_tokens
-        seed = hash_seed(request.target_model, request.cache_salt)
-        hashes = block_hashes(
-            request.prompt, size, seed, max_blocks=self._approx_max_blocks, include_partial=True
-        )
-        matched = self.approximate.match(hashes, (e.name for e in endpoints)) if endpoints else {}
-        return PrefixMatch(hashes, size, matched, self.approximate)
 
     def _subscribers(self, endpoints: Sequence[Endpoint]) -> KVEventSubscribers | None:
         if self.service is None or not endpoints:
@@ -196,21 +186,11 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, Pre
 
     def pre_request(self, request: LLMRequest, state: CycleState, result: SchedulingResult) -> None:
         approx = state.get(_APPROXIMATE)
-        if approx is None or not approx.hashes:
-            return
-        target = result.targets[0]
-        self.approximate.insert(target.name, approx.hashes, self._capacity_blocks(target))
-
-    def _capacity_blocks(self, endpoint: Endpoint) -> int | None:
-        """Approximate blocks to remember for ``endpoint``: its KV capacity when known and
-        auto-tuned (as the approximate producer)."""
-        if not self.params.auto_tune:
-            return None
-        tokens = endpoint.kv_capacity_tokens
-        return max(1, tokens // self.params.block_size_tokens) if tokens else None
+        if approx is not None:
+            self.approximate.remember(result.targets[0], approx)
 
     def indexed_blocks(self) -> int:
         return len(self.approximate)
 
     def forget_endpoint(self, endpoint: Endpoint) -> None:
-        self.approximate.remove_endpoint(endpoint.name)
+        self.approximate.forget(endpoint)

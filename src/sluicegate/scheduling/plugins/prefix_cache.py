@@ -44,16 +44,12 @@ from sluicegate.framework import (
     PluginContext,
     PluginParameters,
     PrefixIndexer,
-    PrefixMatch,
     PreRequest,
     SchedulingResult,
     Scorer,
 )
+from sluicegate.scheduling.approximate import DEFAULT_LRU_BLOCKS_16, ApproximatePrefix
 from sluicegate.scheduling.prefix_index import PrefixIndex
-from sluicegate.tokens import block_hashes, hash_seed
-
-# llm-d-router's default ``lruCapacityPerServer`` per endpoint, in 16-token blocks.
-_DEFAULT_LRU_BLOCKS_16 = 31_250
 
 
 class ApproxPrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, PrefixIndexer):
@@ -62,7 +58,7 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, Pref
     class Parameters(PluginParameters):
         block_size_tokens: int = Field(64, ge=1)
         max_prefix_tokens_to_match: int = Field(131_072, ge=0)
-        lru_capacity_per_server: int = Field(_DEFAULT_LRU_BLOCKS_16, ge=1)
+        lru_capacity_per_server: int = Field(DEFAULT_LRU_BLOCKS_16, ge=1)
         auto_tune: bool = True
 
     params: Parameters
@@ -70,44 +66,36 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, Pref
     def __init__(self, name: str, context: PluginContext, params: PluginParameters | None = None):
         super().__init__(name, context, params)
         p = self.params
-        default_blocks = max(1, p.lru_capacity_per_server * 16 // p.block_size_tokens)
-        self.index = PrefixIndex(default_blocks)
-        self._max_blocks = -(-p.max_prefix_tokens_to_match // p.block_size_tokens)
+        self.matcher = ApproximatePrefix(
+            p.block_size_tokens,
+            p.max_prefix_tokens_to_match,
+            p.lru_capacity_per_server,
+            p.auto_tune,
+        )
+
+    @property
+    def index(self) -> PrefixIndex:
+        return self.matcher.index
 
     def capacity_blocks(self, endpoint: Endpoint) -> int | None:
         """Blocks to remember for ``endpoint``: its KV capacity when known and auto-tuned."""
-        if not self.params.auto_tune:
-            return None
-        tokens = endpoint.kv_capacity_tokens
-        return max(1, tokens // self.params.block_size_tokens) if tokens else None
+        return self.matcher.capacity_blocks(endpoint)
 
     def produce(
         self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
     ) -> None:
-        p = self.params
-        seed = hash_seed(request.target_model, request.cache_salt)
-        hashes = block_hashes(
-            request.prompt,
-            p.block_size_tokens,
-            seed,
-            max_blocks=self._max_blocks,
-            include_partial=True,
-        )
-        matched = self.index.match(hashes, (e.name for e in endpoints))
-        state.put(PREFIX_MATCH, PrefixMatch(hashes, p.block_size_tokens, matched, self.index))
+        state.put(PREFIX_MATCH, self.matcher.match(request, endpoints))
 
     def pre_request(self, request: LLMRequest, state: CycleState, result: SchedulingResult) -> None:
         match = state.get(PREFIX_MATCH)
-        if match is None or not match.hashes:
-            return
-        target = result.targets[0]
-        self.index.insert(target.name, match.hashes, self.capacity_blocks(target))
+        if match is not None:
+            self.matcher.remember(result.targets[0], match)
 
     def indexed_blocks(self) -> int:
-        return len(self.index)
+        return len(self.matcher)
 
     def forget_endpoint(self, endpoint: Endpoint) -> None:
-        self.index.remove_endpoint(endpoint.name)
+        self.matcher.forget(endpoint)
 
 
 class PrefixCacheScorer(Scorer):

@@ -1,0 +1,75 @@
+"""The approximate prefix match both prefix producers use: the prompt's block hashes looked
+up in what the gateway remembers sending where.
+
+``approx-prefix-cache-producer`` is this and nothing else; ``precise-prefix-cache-producer``
+falls back to it for endpoints whose KV-event stream it cannot trust. Plugins do not import
+each other, so the logic lives here, once. See the producer's module docstring
+(:mod:`sluicegate.scheduling.plugins.prefix_cache`) for the hashing and the parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from sluicegate.datalayer.endpoint import Endpoint
+from sluicegate.framework import LLMRequest, PrefixMatch
+from sluicegate.scheduling.prefix_index import PrefixIndex
+from sluicegate.tokens import block_hashes, hash_seed
+
+DEFAULT_LRU_BLOCKS_16 = 31_250
+"""llm-d-router's default ``lruCapacityPerServer`` per endpoint, in 16-token blocks."""
+
+
+class ApproximatePrefix:
+    """Block hashing and the :class:`PrefixIndex` of one producer.
+
+    ``block_size_tokens``: tokens per block; ``max_prefix_tokens``: tokens of the prompt
+    considered (0 = all); ``lru_capacity_per_server``: blocks (of 16 tokens) remembered per
+    endpoint whose capacity is unknown; ``auto_tune``: size each endpoint's memory from its
+    scraped KV capacity."""
+
+    __slots__ = ("_max_blocks", "auto_tune", "block_size_tokens", "index")
+
+    def __init__(
+        self,
+        block_size_tokens: int,
+        max_prefix_tokens: int,
+        lru_capacity_per_server: int,
+        auto_tune: bool,
+    ) -> None:
+        self.block_size_tokens = block_size_tokens
+        self.auto_tune = auto_tune
+        self.index = PrefixIndex(max(1, lru_capacity_per_server * 16 // block_size_tokens))
+        self._max_blocks = -(-max_prefix_tokens // block_size_tokens)
+
+    def match(self, request: LLMRequest, endpoints: Iterable[Endpoint]) -> PrefixMatch:
+        """The request's block hashes and how many of them each of ``endpoints`` holds."""
+        size = self.block_size_tokens
+        seed = hash_seed(request.target_model, request.cache_salt)
+        hashes = block_hashes(
+            request.prompt, size, seed, max_blocks=self._max_blocks, include_partial=True
+        )
+        names = [e.name for e in endpoints]
+        matched = self.index.match(hashes, names) if names else {}
+        return PrefixMatch(hashes, size, matched, self.index)
+
+    def remember(self, target: Endpoint, match: PrefixMatch) -> None:
+        """``target`` was chosen for the request of ``match``: it holds its blocks now."""
+        if match.hashes:
+            self.index.insert(target.name, match.hashes, self.capacity_blocks(target))
+
+    def capacity_blocks(self, endpoint: Endpoint) -> int | None:
+        """Blocks to remember for ``endpoint``: its KV capacity when known and auto-tuned."""
+        if not self.auto_tune:
+            return None
+        tokens = endpoint.kv_capacity_tokens
+        return max(1, tokens // self.block_size_tokens) if tokens else None
+
+    def forget(self, endpoint: Endpoint) -> None:
+        self.index.remove_endpoint(endpoint.name)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+
+__all__ = ["DEFAULT_LRU_BLOCKS_16", "ApproximatePrefix"]
