@@ -19,7 +19,7 @@ from sluicegate.api.keys import (
     keys_from_file,
 )
 from sluicegate.api.loader import ConfigError, parse_config
-from sluicegate.api.resources import GatewayConfig
+from sluicegate.api.settings import GatewayConfig
 
 GOOD = "sk-team-a_0123456789.~+/=="
 OTHER = "Zm9vYmFyYmF6cXV4cXV1eA=="  # base64 of 16 bytes

@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from sluicegate.api.loader import Config, ConfigError, build_config, load_config, parse_config
-from sluicegate.api.resources import EndpointPickerConfig, GatewaySettings, LabelSelector
+from sluicegate.api.resources import EndpointPickerConfig, LabelSelector
+from sluicegate.api.settings import GatewaySettings
 from sluicegate.scheduling.config import load_preset, preset_names
 
 V1 = "inference.networking.k8s.io/v1"

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from pydantic import ValidationError
 
-from sluicegate.api.resources import OutlierDetectionSettings
+from sluicegate.api.settings import OutlierDetectionSettings
 from sluicegate.clock import ManualClock
 from sluicegate.datalayer.datastore import Datastore, EndpointSpec
 from sluicegate.datalayer.endpoint import Endpoint, EngineMetrics

@@ -16,7 +16,7 @@ import pytest
 from gw_support import GatewayFactory
 from prometheus_client.parser import text_string_to_metric_families
 
-from sluicegate.api.resources import LatencyPredictorSettings
+from sluicegate.api.settings import LatencyPredictorSettings
 from sluicegate.clock import MonotonicClock
 from sluicegate.framework import PREDICTOR_SERVICE
 from sluicegate.gateway.proxy import upstream_headers

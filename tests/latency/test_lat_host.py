@@ -9,7 +9,7 @@ import pytest
 from lat_support import random_rows, samples
 from prometheus_client import CollectorRegistry, generate_latest
 
-from sluicegate.api.resources import LatencyPredictorSettings
+from sluicegate.api.settings import LatencyPredictorSettings
 from sluicegate.clock import MonotonicClock
 from sluicegate.latency.host import PredictorHost
 from sluicegate.latency.trace import TraceError, TraceWriter

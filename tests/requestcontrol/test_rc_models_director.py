@@ -754,7 +754,7 @@ def test_prediction_based_scheduling_header_overrides_the_default(
 def test_requests_are_prediction_based_unless_they_opt_out(route_env: Any) -> None:
     # The reference's default since GIE v1.3.0 (and llm-d-router's, which has no opt-out):
     # no header → predictions; the -off header → the heuristics.
-    from sluicegate.api.resources import LatencyPredictorSettings
+    from sluicegate.api.settings import LatencyPredictorSettings
 
     assert LatencyPredictorSettings().prediction_based_scheduling_default is True
     env = route_env()

@@ -4,8 +4,9 @@
   (``load_config``, ``parse_config``, ``build_config`` → ``Config``; ``ConfigError``);
 - :mod:`~sluicegate.api.resources` — the resource models: ``InferencePool``,
   ``InferenceModel``, ``InferenceModelRewrite``, ``InferenceObjective``,
-  ``EndpointPickerConfig``, ``GatewayConfig``
-  and their parts;
+  ``EndpointPickerConfig`` and their parts;
+- :mod:`~sluicegate.api.settings` — ``GatewayConfig``: the gateway's own settings;
+- :mod:`~sluicegate.api.base` — what every model shares (strict camelCase, metadata);
 - :mod:`~sluicegate.api.units` — durations (``Seconds``, ``parse_duration_s``) and sizes
   (``parse_bytes``, bytes) as a configuration spells them;
 - :mod:`~sluicegate.api.keys` — API keys for the gateway: where they come from, what makes
@@ -27,19 +28,21 @@ from sluicegate.api.loader import Config, ConfigError, build_config, load_config
 from sluicegate.api.resources import (
     EndpointPickerConfig,
     FlowControlSpec,
-    GatewayConfig,
-    GatewaySettings,
     InferenceModel,
     InferenceModelRewrite,
     InferenceObjective,
     InferencePool,
     LabelSelector,
-    LatencyPredictorSettings,
-    OutlierDetectionSettings,
     PluginSpec,
     PriorityBandSpec,
     SchedulingProfileSpec,
     StaticEndpoint,
+)
+from sluicegate.api.settings import (
+    GatewayConfig,
+    GatewaySettings,
+    LatencyPredictorSettings,
+    OutlierDetectionSettings,
 )
 from sluicegate.api.units import Seconds, parse_bytes, parse_duration_s
 

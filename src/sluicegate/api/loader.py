@@ -19,13 +19,12 @@ from pydantic import BaseModel, ValidationError
 from sluicegate.api.resources import (
     KINDS,
     EndpointPickerConfig,
-    GatewayConfig,
-    GatewaySettings,
     InferenceModel,
     InferenceModelRewrite,
     InferenceObjective,
     InferencePool,
 )
+from sluicegate.api.settings import GatewayConfig, GatewaySettings
 
 _OUR_GROUPS = ("inference.networking.", "llm-d.ai", "sluicegate.dev")
 

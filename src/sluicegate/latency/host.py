@@ -24,7 +24,7 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry
 
-from sluicegate.api.resources import LatencyPredictorSettings
+from sluicegate.api.settings import LatencyPredictorSettings
 from sluicegate.clock import Clock
 from sluicegate.latency.client import RemotePredictor, RemoteSettings
 from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings

@@ -22,7 +22,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from sluicegate.api.loader import Config
-from sluicegate.api.resources import OutlierDetectionSettings
+from sluicegate.api.settings import OutlierDetectionSettings
 from sluicegate.builtins import default_registry
 from sluicegate.clock import Clock, MonotonicClock
 from sluicegate.datalayer.collector import Collector, CollectorSettings
