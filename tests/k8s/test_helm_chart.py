@@ -208,9 +208,10 @@ def test_prediction_server_count(tools: Path) -> None:
     assert len(ports) == len(set(ports)), ports  # one network namespace: no clashes
     for name, port in (("prediction-server", 9101), ("prediction-server-3", 9103)):
         assert f"--port={port}" in containers[name]["args"]
-        probe_port = containers[name]["readinessProbe"]["httpGet"]["port"]
-        named = {p["name"]: p["containerPort"] for p in containers[name]["ports"]}
-        assert named[probe_port] == port
+        # localhost only (unauthenticated training routes): probed from inside the pod
+        assert "--host=127.0.0.1" in containers[name]["args"]
+        (probe,) = containers[name]["readinessProbe"]["exec"]["command"][2:]
+        assert f"http://127.0.0.1:{port}/readyz" in probe
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     volumes = {v["name"] for v in deployment["spec"]["template"]["spec"]["volumes"]}
     mounted = {m["name"] for c in containers.values() for m in c["volumeMounts"]}

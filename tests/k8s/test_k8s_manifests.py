@@ -393,6 +393,13 @@ def test_predictor_sidecar_overlay() -> None:
     assert "--training-server=http://localhost:8000" in containers["prediction-server"]["args"]
     assert containers["training-server"]["ports"][0]["containerPort"] == 8000
     assert containers["prediction-server"]["ports"][0]["containerPort"] == 8001
+    # The predictor servers take training data unauthenticated: localhost only, probed
+    # from inside the pod.
+    for name, port in (("training-server", 8000), ("prediction-server", 8001)):
+        assert "--host=127.0.0.1" in containers[name]["args"]
+        for probe in ("livenessProbe", "readinessProbe"):
+            (command,) = containers[name][probe]["exec"]["command"][2:]
+            assert f"http://127.0.0.1:{port}/" in command
     env = {e["name"]: e.get("value") for e in containers["epp"]["env"]}
     assert env["TRAINING_SERVER_URL"] == "http://localhost:8000"
     assert env["PREDICTION_SERVER_URL"] == "http://localhost:8001"
