@@ -111,7 +111,7 @@ def render(
         "# Gateway overhead",
         "",
         "What the gateway costs a request, and how many requests one core of it routes, "
-        "next to [vllm-router](https://pypi.org/project/vllm-router/) (a Rust router) on "
+        "next to `vllm-router` (a Rust router; `scripts/bench-setup` installs it) on "
         "the same pool and load.",
         "",
         "Goals (issue): added latency p50 ≤ 1 ms and p99 ≤ 5 ms at 200 and 500 requests/s "
