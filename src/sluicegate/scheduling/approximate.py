@@ -11,13 +11,25 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from pydantic import Field
+
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.framework import LLMRequest, PrefixMatch
+from sluicegate.framework import LLMRequest, PluginParameters, PrefixMatch
 from sluicegate.scheduling.prefix_index import PrefixIndex
 from sluicegate.tokens import block_hashes, hash_seed
 
 DEFAULT_LRU_BLOCKS_16 = 31_250
 """llm-d-router's default ``lruCapacityPerServer`` per endpoint, in 16-token blocks."""
+
+
+class ApproximatePrefixParameters(PluginParameters):
+    """The approximate match's parameters, the same in both prefix producers (meanings and
+    defaults in :mod:`sluicegate.scheduling.plugins.prefix_cache`)."""
+
+    block_size_tokens: int = Field(64, ge=1)
+    max_prefix_tokens_to_match: int = Field(131_072, ge=0)
+    lru_capacity_per_server: int = Field(DEFAULT_LRU_BLOCKS_16, ge=1)
+    auto_tune: bool = True
 
 
 class ApproximatePrefix:
@@ -41,6 +53,15 @@ class ApproximatePrefix:
         self.auto_tune = auto_tune
         self.index = PrefixIndex(max(1, lru_capacity_per_server * 16 // block_size_tokens))
         self._max_blocks = -(-max_prefix_tokens // block_size_tokens)
+
+    @classmethod
+    def of(cls, params: ApproximatePrefixParameters) -> ApproximatePrefix:
+        return cls(
+            params.block_size_tokens,
+            params.max_prefix_tokens_to_match,
+            params.lru_capacity_per_server,
+            params.auto_tune,
+        )
 
     def match(self, request: LLMRequest, endpoints: Iterable[Endpoint]) -> PrefixMatch:
         """The request's block hashes and how many of them each of ``endpoints`` holds."""
@@ -72,4 +93,4 @@ class ApproximatePrefix:
         return len(self.index)
 
 
-__all__ = ["DEFAULT_LRU_BLOCKS_16", "ApproximatePrefix"]
+__all__ = ["DEFAULT_LRU_BLOCKS_16", "ApproximatePrefix", "ApproximatePrefixParameters"]

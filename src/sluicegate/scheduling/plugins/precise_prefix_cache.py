@@ -44,8 +44,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydantic import Field
-
 from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.datalayer.kvevents.index import block_keys
 from sluicegate.datalayer.kvevents.service import KV_EVENTS_SERVICE, KVEventsService
@@ -67,7 +65,7 @@ from sluicegate.framework import (
     SchedulingResult,
     StateKey,
 )
-from sluicegate.scheduling.approximate import DEFAULT_LRU_BLOCKS_16, ApproximatePrefix
+from sluicegate.scheduling.approximate import ApproximatePrefix, ApproximatePrefixParameters
 from sluicegate.tokens import token_id_array
 
 """The approximate producer's default ``lruCapacityPerServer`` (16-token blocks)."""
@@ -82,11 +80,8 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, Pre
     type_name = "precise-prefix-cache-producer"
     provides = (PREFIX_PRODUCER_TYPE,)
 
-    class Parameters(PluginParameters):
-        max_prefix_tokens_to_match: int = Field(131_072, ge=0)
-        block_size_tokens: int = Field(64, ge=1)
-        lru_capacity_per_server: int = Field(DEFAULT_LRU_BLOCKS_16, ge=1)
-        auto_tune: bool = True
+    class Parameters(ApproximatePrefixParameters):
+        """The approximate match's parameters (see the module docstring)."""
 
     params: Parameters
 
@@ -102,12 +97,7 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, Pre
         self.service = service
         """None when the host has no event streams (every view unknown: approximate)."""
         # the fallback: the approximate producer's own match
-        self.approximate = ApproximatePrefix(
-            p.block_size_tokens,
-            p.max_prefix_tokens_to_match,
-            p.lru_capacity_per_server,
-            p.auto_tune,
-        )
+        self.approximate = ApproximatePrefix.of(p)
 
     def produce(
         self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]

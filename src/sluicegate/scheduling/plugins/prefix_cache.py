@@ -48,30 +48,22 @@ from sluicegate.framework import (
     SchedulingResult,
     Scorer,
 )
-from sluicegate.scheduling.approximate import DEFAULT_LRU_BLOCKS_16, ApproximatePrefix
+from sluicegate.scheduling.approximate import ApproximatePrefix, ApproximatePrefixParameters
 from sluicegate.scheduling.prefix_index import PrefixIndex
 
 
 class ApproxPrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, PrefixIndexer):
     type_name = PREFIX_PRODUCER_TYPE
 
-    class Parameters(PluginParameters):
-        block_size_tokens: int = Field(64, ge=1)
-        max_prefix_tokens_to_match: int = Field(131_072, ge=0)
-        lru_capacity_per_server: int = Field(DEFAULT_LRU_BLOCKS_16, ge=1)
-        auto_tune: bool = True
+    class Parameters(ApproximatePrefixParameters):
+        """The approximate match's parameters (see the module docstring)."""
 
     params: Parameters
 
     def __init__(self, name: str, context: PluginContext, params: PluginParameters | None = None):
         super().__init__(name, context, params)
         p = self.params
-        self.matcher = ApproximatePrefix(
-            p.block_size_tokens,
-            p.max_prefix_tokens_to_match,
-            p.lru_capacity_per_server,
-            p.auto_tune,
-        )
+        self.matcher = ApproximatePrefix.of(p)
 
     @property
     def index(self) -> PrefixIndex:
