@@ -59,6 +59,13 @@ def add_parser(sub: Subparsers) -> None:
     )
     cal.add_argument("--repeats", type=int, default=3, help="repeats per prefill (default 3)")
     cal.add_argument(
+        "--passes",
+        type=int,
+        default=2,
+        help="times the whole plan runs, budget permitting; each point is the median over "
+        "passes (default 2)",
+    )
+    cal.add_argument(
         "--time-scale",
         type=float,
         default=1.0,
@@ -85,6 +92,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         ("--time-scale", args.time_scale),
         ("--decode-tokens", args.decode_tokens),
         ("--repeats", args.repeats),
+        ("--passes", args.passes),
         ("--max-num-seqs", args.max_num_seqs or 1),
         ("--max-num-batched-tokens", args.max_num_batched_tokens or 1),
     ):
@@ -101,6 +109,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         batch_sizes=args.batch_sizes,
         decode_tokens=args.decode_tokens,
         repeats=args.repeats,
+        passes=args.passes,
         time_scale=args.time_scale,
     )
     with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:

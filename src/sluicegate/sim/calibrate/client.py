@@ -26,6 +26,9 @@ PREFIX_HITS = "vllm:prefix_cache_hits"
 """A counter of prompt tokens found in the prefix cache (``_total`` in the exposition)."""
 
 
+_JSON = {"content-type": "application/json"}
+
+
 class ServerError(RuntimeError):
     """The server refused a probe or could not be reached."""
 
@@ -143,7 +146,9 @@ class Target:
         url = f"{self.base_url}/v1/completions"
         out = Stream(sent=loop.time())
         try:
-            async with self.session.post(url, data=orjson.dumps(body), timeout=self.timeout) as r:
+            async with self.session.post(
+                url, data=orjson.dumps(body), headers=_JSON, timeout=self.timeout
+            ) as r:
                 if r.status != 200:
                     text = (await r.text())[:300]
                     raise ServerError(f"POST {url}: HTTP {r.status}: {text}")

@@ -63,6 +63,8 @@ class Point:
     samples: int
     source: str
     """``server`` (the server's histograms) or ``client`` (client timings)."""
+    probe: str = ""
+    """The plan step that measured it (points of several passes merge by it)."""
 
     @property
     def label(self) -> str:

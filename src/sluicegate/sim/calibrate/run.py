@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import statistics
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -51,6 +52,9 @@ class CalibrateOptions:
     batch_sizes: tuple[int, ...] = (1, 8, 32, 128)
     decode_tokens: int = 48
     repeats: int = 3
+    passes: int = 2
+    """Times the whole plan runs (budget permitting); a point is the median over passes,
+    so a burst of other load on the host spoils one pass's value, not the point."""
     time_scale: float = 1.0
     """Wall seconds per simulated second of a ``sluicegate sim --time-scale`` target."""
     timeout_s: float = 120.0
@@ -150,7 +154,8 @@ def plan(prober: Prober, o: CalibrateOptions, profile: EngineProfile, max_len: i
             if ctx < 2:
                 continue
             steps.append((f"decode B={b} ctx={ctx}", partial(prober.decode, b, ctx, d)))
-    mixers = [b for b in batches if 2 <= b <= 32]
+    # Below max_num_seqs: the mixed-in prefill must be scheduled beside the decoders.
+    mixers = [b for b in batches if 2 <= b <= min(32, profile.max_num_seqs - 1)]
     knots = [n for n in lengths if n <= min(budget, MIXED_TOKENS)]
     if mixers and knots and knots[-1] > mixers[-1] and kv > mixers[-1] * (SHORT_CONTEXT + 4 * d):
         b, n = mixers[-1], knots[-1]
@@ -186,7 +191,7 @@ async def calibrate(o: CalibrateOptions, progress: Progress | None = None) -> Ca
         profile, kv_source = await _limits(target, o, base, model, max_len)
         prober = Prober(target, model, o.time_scale, o.seed)
         await target.complete(model, prober.prompt(16), 2)  # warm-up: first-request costs
-        steps = plan(prober, o, profile, max_len)
+        steps = plan(prober, o, profile, max_len) * o.passes
         points: list[Point] = []
         for i, (label, run) in enumerate(steps):
             if loop.time() > deadline:
@@ -194,11 +199,30 @@ async def calibrate(o: CalibrateOptions, progress: Progress | None = None) -> Ca
                 break
             if progress is not None:
                 progress(label, i, len(steps))
-            points.extend(await run())
+            points.extend(replace(p, probe=label) for p in await run())
         if progress is not None:
             progress("fitting", len(steps), len(steps))
-    fit = fit_profile(points, profile)
-    return Calibration(fit, points, prober.notes, o.target, kv_source)
+    merged = merge_passes(points)
+    fit = fit_profile(merged, profile)
+    return Calibration(fit, merged, prober.notes, o.target, kv_source)
+
+
+def merge_passes(points: list[Point]) -> list[Point]:
+    """One point per probe and kind: the median of its passes' values (contexts, which
+    differ by a token or two between passes, averaged)."""
+    groups: dict[tuple[object, ...], list[Point]] = {}
+    for p in points:
+        key = (p.probe, p.kind, p.batched_tokens, p.chunks)
+        groups.setdefault(key, []).append(p)
+    return [
+        replace(
+            g[0],
+            measured_ms=statistics.median(p.measured_ms for p in g),
+            decode_context=round(statistics.mean(p.decode_context for p in g)),
+            samples=sum(p.samples for p in g),
+        )
+        for g in groups.values()
+    ]
 
 
 async def _limits(
