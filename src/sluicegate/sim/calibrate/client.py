@@ -163,7 +163,7 @@ class Target:
                         continue
                     self._chunk(orjson.loads(line[5:]), now, out, on_token)
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
-            raise ServerError(f"POST {url}: {exc!r}") from None
+            raise ServerError(f"POST {url}: {type(exc).__name__}: {exc}") from None
         if not out.times:
             raise ServerError(f"POST {url}: the stream carried no token")
         return out
@@ -197,4 +197,4 @@ class Target:
                     raise ServerError(f"GET {url}: HTTP {r.status}")
                 return orjson.loads(await r.read())
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
-            raise ServerError(f"GET {url}: {exc!r}") from None
+            raise ServerError(f"GET {url}: {type(exc).__name__}: {exc}") from None

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import random
 import statistics
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sluicegate.sim.calibrate.client import (
@@ -165,8 +164,7 @@ class Prober:
         hit = cached
         for _ in range(repeats):
             head = self.prompt(cached)
-            if await self._one_prefill(head) is None:
-                return None
+            await self._one_prefill(head, one_step=False)
             got = await self._one_prefill(head + self.prompt(new))
             if got is None:
                 return None
@@ -204,9 +202,7 @@ class Prober:
         ]
         mixed: list[tuple[float, str, float]] = []  # (ms, source, first-token time)
         try:
-            await asyncio.wait_for(
-                asyncio.gather(*(e.wait() for e in started)), self.target.timeout.total
-            )
+            await _started(started, streams)
             for _ in range(inject):
                 if any(s.done() for s in streams):
                     break
@@ -243,6 +239,15 @@ class Prober:
                 )
             )
         return points
+
+
+async def _started(events: list[asyncio.Event], tasks: list[asyncio.Task[Stream]]) -> None:
+    """Wait until every event is set; a request that failed first raises its error."""
+    while not all(e.is_set() for e in events):
+        for t in tasks:
+            if t.done() and t.exception() is not None:
+                await t  # raises the request's error
+        await asyncio.sleep(0.005)
 
 
 def _point(
@@ -302,6 +307,3 @@ def _gap_at(stream: Stream, at: float) -> float:
     """The gap between ``stream``'s tokens that ends closest to ``at`` (seconds)."""
     j = min(range(1, len(stream.times)), key=lambda i: abs(stream.times[i] - at))
     return stream.times[j] - stream.times[j - 1]
-
-
-ProgressFn = Callable[[str], None]
