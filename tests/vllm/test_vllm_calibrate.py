@@ -124,7 +124,9 @@ async def run_mix(url: str, model: str, mix: list[tuple[float, int, int]]) -> tu
 
         async def one(at: float, prompt: int, out: int) -> None:
             await asyncio.sleep(max(0.0, t0 + at - loop.time()))
-            await target.complete(model, prober.prompt(prompt), out)
+            # not streamed: the server's histograms time it, and streams would load the
+            # API server (which shares the CPU with the engine) with work the probes lacked
+            await target.complete(model, prober.prompt(prompt), out, stream=False)
 
         await asyncio.gather(*(one(*r) for r in mix))
         await asyncio.sleep(1.0)

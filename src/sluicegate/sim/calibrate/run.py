@@ -148,12 +148,15 @@ def plan(prober: Prober, o: CalibrateOptions, profile: EngineProfile, max_len: i
             )
     for context in (SHORT_CONTEXT, LONG_CONTEXT):
         for b in batches:
-            ctx = min(context, max_len - d - 2, int(0.8 * kv / b) - d)
+            ctx = min(context, max_len - 2 * d - 2, int(0.8 * kv / b) - 2 * d)
             if context == LONG_CONTEXT and ctx < 4 * SHORT_CONTEXT:
                 continue
             if ctx < 2:
                 continue
-            steps.append((f"decode B={b} ctx={ctx}", partial(prober.decode, b, ctx, d)))
+            # the batch prefills in ceil(B·ctx / budget) iterations before all decode:
+            # longer outputs keep d iterations of the whole batch decoding
+            tokens = min(d + -(-b * ctx // budget), max_len - ctx - 2, int(0.9 * kv / b) - ctx)
+            steps.append((f"decode B={b} ctx={ctx}", partial(prober.decode, b, ctx, tokens)))
     # Below max_num_seqs: the mixed-in prefill must be scheduled beside the decoders.
     mixers = [b for b in batches if 2 <= b <= min(32, profile.max_num_seqs - 1)]
     knots = [n for n in lengths if n <= min(budget, MIXED_TOKENS)]
