@@ -33,6 +33,7 @@ from sluicegate.sim.calibrate.client import (
     ITERATION_TOKENS,
     PREFILL_TIME,
     PREFIX_HITS,
+    TTFT,
     Scrape,
     Stream,
     Target,
@@ -87,6 +88,9 @@ class Prober:
     time_scale: float = 1.0
     seed: int = 0
     notes: list[str] = field(default_factory=list)
+    outside_ms: list[float] = field(default_factory=list)
+    """Per idle prefill: the server's TTFT minus its prefill time (ms) — time outside the
+    engine's iterations (API server, queueing, transfer), which the simulator does not model."""
     _rng: random.Random = field(init=False)
     _count: int = field(init=False, default=0)
     _run: int = field(init=False, default=0)
@@ -141,6 +145,9 @@ class Prober:
                 return None
             delta = before.delta(after, PREFILL_TIME)
             assert delta is not None
+            ttft = before.delta(after, TTFT)
+            if one_step and ttft is not None and ttft[1] == 1:
+                self.outside_ms.append((ttft[0] - delta[0]) * 1e3)
             return delta[0] * 1e3, "server", cached or 0, stream
         return stream.ttft * 1e3 / self.time_scale, "client", cached or 0, stream
 

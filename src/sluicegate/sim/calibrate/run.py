@@ -205,6 +205,12 @@ async def calibrate(o: CalibrateOptions, progress: Progress | None = None) -> Ca
             points.extend(replace(p, probe=label) for p in await run())
         if progress is not None:
             progress("fitting", len(steps), len(steps))
+    if prober.outside_ms:
+        outside = statistics.median(prober.outside_ms)
+        prober.notes.append(
+            f"the server's TTFT exceeds its prefill time by a median {outside:.2f} ms on an "
+            "idle server (API server, scheduling, transfer): not part of the simulated steps"
+        )
     merged = merge_passes(points)
     fit = fit_profile(merged, profile)
     return Calibration(fit, merged, prober.notes, o.target, kv_source)
