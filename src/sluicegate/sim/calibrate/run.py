@@ -205,8 +205,8 @@ async def calibrate(o: CalibrateOptions, progress: Progress | None = None) -> Ca
             points.extend(replace(p, probe=label) for p in await run())
         if progress is not None:
             progress("fitting", len(steps), len(steps))
-    if prober.outside_ms:
-        outside = statistics.median(prober.outside_ms)
+    outside = statistics.median(prober.outside_ms) if prober.outside_ms else 0.0
+    if outside >= 1.0:  # worth saying (the simulator's own is 0)
         prober.notes.append(
             f"the server's TTFT exceeds its prefill time by a median {outside:.2f} ms on an "
             "idle server (API server, scheduling, transfer): not part of the simulated steps"
