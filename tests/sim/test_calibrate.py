@@ -136,6 +136,14 @@ def test_bench_run_uses_the_profile_file(tmp_path: Path) -> None:
     subprocess.run(cmd, check=True, capture_output=True, timeout=120)
     results = json.loads((out / "results.json").read_text())
     assert results["pool"]["profile"] == "known"
+    # HTTP mode: the simulator processes load the same profile (as a profile file).
+    http = [*cmd[:-1], str(tmp_path / "http"), "--mode", "http", "--time-scale", "0.25"]
+    subprocess.run(http, check=True, capture_output=True, timeout=120)
+    results = json.loads((tmp_path / "http" / "results.json").read_text())
+    assert results["mode"] == "http"
+    assert results["pool"]["profile"] == "known"
+    (run,) = results["runs"]
+    assert run["metrics"]["completed"] == run["metrics"]["requests"] > 0
     # A bad file is refused before the run, naming the field.
     path.write_text("base: tiny\nmax_num_seqs: 0\n")
     bad = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
