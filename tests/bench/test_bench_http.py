@@ -37,7 +37,6 @@ from sluicegate.bench.http.client import HttpRequestRecord, wire_headers
 from sluicegate.bench.http.plan import (
     MIN_AUTO_TIME_SCALE,
     MIN_SCRAPE_INTERVAL_MS,
-    UnsupportedScenarioError,
     gateway_documents,
     pick_time_scale,
     plan_policies,
@@ -59,6 +58,7 @@ from sluicegate.bench.workloads import (
     random_text,
     shared_prefix,
 )
+from sluicegate.sim.profile_file import load_profile_file
 from sluicegate.sim.profiles import get_profile
 
 TINY = get_profile("tiny")
@@ -158,8 +158,12 @@ def test_sim_profile_args_built_in_and_modified() -> None:
         "--max-loras",
         "3",
     ]
-    with pytest.raises(UnsupportedScenarioError, match="no HTTP mode"):
-        sim_profile_args(replace(TINY, name="t3", step_overhead_ms=9.0))
+    # Any other profile (a calibrated one) goes to the simulator as a profile file.
+    other = replace(TINY, name="t3", step_overhead_ms=9.0)
+    flag, path = sim_profile_args(other)
+    assert flag == "--profile-file"
+    assert load_profile_file(path) == other
+    assert sim_profile_args(other) == [flag, path]  # the same file again, not a new one
 
 
 def test_every_shipped_scenario_runs_on_the_simulator() -> None:

@@ -58,6 +58,13 @@ def add_parser(sub: Subparsers) -> None:
         help="--mode http: wall seconds per simulated second (default: picked from the "
         "plan's token rate, at least 1)",
     )
+    run.add_argument(
+        "--profile-file",
+        default=None,
+        metavar="FILE",
+        help="engine profile of every replica from a YAML file (e.g. written by `sluicegate "
+        "sim calibrate`) instead of the scenario's",
+    )
     run.add_argument("--out", required=True, help="output folder")
     run.set_defaults(func=_cmd_bench_run)
     tok = bench_sub.add_parser(
@@ -142,6 +149,15 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
         return fail(str(exc))
     if args.quick:
         scenario = scenario.quick_variant()
+    if args.profile_file is not None:
+        from dataclasses import replace
+
+        from sluicegate.sim.profile_file import load_profile_file
+
+        try:
+            scenario = replace(scenario, profile=load_profile_file(args.profile_file))
+        except ValueError as exc:
+            return fail(str(exc))
     try:  # before the run, not after minutes of it
         require_extra(*PLOTS)
         if scenario.dataset == "sharegpt":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from sluicegate.cli import sim_calibrate as calibrate
 from sluicegate.cli.common import Subparsers, console, fail, run
 
 
@@ -25,6 +26,13 @@ def add_parser(sub: Subparsers) -> None:
         "--profile",
         default="llama3-8b-h100",
         help="engine profile (default llama3-8b-h100); see docs/simulator.md",
+    )
+    sim.add_argument(
+        "--profile-file",
+        default=None,
+        metavar="FILE",
+        help="engine profile from a YAML file (e.g. written by `sluicegate sim calibrate`); "
+        "replaces --profile",
     )
     sim.add_argument(
         "--time-scale",
@@ -89,6 +97,8 @@ def add_parser(sub: Subparsers) -> None:
         "them on every scrape; gauges and counters are always live)",
     )
     sim.set_defaults(func=_cmd_sim)
+    sim_sub = sim.add_subparsers(dest="sim_command", metavar="COMMAND")
+    calibrate.add_parser(sim_sub)
 
 
 def _cmd_sim(args: argparse.Namespace) -> int:
@@ -96,12 +106,16 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 
     from sluicegate.sim.faults import parse_fault_spec
     from sluicegate.sim.kvevents import KVEventsConfig
+    from sluicegate.sim.profile_file import load_profile_file
     from sluicegate.sim.profiles import get_profile
     from sluicegate.sim.run import fault_table, serve_pool
     from sluicegate.sim.server import ReplicaOptions
 
     try:
-        profile = get_profile(args.profile)
+        if args.profile_file is not None:
+            profile = load_profile_file(args.profile_file)
+        else:
+            profile = get_profile(args.profile)
         if args.max_loras is not None:
             profile = replace(profile, max_loras=args.max_loras)
         if args.num_gpu_blocks_override is not None:

@@ -4,8 +4,9 @@ For every (policy, load level) a fresh pool is started, on 127.0.0.1 only, on po
 free at start:
 
 - ``sluicegate sim``: one process running the scenario's N replicas on consecutive ports,
-  with the scenario's engine profile (a built-in profile by name; a scenario's modified
-  copy only when ``--num-gpu-blocks-override`` / ``--max-loras`` express the change), its
+  with the scenario's engine profile (a built-in profile by name, with
+  ``--num-gpu-blocks-override`` / ``--max-loras`` for those changes; any other profile, a
+  calibrated one included, as a ``--profile-file`` written to the temporary folder), its
   model as ``--served-model-name``, ``--lora`` for each of its adapters, the run's seed,
   and ``--time-scale S``;
 - in front of it ``sluicegate serve --config <generated YAML> --policy <policy>`` (pool

@@ -5,8 +5,7 @@
   :data:`ROUTER_POLICIES` when ``vllm-router`` is installed and the scenario does not need
   model renaming (InferenceModels), which it cannot do;
 - :func:`sim_profile_args` — the ``sluicegate sim`` options reproducing the scenario's
-  engine profile, or :class:`UnsupportedScenarioError` (the simulator looks profiles up by
-  name);
+  engine profile (a built-in one by name, any other as a profile file);
 - :func:`pick_time_scale` — wall seconds per simulated second: just slow enough that the
   plan's output token rate stays within what this machine streams faithfully;
 - :func:`gateway_documents` — the configuration ``sluicegate serve`` gets.
@@ -38,6 +37,7 @@ from sluicegate.bench.metrics import summarize
 from sluicegate.bench.runner import RunPlan, run_level
 from sluicegate.bench.scenarios import Scenario, available_policies
 from sluicegate.flowcontrol.config import POOL_ANNOTATION
+from sluicegate.sim.profile_file import materialise
 from sluicegate.sim.profiles import PROFILES, EngineProfile
 
 ROUTER_POLICIES: dict[str, str] = {
@@ -131,8 +131,8 @@ def sim_profile_args(profile: EngineProfile) -> list[str]:
 
     A built-in profile is passed by name; a modified copy of one is accepted when it differs
     only in name, description, ``num_gpu_blocks`` (``--num-gpu-blocks-override``) and
-    ``max_loras`` (``--max-loras``). Anything else raises
-    :class:`UnsupportedScenarioError`: the simulator looks profiles up by name.
+    ``max_loras`` (``--max-loras``). Any other profile is written to a profile file
+    (:func:`~sluicegate.sim.profile_file.materialise`) passed as ``--profile-file``.
     """
     bases = [PROFILES[profile.name]] if profile.name in PROFILES else []
     bases += [p for p in PROFILES.values() if p.name != profile.name]
@@ -152,11 +152,8 @@ def sim_profile_args(profile: EngineProfile) -> list[str]:
         if profile.max_loras != base.max_loras:
             args += ["--max-loras", str(profile.max_loras)]
         return args
-    raise UnsupportedScenarioError(
-        f"engine profile {profile.name!r} is not a built-in profile, nor one with only its "
-        "KV-cache size or LoRA slots changed; `sluicegate sim` cannot run it, so this "
-        "scenario has no HTTP mode (use --mode des)"
-    )
+    # Any other profile (a calibrated one, a scenario's own): a profile file of it.
+    return ["--profile-file", str(materialise(profile))]
 
 
 def _rewrites_models(scenario: Scenario) -> bool:

@@ -1,0 +1,153 @@
+"""Fitting the simulator's step-time function to measured iterations.
+
+The profile's step time (:meth:`EngineProfile.step_ms`) is linear in its unknowns once
+the model's shape (layers, hidden size, KV bytes per token) is fixed::
+
+    step_ms = LIN(n)                                 piecewise linear: one value per knot
+            + f · [decode_seqs > 0]                  f = layers · attention_fixed_ms_per_layer
+            + a · Σctx_decode                        a = layers · kv_bytes_per_layer / BW · 1e3
+            + b · Σ c·(p + c/2)                      b = 4 · hidden · layers / FLOPS · 1e3
+
+with ``LIN``'s knots at the distinct token counts measured (so ``LIN`` is exact there and
+interpolated between, as the built-in profiles interpolate vidur's table) and the
+per-step overhead inside ``LIN`` (``step_overhead_ms`` 0). The fit minimises the sum of
+squared *relative* errors (rows weighted by 1/measured), so short and long iterations
+count alike. A term the points cannot tell apart from the others (no decode point next
+to a prefill point of the same size for ``f``; no cached-prefix point for ``b``; one
+context per batch size for ``a``) or that comes out negative is fixed at 0 and the rest
+refitted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import numpy.typing as npt
+
+from sluicegate.sim.calibrate.probes import Point
+from sluicegate.sim.profiles import EngineProfile, LinearOpsCurve
+
+_TERMS = ("f", "a", "b")
+_TINY = 1e-12
+"""A coefficient at or below this (ms per unit) counts as zero: BW or FLOPS 'infinite'."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    profile: EngineProfile
+    knots: tuple[float, ...]
+    lin_ms: tuple[float, ...]
+    f_ms: float
+    a_ms_per_token: float
+    b_ms_per_unit: float
+    fixed: tuple[str, ...]
+    """Terms fixed at 0 (not identifiable from the points, or fitted negative)."""
+
+    def predict_ms(self, point: Point) -> float:
+        return predict(self.profile, point)
+
+
+def attention_units(chunks: tuple[tuple[int, int], ...]) -> float:
+    """Σ c·(p + c/2) over prefill chunks (the profile's prefill FLOPs / (4·hidden·layers))."""
+    return sum(c * (p + c / 2.0) for c, p in chunks)
+
+
+def predict(profile: EngineProfile, point: Point) -> float:
+    """The profile's duration (ms) of the iteration ``point`` describes."""
+    flops = sum(profile.prefill_attention_flops(c, p) for c, p in point.chunks)
+    return profile.step_ms(point.batched_tokens, point.decode_seqs, point.decode_context, flops)
+
+
+def _hat(knots: list[float], n: float) -> npt.NDArray[np.float64]:
+    """Weights of ``n`` on the knots under LinearOpsCurve's interpolation."""
+    w = np.zeros(len(knots))
+    if n <= knots[0]:
+        w[0] = 1.0
+        return w
+    if n >= knots[-1]:
+        w[-1] = 1.0
+        return w
+    i = int(np.searchsorted(knots, n))
+    x0, x1 = knots[i - 1], knots[i]
+    w[i - 1], w[i] = (x1 - n) / (x1 - x0), (n - x0) / (x1 - x0)
+    return w
+
+
+def _solve(
+    design: npt.NDArray[np.float64], target: npt.NDArray[np.float64], k: int, names: list[str]
+) -> tuple[npt.NDArray[np.float64], list[str]]:
+    """Least squares with the extra terms (columns k…) dropped while unidentifiable or
+    negative; returns all coefficients (dropped ones 0) and the dropped terms' names."""
+    active = list(range(design.shape[1]))
+    dropped: list[str] = []
+    while True:
+        sub = design[:, active]
+        coef, *_ = np.linalg.lstsq(sub, target, rcond=None)
+        rank = np.linalg.matrix_rank(sub)
+        extra = [j for j in active if j >= k]
+        bad: int | None = None
+        if rank < len(active) and extra:
+            # the last extra term whose column the others already span (b, then a, then f)
+            bad = next((j for j in reversed(extra) if _rank(design, active, j) == rank), extra[-1])
+        else:
+            negative = [j for j, c in zip(active, coef, strict=True) if j >= k and c < 0]
+            bad = negative[0] if negative else None
+        if bad is None:
+            full = np.zeros(design.shape[1])
+            full[active] = coef
+            return full, dropped
+        active.remove(bad)
+        dropped.append(names[bad - k])
+
+
+def _rank(design: npt.NDArray[np.float64], active: list[int], without: int) -> int:
+    return int(np.linalg.matrix_rank(design[:, [j for j in active if j != without]]))
+
+
+def fit_profile(points: list[Point], base: EngineProfile) -> Fit:
+    """The profile ``base`` with its step-time parameters fitted to ``points``."""
+    if not points:
+        raise ValueError("no measured point to fit")
+    knots = sorted({float(p.batched_tokens) for p in points})
+    k = len(knots)
+    rows = []
+    for p in points:
+        rows.append(
+            np.concatenate(
+                [
+                    _hat(knots, p.batched_tokens),
+                    [
+                        1.0 if p.decode_seqs else 0.0,
+                        float(p.decode_context),
+                        attention_units(p.chunks),
+                    ],
+                ]
+            )
+        )
+    design = np.array(rows)
+    measured = np.array([p.measured_ms for p in points])
+    weight = 1.0 / np.maximum(measured, 1e-6)
+    present = [j for j in range(k, k + 3) if np.any(design[:, j] != 0)]
+    unused = [_TERMS[j - k] for j in range(k, k + 3) if j not in present]
+    cols = list(range(k)) + present
+    names = [_TERMS[j - k] for j in present]
+    coef_sub, dropped = _solve(design[:, cols] * weight[:, None], measured * weight, k, names)
+    coef = np.zeros(k + 3)
+    coef[cols] = coef_sub
+    f, a, b = (float(coef[k + i]) for i in range(3))
+    lin = tuple(float(v) for v in coef[:k])
+    slope = max(0.0, (lin[-1] - lin[-2]) / (knots[-1] - knots[-2])) if k >= 2 else 0.0
+    layers = base.num_layers
+    profile = replace(
+        base,
+        linear_ops=LinearOpsCurve(tuple(knots), lin, lin[-1] - slope * knots[-1], slope),
+        step_overhead_ms=0.0,
+        attention_fixed_ms_per_layer=f / layers,
+        memory_bandwidth_bytes_per_s=(
+            layers * base.kv_bytes_per_token_per_layer * 1e3 / a if a > _TINY else 1e30
+        ),
+        attention_flops_per_s=4.0 * base.hidden_size * layers * 1e3 / b if b > _TINY else 1e30,
+    )
+    fixed = tuple(t for t in _TERMS if t in unused or t in dropped)
+    return Fit(profile, tuple(knots), lin, f, a, b, fixed)

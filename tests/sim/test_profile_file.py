@@ -1,0 +1,67 @@
+"""Profile files: every built-in profile round-trips, bad files are refused naming the
+field, and ``sluicegate sim --profile-file`` refuses a bad one at start."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sluicegate.sim.profile_file import (
+    ProfileFileError,
+    dump_profile,
+    load_profile_file,
+    parse_profile,
+)
+from sluicegate.sim.profiles import PROFILES
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_every_built_in_profile_round_trips(name: str) -> None:
+    assert parse_profile(dump_profile(PROFILES[name])) == PROFILES[name]
+
+
+def test_base_fills_what_the_file_leaves_out() -> None:
+    p = parse_profile("base: tiny\nname: t\nmax_num_seqs: 4\nlinear_ops: {points: [[1, 2]]}")
+    assert p.max_num_seqs == 4
+    assert p.num_gpu_blocks == PROFILES["tiny"].num_gpu_blocks
+    # one point: flat beyond it as below it
+    assert p.linear_ops(1) == p.linear_ops(5000) == 2.0
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("base: tiny\nmax_num_seqs: 0", "max_num_seqs: Input should be greater than or equal"),
+        ("base: tiny\nmax_num_sqs: 4", "max_num_sqs: Extra inputs are not permitted"),
+        ("base: nope", "base: unknown profile 'nope'"),
+        ("name: x\nmodel_name: m", "missing field(s) linear_ops, num_layers"),
+        ("base: tiny\nlinear_ops: {points: [[8, 1], [4, 2]]}", "strictly increasing"),
+        ("base: tiny\nlinear_ops: {}", "linear_ops: linear_ops needs points"),
+        ("- 1", "expected a mapping"),
+        ("base: [", "not YAML"),
+    ],
+)
+def test_bad_files_name_the_field(text: str, message: str) -> None:
+    with pytest.raises(ProfileFileError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_profile(text)
+
+
+def test_a_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ProfileFileError, match="cannot read"):
+        load_profile_file(tmp_path / "none.yaml")
+
+
+def test_sim_refuses_a_bad_profile_file_at_start(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("base: tiny\nblock_size: -1\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "sluicegate", "sim", "--profile-file", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2
+    assert "block_size" in run.stderr
