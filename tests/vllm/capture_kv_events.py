@@ -153,6 +153,8 @@ def capture(python: str, out: Path) -> None:
             server.wait_healthy(time.monotonic() + 240)
             time.sleep(1.0)  # the SUB socket's subscription reaches the publisher
             for req in requests:
+                # messages received before this request: the index state it was routed on
+                req["after_messages"] = len(messages)
                 req["cached_tokens"] = complete(req)
                 _drain(sub, messages, 0.5)
             reset = _post(f"{server.url}/reset_prefix_cache")
@@ -160,6 +162,7 @@ def capture(python: str, out: Path) -> None:
                 raise RuntimeError(f"/reset_prefix_cache answered {reset}")
             # the clear is published with the next engine step: one more request
             after = {"prompt": others[0], "note": "after the clear: store 2 blocks"}
+            after["after_messages"] = len(messages)
             after["cached_tokens"] = complete(after)
             requests.append(after)
             _drain(sub, messages, 1.0)
