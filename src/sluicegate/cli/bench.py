@@ -13,7 +13,16 @@ def add_parser(sub: Subparsers) -> None:
     micro = bench_sub.add_parser("micro", help="micro-benchmarks (scheduling cost, simulator)")
     micro.add_argument(
         "name",
-        choices=["all", "scheduling", "sim", "gateway", "latency", "extproc", "latency-accuracy"],
+        choices=[
+            "all",
+            "scheduling",
+            "tokenization",
+            "sim",
+            "gateway",
+            "latency",
+            "extproc",
+            "latency-accuracy",
+        ],
     )
     micro.add_argument("--quick", action="store_true", help="a short run (for smoke tests)")
     micro.add_argument("--out", default=None, help="file (or folder for 'all') to write")
@@ -66,7 +75,7 @@ def _cmd_bench_micro(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from sluicegate.bench.extras import MissingExtraError
-    from sluicegate.bench.micro import REPORTS
+    from sluicegate.bench.micro import REPORTS, SECTIONS, merge_report
 
     names = list(REPORTS) if args.name == "all" else [args.name]
     for name in names:
@@ -76,9 +85,11 @@ def _cmd_bench_micro(args: argparse.Namespace) -> int:
             return fail(str(exc))
         if args.out:
             out = Path(args.out)
-            path = out / f"{name}.md" if out.is_dir() or len(names) > 1 else out
+            file = SECTIONS.get(name, name)
+            path = out / f"{file}.md" if out.is_dir() or len(names) > 1 else out
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+            existing = path.read_text() if path.exists() else None
+            path.write_text(merge_report(existing, name, text))
             console.print(f"wrote {path}")
         else:
             print(text)

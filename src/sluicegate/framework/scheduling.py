@@ -104,6 +104,12 @@ class LLMRequest:
     prediction_based: bool = True
     """Whether the predicted-latency plugins may schedule it on latency predictions (the
     ``x-prediction-based-scheduling`` header, else the configured default)."""
+    kind: str = ""
+    """The route's kind: ``chat`` (``messages``), ``completion`` (``prompt``), ``other``
+    (a passed-through route), or empty when not from a parsed body (the lab)."""
+    body: Mapping[str, object] | None = None
+    """The decoded JSON body, read-only (a model's tokenizer renders ``messages`` from
+    it); None when not from a parsed body."""
 
     def __post_init__(self) -> None:
         if not self.model_label:

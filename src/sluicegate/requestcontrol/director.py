@@ -210,6 +210,8 @@ class Director:
                 if parsed.prediction_based is None
                 else parsed.prediction_based
             ),
+            kind=parsed.kind,
+            body=parsed.body,
         )
         return Admitted(request, pool, parsed, by_config, allowed, serving or [], rewrite)
 

@@ -44,7 +44,9 @@ from sluicegate.requestcontrol.responses import Usage as Usage  # re-exported
 from sluicegate.runtime.kvevents import KVEventsCollector, KVEventsHost
 from sluicegate.runtime.notices import Notices
 from sluicegate.runtime.observe import RequestMetrics, flow_state, prefix_index_size, time_plugins
+from sluicegate.runtime.tokenization import TokenizerCollector, TokenizersHost
 from sluicegate.scheduling.config import BuiltScheduler, build_scheduler
+from sluicegate.tokenization.base import TOKENIZER_SERVICE, TokenizerService
 from sluicegate.upstream import UpstreamPool
 
 log = logging.getLogger("sluicegate.runtime")
@@ -112,6 +114,9 @@ class Runtime:
         self.kv_events = KVEventsHost(self.clock)
         """The servers' KV-cache event streams (idle unless a pool has ``kvEvents``)."""
         self._services.setdefault(KV_EVENTS_SERVICE, self.kv_events.service)
+        self.tokenizers = TokenizersHost(config)
+        """The pools' tokenizers (none unless a pool's ``spec.tokenizer`` is not builtin)."""
+        self._services.setdefault(TOKENIZER_SERVICE, self.tokenizers.service)
         self.staleness_s = config.gateway.metrics_staleness_ms / 1000.0
         self.datastore = Datastore()
         self.built = self._build_scheduler(config)
@@ -140,6 +145,7 @@ class Runtime:
         if self.predictor is not None:
             self.predictor.register_metrics(self.metrics.registry)
         self.metrics.registry.register(KVEventsCollector(self.kv_events))
+        self.metrics.registry.register(TokenizerCollector(self.tokenizers.service))
         self.collector: Collector | None = None
         self.outlier: OutlierDetector | None = None
         """Ejects endpoints whose requests fail (None when ``outlierDetection`` is off)."""
@@ -229,6 +235,7 @@ class Runtime:
         if self.predictor is not None:
             await self.predictor.stop()
         await self.kv_events.stop()
+        await self.tokenizers.stop()
 
     def apply_config(self, config: Config, endpoints: EndpointsByPool | None = None) -> None:
         """Switch to ``config`` (and, from discovery, ``endpoints`` by pool) without dropping
@@ -244,9 +251,19 @@ class Runtime:
         same = (old_picker.model_dump() if old_picker else None) == (
             new_picker.model_dump() if new_picker else None
         )
-        # Build everything that can fail before changing anything.
-        built = self.built if same else self._build_scheduler(config)
-        flow = self.director.flow if same else self._build_flow(config, built)
+        # Build everything that can fail before changing anything. The scheduler is
+        # rebuilt too when a pool's tokenizer starts or stops needing I/O (which
+        # producers prefetch is decided when it is built).
+        tokenizers = self.tokenizers.prepare(config)
+        service = self.tokenizers.service
+        old_tokenizers = service.pools
+        service.pools = tokenizers
+        same = same and service.fetching == TokenizerService(old_tokenizers).fetching
+        try:
+            built = self.built if same else self._build_scheduler(config)
+            flow = self.director.flow if same else self._build_flow(config, built)
+        finally:
+            service.pools = old_tokenizers
         models = ModelTable(config)
         new_predictor = config.gateway.latency_predictor
         live = {"prediction_based_scheduling_default"}  # read per request: applied now
@@ -258,6 +275,7 @@ class Runtime:
         if self.outlier is not None:  # thresholds apply now; turning it on or off: restart
             self.outlier.settings = outlier_settings(config.gateway.outlier_detection)
         self.config = config
+        self.tokenizers.apply(tokenizers)
         self.director.models = models
         self.director.prediction_default = new_predictor.prediction_based_scheduling_default
         discovered = self._discovered is not None

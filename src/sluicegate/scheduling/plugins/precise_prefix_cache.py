@@ -10,11 +10,15 @@ add the approximate producer).
 Inputs: the request's prompt bytes, its target model when that is a LoRA adapter, its
 ``cache_salt``, and the pool's :class:`~sluicegate.datalayer.kvevents.PreciseIndex`
 (the host's ``kv-events`` service, filled from the servers' events per the pool's
-``kvEvents`` configuration). Token ids are, for now, the built-in tokenizer's
-(:func:`sluicegate.tokens.token_ids`, 4 UTF-8 bytes per token) — exact against the
-simulator, which publishes the same ids; matching a real vLLM server needs the model's own
-tokenizer, a later slice of issue 17 (until then real servers' blocks never match and
-every request scores 0 there, as for a cold cache).
+``kvEvents`` configuration). Token ids come from the pool's tokenizer (the host's
+``tokenizer`` service, per the pool's ``spec.tokenizer``): by default the built-in one
+(:func:`sluicegate.tokens.token_id_array`, 4 UTF-8 bytes per token) — exact against the
+simulator, which publishes the same ids; ``local``, the model's own ``tokenizer.json``
+and chat template, rendered and encoded as vLLM does (with a prefix cache, so a new turn
+encodes only what is new); ``server``, the servers' ``/tokenize``, awaited in this
+producer's prefetch (it is then an I/O-bound producer). A request the pool's tokenizer
+cannot tokenize (the template rejects it, ``/tokenize`` times out) is matched
+approximately on every candidate, and counted by the tokenizer.
 
 Per request: the ids are cut into blocks of the servers' block size — the ``block_size``
 vLLM sends in every ``BlockStored`` (the first synced candidate's; else the scraped
@@ -42,6 +46,7 @@ the prompt in 16-token blocks): a 16 KB prompt (256 blocks) about 92 µs per req
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 from sluicegate.datalayer.endpoint import Endpoint
@@ -52,6 +57,7 @@ from sluicegate.datalayer.kvevents.wire import extra_key_bytes
 from sluicegate.framework import (
     PREFIX_MATCH,
     PREFIX_PRODUCER_TYPE,
+    AsyncDataProducer,
     CycleState,
     DataProducer,
     EndpointObserver,
@@ -66,6 +72,7 @@ from sluicegate.framework import (
     StateKey,
 )
 from sluicegate.scheduling.approximate import ApproximatePrefix, ApproximatePrefixParameters
+from sluicegate.tokenization.base import TOKENIZER_SERVICE, PoolTokenizer, TokenizerService
 from sluicegate.tokens import token_id_array
 
 """The approximate producer's default ``lruCapacityPerServer`` (16-token blocks)."""
@@ -74,9 +81,13 @@ VLLM_DEFAULT_BLOCK_SIZE = 16
 """vLLM's default ``--block-size`` (tokens), used before any event or scrape told it."""
 
 _APPROXIMATE: StateKey[PrefixMatch] = StateKey("precise-prefix/approximate")
+_FETCHED: StateKey[array[int] | None] = StateKey("precise-prefix/token-ids")
+"""The token ids a ``server`` tokenizer answered in the prefetch (None: it did not)."""
 
 
-class PrecisePrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, PrefixIndexer):
+class PrecisePrefixCacheProducer(
+    DataProducer, AsyncDataProducer, PreRequest, EndpointObserver, PrefixIndexer
+):
     type_name = "precise-prefix-cache-producer"
     provides = (PREFIX_PRODUCER_TYPE,)
 
@@ -96,6 +107,14 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, Pre
             )
         self.service = service
         """None when the host has no event streams (every view unknown: approximate)."""
+        tokenizers = context.services.get(TOKENIZER_SERVICE)
+        if tokenizers is not None and not isinstance(tokenizers, TokenizerService):
+            raise PluginConfigError(
+                f"the {TOKENIZER_SERVICE!r} service ({type(tokenizers).__name__}) is not a "
+                "TokenizerService"
+            )
+        self.tokenizers = tokenizers
+        """The pools' tokenizers; None or a pool absent: the built-in tokenizer."""
         # the fallback: the approximate producer's own match
         self.approximate = ApproximatePrefix.of(p)
 
@@ -110,6 +129,14 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, Pre
             if self.service is not None:
                 self.service.lookups.fallbacks += len(endpoints)
             return
+        ids = self._token_ids(request, state, endpoints[0].pool)
+        if ids is None:  # the pool's tokenizer could not tokenize it: approximate
+            approx = self.approximate.match(request, endpoints)
+            state.put(_APPROXIMATE, approx)
+            state.put(PREFIX_MATCH, approx)
+            assert self.service is not None
+            self.service.lookups.fallbacks += len(endpoints)
+            return
         index = subs.index
         size = self._block_size(subs, endpoints)
         synced: list[str] = []
@@ -122,7 +149,7 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, Pre
                 unknown.append(e)
         approx = self.approximate.match(request, unknown)
         state.put(_APPROXIMATE, approx)
-        keys = self._keys(request, size)
+        keys = self._keys(request, ids, size)
         held = index.longest_prefix(keys) if keys and synced else {}
         matched = {name: held[name] for name in synced if name in held}
         total = len(keys)
@@ -156,10 +183,36 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, Pre
                 return m.block_size
         return VLLM_DEFAULT_BLOCK_SIZE
 
-    def _keys(self, request: LLMRequest, size: int) -> list[int]:
+    @property
+    def fetches(self) -> bool:
+        return self.tokenizers is not None and self.tokenizers.fetching
+
+    async def prefetch(
+        self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
+    ) -> None:
+        tokenizer = self._tokenizer(endpoints[0].pool) if endpoints else None
+        if tokenizer is None or not tokenizer.needs_io or self._subscribers(endpoints) is None:
+            return
+        state.put(_FETCHED, await tokenizer.fetch(request, endpoints))
+
+    def _tokenizer(self, pool: str) -> PoolTokenizer | None:
+        return None if self.tokenizers is None else self.tokenizers.pools.get(pool)
+
+    def _token_ids(self, request: LLMRequest, state: CycleState, pool: str) -> array[int] | None:
+        """The prompt's token ids from the pool's tokenizer (None: route approximately),
+        at most ``maxPrefixTokensToMatch``. Without one, the built-in tokenizer's."""
+        limit = self.params.max_prefix_tokens_to_match
+        tokenizer = self._tokenizer(pool)
+        if tokenizer is None:
+            return token_id_array(request.prompt, limit)
+        ids = state.get(_FETCHED) if tokenizer.needs_io else tokenizer.token_ids(request)
+        if ids is not None and 0 < limit < len(ids):
+            return ids[:limit]
+        return ids
+
+    def _keys(self, request: LLMRequest, ids: array[int], size: int) -> list[int]:
         """The request's block keys, built as vLLM names blocks (extra keys: the LoRA name
         on every block, the cache salt after it on the first)."""
-        ids = token_id_array(request.prompt, self.params.max_prefix_tokens_to_match)
         n = len(ids) // size
         if not n:
             return []
@@ -171,7 +224,7 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, Pre
             extras[0] = extra_key_bytes((*lora, request.cache_salt) if request.cache_salt else lora)
         try:
             return block_keys(ids, size, extras)
-        except OverflowError:  # cannot happen for built-in ids (4 bytes each)
+        except OverflowError:  # cannot happen: ids are an array("I")
             return []
 
     def pre_request(self, request: LLMRequest, state: CycleState, result: SchedulingResult) -> None:

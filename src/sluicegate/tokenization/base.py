@@ -1,0 +1,132 @@
+"""What every pool tokenizer offers, what it counts, and the service plugins find it in.
+
+The host builds one :class:`PoolTokenizer` per pool whose ``spec.tokenizer`` is not
+``builtin`` (:func:`sluicegate.tokenization.build.build_tokenizers`) and offers them under
+:data:`TOKENIZER_SERVICE`; a pool absent from :attr:`TokenizerService.pools` uses the
+built-in tokenizer (:func:`sluicegate.tokens.token_id_array`).
+"""
+
+from __future__ import annotations
+
+import abc
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final, Literal
+
+from sluicegate.api.tokenizer import TokenizerSettings
+from sluicegate.datalayer.endpoint import Endpoint
+from sluicegate.framework import LLMRequest
+
+if TYPE_CHECKING:  # the cache module loads the tokenizers library
+    from sluicegate.tokenization.prefix_cache import PrefixTokenCache
+
+TOKENIZER_SERVICE: Final = "tokenizer"
+"""The name under which the host provides a :class:`TokenizerService`
+(``PluginContext.services``)."""
+
+FallbackReason = Literal["template", "unsupported", "timeout", "error", "busy", "kind"]
+"""Why a request was routed on the approximate match instead of its token ids: the chat
+template rejected its messages (``template``); it holds what the gateway does not render
+as the server would (``unsupported``: images, ``continue_final_message`` …); the
+``/tokenize`` call timed out, failed, or found every slot busy; the route is not a
+completion or chat (``kind``)."""
+
+FALLBACK_REASONS: Final[tuple[FallbackReason, ...]] = (
+    "template",
+    "unsupported",
+    "timeout",
+    "error",
+    "busy",
+    "kind",
+)
+
+
+class TokenizerLoadError(ValueError):
+    """A tokenizer's files cannot be read or its chat template does not compile (raised
+    when the configuration is loaded, naming the pool and the file)."""
+
+
+@dataclass
+class TokenizerCounters:
+    """Totals since start: requests given token ids, requests routed approximately per
+    :data:`FallbackReason`, and seconds spent producing token ids (rendering, encoding,
+    waiting for ``/tokenize``)."""
+
+    tokenized: int = 0
+    fallbacks: dict[FallbackReason, int] = field(
+        default_factory=lambda: dict.fromkeys(FALLBACK_REASONS, 0)
+    )
+    seconds: float = 0.0
+
+    def fallback(self, reason: FallbackReason) -> None:
+        self.fallbacks[reason] += 1
+
+
+class PoolTokenizer(abc.ABC):
+    """One pool's tokenizer: a request's token ids as the pool's servers will see them."""
+
+    source: str
+    """``local`` or ``server`` (the configuration's ``source``)."""
+    needs_io: bool = False
+    """True when ids come from :meth:`fetch` (an awaited call) rather than :meth:`token_ids`."""
+    prefix_cache: PrefixTokenCache | None = None
+    """Its cache of prompts seen, if it keeps one (for metrics)."""
+
+    def __init__(self, settings: TokenizerSettings) -> None:
+        self.settings = settings
+        """The pool's ``spec.tokenizer`` this was built from."""
+        self.counters = TokenizerCounters()
+
+    @abc.abstractmethod
+    def token_ids(self, request: LLMRequest) -> array[int] | None:
+        """The request's prompt token ids (an ``array("I")`` the caller must not change),
+        or None — counted — when it must be routed approximately. Never raises."""
+
+    async def fetch(self, request: LLMRequest, endpoints: Sequence[Endpoint]) -> array[int] | None:
+        """:meth:`token_ids` for a tokenizer that needs I/O, asking one of ``endpoints``."""
+        return self.token_ids(request)
+
+    async def close(self) -> None:  # noqa: B027 - optional: most hold nothing open
+        """Release what the tokenizer holds open (at shutdown, on the event loop)."""
+
+
+def prompt_token_ids(request: LLMRequest) -> array[int] | None:
+    """A completion prompt given as token ids (or a batch whose first prompt is): the
+    ids the server will use as they are (vLLM adds no special tokens to them)."""
+    if request.kind != "completion" or request.body is None:
+        return None
+    prompt = request.body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+        prompt = prompt[0]
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**32 for t in prompt)
+    ):
+        return array("I", prompt)
+    return None
+
+
+@dataclass(eq=False)
+class TokenizerService:
+    """Per pool name, its tokenizer (pools without one use the built-in tokenizer)."""
+
+    pools: dict[str, PoolTokenizer] = field(default_factory=dict)
+
+    @property
+    def fetching(self) -> bool:
+        """Whether any pool's tokenizer needs I/O (the producer prefetches then)."""
+        return any(t.needs_io for t in self.pools.values())
+
+
+__all__ = [
+    "FALLBACK_REASONS",
+    "TOKENIZER_SERVICE",
+    "FallbackReason",
+    "PoolTokenizer",
+    "TokenizerCounters",
+    "TokenizerLoadError",
+    "TokenizerService",
+    "prompt_token_ids",
+]

@@ -1,0 +1,220 @@
+"""``source: local``: the model's own Hugging Face tokenizer, in the gateway process.
+
+Loaded once when the configuration is read (:meth:`LocalTokenizer.load`): the
+``tokenizer.json`` (``tokenizers`` library), ``tokenizer_config.json`` beside it when
+present (special tokens, chat template), and the chat template (``chatTemplate`` file,
+else ``chat_template.jinja`` beside the tokenizer, else the config's) compiled in
+transformers' sandboxed environment (:mod:`sluicegate.tokenization.chat`). A file that
+cannot be read or a template that does not compile is a :class:`TokenizerLoadError`
+then — never an error at request time.
+
+Per request, as vLLM 0.32 builds prompts (tag v0.32.0):
+
+- chat (``/v1/chat/completions``): the messages rendered with the template
+  (``add_generation_prompt`` default true), the text tokenized **without** special
+  tokens — ``ChatCompletionRequest.add_special_tokens`` defaults to false
+  (``vllm/entrypoints/openai/chat_completion/protocol.py``), the template writes the
+  BOS itself; transformers' ``apply_chat_template`` does the same;
+- completion (``/v1/completions``): a text prompt tokenized **with** special tokens
+  (``CompletionRequest.add_special_tokens`` defaults to true,
+  ``vllm/entrypoints/openai/completion/protocol.py``: e.g. Llama's BOS); a prompt of
+  token ids is taken as it is; of a list of prompts (a batch) the first is used.
+
+A body's own ``add_special_tokens`` is honoured. The text is encoded through the
+:class:`~sluicegate.tokenization.prefix_cache.PrefixTokenCache` (the special tokens are
+added around the cached content ids, so cache entries serve both routes).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from array import array
+from pathlib import Path
+
+import jinja2
+from tokenizers import Encoding, Tokenizer
+
+from sluicegate.api.tokenizer import TokenizerSettings
+from sluicegate.framework import LLMRequest
+from sluicegate.tokenization.base import PoolTokenizer, TokenizerLoadError, prompt_token_ids
+from sluicegate.tokenization.chat import ChatTemplate, UnrenderableError, template_source
+from sluicegate.tokenization.prefix_cache import CHUNK_BYTES, PrefixTokenCache
+
+log = logging.getLogger(__name__)
+
+_SELF_CHECK_TEXT = (
+    "<|system|>You are a careful assistant.\n  Answer briefly; don't ramble!\n"
+    "<|user|>What's 12345 + 678?\tShow the steps:   first add units, then tens.\n\n"
+    "<|assistant|>Sure — naïve sums: 12345 + 678 = 13023.\r\n"
+)
+
+
+class LocalTokenizer(PoolTokenizer):
+    """A pool's tokenizer from local files (see the module docstring)."""
+
+    source = "local"
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        config: dict[str, object],
+        template: ChatTemplate | None,
+        settings: TokenizerSettings,
+    ) -> None:
+        super().__init__(settings)
+        self.template = template
+        """None: the tokenizer has no chat template (chat requests are routed
+        approximately, as vLLM would refuse them)."""
+        # Content is encoded without the post-processor (no special tokens, and offsets
+        # untrimmed); the special tokens a completion gets are added around it.
+        content = Tokenizer.from_str(tokenizer.to_str())
+        content.post_processor = None
+        content.no_truncation()
+        content.no_padding()
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
+        self._content = content
+        self._full = tokenizer
+        self.prefix_ids, self.suffix_ids = _special_around(tokenizer, content)
+        self.cache = self.prefix_cache = PrefixTokenCache(
+            self._encode, settings.cache_bytes, settings.cache_entries
+        )
+        if not _continues_exactly(self):
+            log.warning(
+                "tokenizer %s: cutting an encoding at a word start does not reproduce the "
+                "whole encoding; only exact repeats are cached",
+                settings.path,
+            )
+            self.cache.continuation = False
+        self.config = config
+
+    @classmethod
+    def load(cls, settings: TokenizerSettings) -> LocalTokenizer:
+        """Read and compile everything ``settings`` names; raises TokenizerLoadError."""
+        assert settings.path is not None  # the settings model requires it for local
+        path = Path(settings.path)
+        file = path / "tokenizer.json" if path.is_dir() else path
+        directory = file.parent
+        try:
+            tokenizer = Tokenizer.from_file(str(file))
+        except Exception as exc:  # missing, unreadable, or not a tokenizer.json
+            raise TokenizerLoadError(f"cannot load tokenizer {file}: {exc}") from None
+        config: dict[str, object] = {}
+        config_file = directory / "tokenizer_config.json"
+        if config_file.is_file():
+            try:
+                loaded = json.loads(config_file.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise TokenizerLoadError(f"cannot read {config_file}: {exc}") from None
+            if not isinstance(loaded, dict):
+                raise TokenizerLoadError(f"{config_file}: not a JSON object")
+            config = loaded
+        if settings.chat_template is not None:
+            try:
+                source: str | None = Path(settings.chat_template).read_text(encoding="utf-8")
+            except OSError as exc:
+                raise TokenizerLoadError(
+                    f"cannot read chatTemplate {settings.chat_template}: {exc}"
+                ) from None
+            where = settings.chat_template
+        else:
+            try:
+                source = template_source(config, directory)
+            except OSError as exc:
+                raise TokenizerLoadError(f"cannot read the chat template: {exc}") from None
+            where = str(directory)
+        template = None
+        if source is not None:
+            try:
+                template = ChatTemplate(source, config, settings.content_format)
+            except jinja2.TemplateSyntaxError as exc:
+                raise TokenizerLoadError(
+                    f"chat template of {where}: line {exc.lineno}: {exc.message}"
+                ) from None
+        else:
+            log.warning(
+                "tokenizer %s has no chat template: chat requests route approximately", file
+            )
+        return cls(tokenizer, config, template, settings)
+
+    def _encode(self, text: str) -> Encoding:
+        return self._content.encode(text, add_special_tokens=False)
+
+    def text_ids(self, text: str, add_special_tokens: bool) -> array[int]:
+        """``text``'s ids, with the tokenizer's special tokens around it when asked."""
+        ids = self.cache.encode(text)
+        if add_special_tokens and (self.prefix_ids or self.suffix_ids):
+            out = array("I", self.prefix_ids)
+            out.extend(ids)
+            out.extend(self.suffix_ids)
+            return out
+        return ids
+
+    def token_ids(self, request: LLMRequest) -> array[int] | None:
+        started = time.perf_counter()
+        try:
+            ids = self._ids(request)
+        finally:
+            self.counters.seconds += time.perf_counter() - started
+        if ids is not None:
+            self.counters.tokenized += 1
+        return ids
+
+    def _ids(self, request: LLMRequest) -> array[int] | None:
+        body = request.body
+        if body is None or request.kind not in ("chat", "completion"):
+            self.counters.fallback("kind")
+            return None
+        special = body.get("add_special_tokens")
+        if request.kind == "chat":
+            if self.template is None:
+                self.counters.fallback("unsupported")
+                return None
+            try:
+                text = self.template.render(body)
+            except UnrenderableError as exc:
+                self.counters.fallback("template" if "rejected" in str(exc) else "unsupported")
+                return None
+            return self.text_ids(text, special is True)
+        given = prompt_token_ids(request)
+        if given is not None:
+            return given
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            prompt = prompt[0]  # a batch: routed by its first prompt
+        if isinstance(prompt, str):
+            return self.text_ids(prompt, special is not False)
+        self.counters.fallback("unsupported")
+        return None
+
+
+def _special_around(full: Tokenizer, content: Tokenizer) -> tuple[list[int], list[int]]:
+    """The ids the post-processor puts before and after a text's ids (e.g. Llama's BOS),
+    found by encoding a sample both ways."""
+    sample = "Hello world"
+    inner = content.encode(sample, add_special_tokens=False).ids
+    outer = full.encode(sample, add_special_tokens=True).ids
+    for start in range(len(outer) - len(inner) + 1):
+        if outer[start : start + len(inner)] == inner:
+            return outer[:start], outer[start + len(inner) :]
+    raise TokenizerLoadError(
+        "the tokenizer's post-processor changes the text's own tokens; not supported"
+    )
+
+
+def _continues_exactly(tok: LocalTokenizer) -> bool:
+    """Whether continuing a cached encoding at a safe point reproduces the whole encoding,
+    on a sample long enough for several chunks (checked once, at load)."""
+    text = _SELF_CHECK_TEXT * (4 * CHUNK_BYTES // len(_SELF_CHECK_TEXT) + 2)
+    whole = array("I", tok._encode(text).ids)
+    for cut in (CHUNK_BYTES + 7, 2 * CHUNK_BYTES + 100, 3 * CHUNK_BYTES + 333):
+        probe = PrefixTokenCache(tok._encode, 1 << 26, 8)
+        probe.encode(text[:cut])
+        if probe.encode(text) != whole or probe.counters.prefix_hits != 1:
+            return False
+    return True
+
+
+__all__ = ["LocalTokenizer"]

@@ -1,0 +1,289 @@
+"""Token ids of prompts already seen, reused so a new turn tokenizes only what is new.
+
+A chat's next request renders to the previous request's text plus the new turns, so
+after the first turn most of a prompt's tokens are known. :class:`PrefixTokenCache`
+keeps, per rendered prompt seen (least recently used first out, bounded in bytes and
+entries), its text, its token ids and *safe points*: token indices where a BPE encoding
+may be cut and continued from the text alone.
+
+**Why a cut is safe.** A Hugging Face tokenizer splits the text at its added (special)
+tokens, cuts each segment into *words* with its pre-tokenizer (the regex split of
+byte-level BPE: GPT-2, cl100k, Llama 3, Qwen …), and runs BPE inside each word: no
+merge crosses a word boundary. The regex scan is left to right, with no look-behind or
+anchor, and a word's extent depends only on the text from its start to one or two
+characters past its end (a run's end, a ``(?!\\S)`` look-ahead). So a word start *p*
+of text *A* at least :data:`MARGIN_CHARS` before the end of what *A* shares with text
+*B* is also a word start of *B*, and encoding ``B[p:]`` gives exactly the tokens of *B*
+from *p* on. The safe points are such word starts (one per :data:`SAFE_STEP_TOKENS` tokens,
+read from the encoding's word index). A new text is then ``ids[:t]`` of the
+cached entry plus the encoding of the rest from the safe point *t* before the shared
+prefix's end (less the margin).
+
+**Checked, not assumed.** The continuation re-encodes at least one safe step the
+entry already holds; when those tokens differ from the entry's (a tokenizer whose
+normalizer or pre-tokenizer looks back, e.g. SentencePiece's ``Metaspace`` prepending
+to the first word only) the text is encoded whole and the mismatch counted. The
+property test (``tests/unit/test_tokenization_prefix_cache.py``) checks equality with
+the whole encoding over random texts and cut points with a real byte-level BPE.
+
+**Finding the entry.** Each entry registers chained xxh3 hashes of its text at every
+:data:`CHUNK_BYTES` boundary of its UTF-8, and one of its whole text; a lookup hashes the new text's
+chunks, probes from the longest, and compares the text itself before trusting a hit.
+"""
+
+from __future__ import annotations
+
+import bisect
+import sys
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import xxhash
+from tokenizers import Encoding
+
+CHUNK_BYTES = 1024
+"""Granularity (bytes of UTF-8) at which a new text's shared prefix with an entry is found."""
+SAFE_STEP_TOKENS = 64
+"""One safe point is kept per this many tokens of an entry (at the word start at or
+before every 64th token)."""
+MARGIN_CHARS = 16
+"""A safe point used for a continuation lies at least this far before the shared end."""
+_ENTRY_OVERHEAD = 240
+"""Bytes per entry beyond its arrays and text (objects, dict slots), measured roughly."""
+_CHECKPOINT_BYTES = 100
+"""Bytes per registered chunk hash (dict slot, int objects, list slot)."""
+
+_xxh3 = xxhash.xxh3_64_intdigest
+_WHOLE_SEED = 0x5EED
+
+
+def chunk_hashes(data: bytes) -> list[int]:
+    """Chained hashes of UTF-8 ``data`` at every full :data:`CHUNK_BYTES` boundary."""
+    out: list[int] = []
+    h = 0
+    view = memoryview(data)
+    for start in range(0, len(data) - CHUNK_BYTES + 1, CHUNK_BYTES):
+        h = _xxh3(view[start : start + CHUNK_BYTES], h)
+        out.append(h)
+    return out
+
+
+@dataclass(slots=True, eq=False)
+class _Entry:
+    data: bytes
+    """The text, UTF-8 encoded (compared, never decoded)."""
+    ids: array[int]
+    safe_chars: array[int]
+    """Character offsets of the safe points, ascending (the first is 0)."""
+    safe_tokens: array[int]
+    """Token index at each safe point."""
+    checkpoints: list[int]
+    whole: int
+    nbytes: int = 0
+
+
+@dataclass
+class CacheCounters:
+    """Totals since start: lookups answered whole from an entry (``hits``), continued from
+    one (``prefix_hits``) or encoded whole (``misses``); tokens taken from entries instead
+    of encoded (``tokens_saved``), tokens encoded (``tokens_encoded``), continuations that
+    did not match and were encoded whole (``mismatches``), entries evicted."""
+
+    hits: int = 0
+    prefix_hits: int = 0
+    misses: int = 0
+    tokens_saved: int = 0
+    tokens_encoded: int = 0
+    mismatches: int = 0
+    evictions: int = 0
+
+
+@dataclass(eq=False)
+class PrefixTokenCache:
+    """Token ids of ``encode(text)`` with prefixes of texts seen reused (see module).
+
+    ``encode`` must add no special tokens (the caller adds a BOS itself). ``max_bytes``
+    and ``max_entries`` bound what is kept (0 bytes: nothing is kept).
+    """
+
+    encode_fn: Callable[[str], Encoding]
+    max_bytes: int
+    max_entries: int
+    continuation: bool = True
+    """Whether entries are continued (False: only exact repeats are served from them)."""
+    counters: CacheCounters = field(default_factory=CacheCounters)
+    _entries: OrderedDict[int, _Entry] = field(default_factory=OrderedDict)
+    _by_chunk: dict[int, int] = field(default_factory=dict)
+    _by_whole: dict[int, int] = field(default_factory=dict)
+    _next_id: int = 0
+    nbytes: int = 0
+    """Bytes the entries are estimated to take (≤ ``max_bytes``)."""
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def encode(self, text: str) -> array[int]:
+        """The token ids of ``text`` (an ``array("I")``; callers must not change it)."""
+        if self.max_bytes <= 0:
+            ids = array("I", self.encode_fn(text).ids)
+            self.counters.misses += 1
+            self.counters.tokens_encoded += len(ids)
+            return ids
+        data = text.encode()
+        whole = _xxh3(data, _WHOLE_SEED)
+        key = self._by_whole.get(whole)
+        if key is not None:
+            entry = self._entries[key]
+            if entry.data == data:
+                self._entries.move_to_end(key)
+                self.counters.hits += 1
+                self.counters.tokens_saved += len(entry.ids)
+                return entry.ids
+        hashes = chunk_hashes(data)
+        base = self._longest(data, hashes) if self.continuation else None
+        if base is not None:
+            entry, shared = base
+            made = self._continue(entry, text, data, shared)
+            if made is not None:
+                whole_prefix = shared == len(entry.data)
+                self._store(made, hashes, whole, supersedes=entry if whole_prefix else None)
+                return made.ids
+            self.counters.mismatches += 1
+        encoding = self.encode_fn(text)
+        made = _entry_of(data, encoding, encoding.ids, 0, None)
+        self.counters.misses += 1
+        self.counters.tokens_encoded += len(made.ids)
+        self._store(made, hashes, whole, None)
+        return made.ids
+
+    def _longest(self, data: bytes, hashes: list[int]) -> tuple[_Entry, int] | None:
+        """The entry sharing the longest chunk-aligned prefix with ``data``, and the
+        bytes they share (the entry's whole text when it is a prefix)."""
+        for k in range(len(hashes) - 1, -1, -1):
+            key = self._by_chunk.get(hashes[k])
+            if key is None:
+                continue
+            entry = self._entries[key]
+            end = (k + 1) * CHUNK_BYTES
+            if data.startswith(entry.data[:end]):
+                self._entries.move_to_end(key)
+                if data.startswith(entry.data):
+                    return entry, len(entry.data)
+                return entry, end
+        return None
+
+    def _continue(self, entry: _Entry, text: str, data: bytes, shared: int) -> _Entry | None:
+        """``text``'s entry continued from ``entry`` (shared prefix: ``shared`` bytes of
+        ``data``), or None when the re-encoded overlap does not match."""
+        if not text.isascii():  # the characters wholly inside the shared bytes
+            shared = len(data[:shared].decode(errors="ignore"))
+        limit = shared - MARGIN_CHARS
+        i = bisect.bisect_right(entry.safe_chars, limit) - 1
+        if i < 1:
+            return None  # no safe point with a step of overlap before it
+        # continue from the safe point before the last usable one: the step between them
+        # is re-encoded and must come out as the entry has it
+        start_char, start_tok = entry.safe_chars[i - 1], entry.safe_tokens[i - 1]
+        check_tok = entry.safe_tokens[i]
+        tail = self.encode_fn(text[start_char:])
+        tail_ids = tail.ids
+        overlap = check_tok - start_tok
+        if (
+            len(tail_ids) < overlap
+            or array("I", tail_ids[:overlap]) != entry.ids[start_tok:check_tok]
+        ):
+            return None
+        made = _entry_of(data, tail, tail_ids, start_char, entry, start_tok, i - 1)
+        self.counters.prefix_hits += 1
+        self.counters.tokens_saved += start_tok
+        self.counters.tokens_encoded += len(tail_ids)
+        return made
+
+    def _store(
+        self, entry: _Entry, hashes: list[int], whole: int, supersedes: _Entry | None
+    ) -> None:
+        entry.checkpoints = hashes
+        entry.whole = whole
+        entry.nbytes = (
+            sys.getsizeof(entry.data)
+            + 4 * (len(entry.ids) + len(entry.safe_chars) + len(entry.safe_tokens))
+            + _CHECKPOINT_BYTES * len(hashes)
+            + _ENTRY_OVERHEAD
+        )
+        if entry.nbytes > self.max_bytes:
+            return
+        if supersedes is not None:  # its text is a prefix of this one: this one serves both
+            for key, old in self._entries.items():
+                if old is supersedes:
+                    self._drop(key)
+                    break
+        key = self._next_id
+        self._next_id += 1
+        self._entries[key] = entry
+        self.nbytes += entry.nbytes
+        for h in hashes:
+            self._by_chunk[h] = key
+        self._by_whole[whole] = key
+        while len(self._entries) > self.max_entries or self.nbytes > self.max_bytes:
+            oldest = next(iter(self._entries))
+            self._drop(oldest)
+            self.counters.evictions += 1
+
+    def _drop(self, key: int) -> None:
+        entry = self._entries.pop(key)
+        self.nbytes -= entry.nbytes
+        for h in entry.checkpoints:
+            if self._by_chunk.get(h) == key:
+                del self._by_chunk[h]
+        if self._by_whole.get(entry.whole) == key:
+            del self._by_whole[entry.whole]
+
+
+def _entry_of(
+    data: bytes,
+    tail: Encoding,
+    tail_ids: list[int],
+    start_char: int,
+    base: _Entry | None,
+    start_tok: int = 0,
+    base_points: int = 0,
+) -> _Entry:
+    """An entry for ``data`` whose tokens from character ``start_char`` on are ``tail``
+    (and before
+    it ``base``'s first ``start_tok`` tokens, its first ``base_points`` safe points)."""
+    if base is None:
+        ids = array("I", tail_ids)
+        safe_chars, safe_tokens = array("I"), array("I")
+    else:
+        ids = base.ids[:start_tok]
+        ids.extend(tail_ids)
+        safe_chars = base.safe_chars[:base_points]
+        safe_tokens = base.safe_tokens[:base_points]
+    # safe points of the tail: word starts, one per SAFE_STEP_TOKENS tokens (the tail's
+    # own start first). Token → word and token → characters are O(1) lookups in the
+    # encoding (characters → word is a scan: not used).
+    word_of, chars_of = tail.token_to_word, tail.token_to_chars
+    n = len(tail_ids)
+    last = -1
+    for t in range(0, n, SAFE_STEP_TOKENS):
+        word = word_of(t)
+        if word is None:
+            continue
+        # back to the word's first token (words are a few tokens; bounded walk)
+        stop = max(last + 1, t - SAFE_STEP_TOKENS)
+        while t > stop and word_of(t - 1) == word:
+            t -= 1
+        if t == last or (t > 0 and word_of(t - 1) == word):
+            continue
+        span = chars_of(t)
+        if span is None:
+            continue
+        safe_chars.append(span[0] + start_char)
+        safe_tokens.append(t + start_tok)
+        last = t
+    return _Entry(data, ids, safe_chars, safe_tokens, [], 0)
+
+
+__all__ = ["CHUNK_BYTES", "CacheCounters", "PrefixTokenCache", "chunk_hashes"]

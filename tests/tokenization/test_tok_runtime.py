@@ -1,0 +1,84 @@
+"""The runtime builds the pools' tokenizers from the configuration: errors before anything
+starts, reloads that keep unchanged tokenizers, metrics, and a chat request routed on the
+model's own token ids end to end through the director."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from prometheus_client import generate_latest
+
+from sluicegate.api.loader import Config, ConfigError, build_config
+from sluicegate.requestcontrol.parse import parse_request
+from sluicegate.runtime import Runtime
+from sluicegate.scheduling.config import load_preset
+from sluicegate.tokenization.local import LocalTokenizer
+from sluicegate.tokenization.remote import ServerTokenizer
+
+
+def config(tokenizer: dict[str, Any]) -> Config:
+    """One pool with KV events and ``tokenizer``, scheduled by the precise-prefix preset."""
+    built = build_config(documents(tokenizer))
+    built.picker = load_preset("precise-prefix")
+    return built
+
+
+def documents(tokenizer: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            "apiVersion": "inference.networking.k8s.io/v1",
+            "kind": "InferencePool",
+            "metadata": {"name": "p"},
+            "spec": {
+                "endpoints": [{"address": "127.0.0.1:9"}],
+                "kvEvents": {"port": 5557},
+                "tokenizer": tokenizer,
+            },
+        }
+    ]
+
+
+def test_a_bad_tokenizer_fails_the_configuration(tmp_path: Path) -> None:
+    cfg = config({"source": "local", "path": str(tmp_path / "none")})
+    with pytest.raises(ConfigError, match=r"InferencePool p: spec\.tokenizer"):
+        Runtime(cfg)
+
+
+async def test_reloads_keep_or_swap_tokenizers(tiny_dir: Path, tmp_path: Path) -> None:
+    runtime = Runtime(config({"source": "local", "path": str(tiny_dir)}))
+    first = runtime.tokenizers.service.pools["p"]
+    assert isinstance(first, LocalTokenizer)
+    runtime.apply_config(config({"source": "local", "path": str(tiny_dir)}))
+    assert runtime.tokenizers.service.pools["p"] is first
+    bad = config({"source": "local", "path": str(tmp_path / "none")})
+    with pytest.raises(ConfigError):
+        runtime.apply_config(bad)
+    assert runtime.tokenizers.service.pools["p"] is first  # nothing changed
+    runtime.apply_config(config({"source": "server"}))
+    assert isinstance(runtime.tokenizers.service.pools["p"], ServerTokenizer)
+    assert runtime.built.fetchers  # the producer now prefetches /tokenize
+    runtime.apply_config(config({}))
+    assert runtime.tokenizers.service.pools == {}
+    assert not runtime.built.fetchers
+    await runtime.stop()
+
+
+async def test_a_chat_request_is_tokenized_and_counted(tiny_dir: Path) -> None:
+    runtime = Runtime(config({"source": "local", "path": str(tiny_dir)}))
+    body = {"model": "m", "messages": [{"role": "user", "content": "Kalo mine ru sa " * 100}]}
+    parsed = parse_request("chat", orjson.dumps(body), {})
+    admitted = runtime.director.admit(parsed, "r1")
+    assert admitted.request.kind == "chat"
+    assert admitted.request.body is parsed.body
+    tok = runtime.tokenizers.service.pools["p"]
+    assert tok.token_ids(admitted.request) is not None
+    text = generate_latest(runtime.metrics.registry).decode()
+    assert (
+        'sluicegate_tokenizer_requests_total{pool="p",result="tokenized",source="local"} 1.0'
+        in text
+    )
+    assert 'sluicegate_tokenizer_cache_lookups_total{pool="p",result="miss"} 1.0' in text
+    await runtime.stop()
