@@ -179,6 +179,8 @@ async def test_server_source_prefetches_ids_from_tokenize(kv: KVEventsService) -
         eps = [Endpoint("ep-0", "127.0.0.1", port, metrics=EngineMetrics(0.0))]
         request = chat(MESSAGES)
         state = CycleState()
+        plugin.produce(request, state, eps)  # the host's pass ahead of the prefetch
+        assert kv.lookups.fallbacks == 0  # not a fallback: the ids are still to come
         await plugin.prefetch(request, state, eps)
         plugin.produce(request, state, eps)
         match = state.get(PREFIX_MATCH)

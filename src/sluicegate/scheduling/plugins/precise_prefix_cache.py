@@ -83,6 +83,9 @@ VLLM_DEFAULT_BLOCK_SIZE = 16
 _APPROXIMATE: StateKey[PrefixMatch] = StateKey("precise-prefix/approximate")
 _FETCHED: StateKey[array[int] | None] = StateKey("precise-prefix/token-ids")
 """The token ids a ``server`` tokenizer answered in the prefetch (None: it did not)."""
+_FETCH_DONE: StateKey[bool] = StateKey("precise-prefix/fetched")
+"""Set once the prefetch asked; before that (the host's pass ahead of the prefetch) a
+missing answer is not a fallback yet."""
 
 
 class PrecisePrefixCacheProducer(
@@ -135,7 +138,9 @@ class PrecisePrefixCacheProducer(
             state.put(_APPROXIMATE, approx)
             state.put(PREFIX_MATCH, approx)
             assert self.service is not None
-            self.service.lookups.fallbacks += len(endpoints)
+            tokenizer = self._tokenizer(endpoints[0].pool)
+            if tokenizer is None or not tokenizer.needs_io or state.get(_FETCH_DONE):
+                self.service.lookups.fallbacks += len(endpoints)
             return
         index = subs.index
         size = self._block_size(subs, endpoints)
@@ -194,6 +199,7 @@ class PrecisePrefixCacheProducer(
         if tokenizer is None or not tokenizer.needs_io or self._subscribers(endpoints) is None:
             return
         state.put(_FETCHED, await tokenizer.fetch(request, endpoints))
+        state.put(_FETCH_DONE, True)
 
     def _tokenizer(self, pool: str) -> PoolTokenizer | None:
         return None if self.tokenizers is None else self.tokenizers.pools.get(pool)
