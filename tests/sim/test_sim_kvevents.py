@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 import zmq
 import zmq.asyncio
@@ -287,12 +288,14 @@ async def test_replay_socket_answers_as_vllm(pool: SimCluster) -> None:
         got: list[int] = []
         async with asyncio.timeout(5):
             while True:
-                empty, seq_frame, payload = await dealer.recv_multipart()
+                # vLLM 0.32's answer: (b"", topic, seq, payload); end (b"", b"", -1, b"")
+                empty, topic, seq_frame, payload = await dealer.recv_multipart()
                 assert empty == b""
                 seq = int.from_bytes(seq_frame, "big", signed=True)
                 if seq == -1:
-                    assert payload == b""
+                    assert (topic, payload) == (b"", b"")
                     break
+                assert topic == publisher.topic
                 decode_batch(payload)
                 got.append(seq)
         assert got == list(range(1, publisher.seq))
@@ -312,7 +315,7 @@ async def test_the_replay_buffer_keeps_buffer_steps_batches() -> None:
         await publisher.close()
 
 
-def test_payload_is_vllms_newest_layout() -> None:
+def test_payload_is_vllm_0_32s_layout() -> None:
     log = KVEventLog()
     log.stored([11, 12], None, list(range(8)), 4, "adapter", [["adapter"], ["adapter"]])
     log.removed(5)
@@ -320,26 +323,29 @@ def test_payload_is_vllms_newest_layout() -> None:
     log.cleared()
     events = log.take()
     assert log.events == []
-    assert len(events) == 3  # the two evictions share one BlockRemoved
+    assert len(events) == 4  # one BlockRemoved per evicted block, as vLLM sends them
     publisher_payload = _encode(events)
     batch = decode_batch(publisher_payload)
-    stored, removed, cleared = batch.events
+    stored, removed, removed_too, cleared = batch.events
     assert isinstance(stored, BlockStored)
     assert isinstance(removed, BlockRemoved)
     assert isinstance(cleared, AllBlocksCleared)
     assert stored.block_hashes == (11, 12)
     assert stored.medium == "GPU"
     assert stored.lora_name == "adapter"
-    assert removed.block_hashes == (5, 6)
-    assert publisher_payload[0] & 0xF0 == 0x80  # a msgpack map, as vLLM's newest
+    assert isinstance(removed_too, BlockRemoved)
+    assert (removed.block_hashes, removed_too.block_hashes) == ((5,), (6,))
+    assert stored.group_idx == removed.group_idx == 0
+    # vLLM 0.32: the batch a msgpack array (fixarray), its events maps (fixmap)
+    assert publisher_payload[0] & 0xF0 == 0x90
+    raw = msgspec.msgpack.decode(publisher_payload)
+    assert all(isinstance(event, dict) for event in raw[1])
 
 
 def _encode(events: list[Any]) -> bytes:
-    import msgspec
+    from sluicegate.kv_wire import WireBatchArray
 
-    from sluicegate.kv_wire import WireBatchMap
-
-    return msgspec.msgpack.encode(WireBatchMap(time.time(), events, 0))
+    return msgspec.msgpack.encode(WireBatchArray(time.time(), events, 0))
 
 
 @pytest.mark.parametrize(

@@ -77,13 +77,13 @@ def test_completion_gets_the_bos_unless_told_not_to(tiny_dir: Path) -> None:
     tok = local(tiny_dir)
     ref = reference(tiny_dir)
     prompt = "Kalo mine ru sa, 42 times."
-    ids = tok.token_ids(request("completion", {"prompt": prompt}))
+    ids = tok.token_ids(request("completions", {"prompt": prompt}))
     assert ids == array("I", ref.encode(prompt, add_special_tokens=True).ids)
     assert ids is not None
     assert ids[0] == ref.token_to_id("<s>")
-    bare = tok.token_ids(request("completion", {"prompt": [prompt], "add_special_tokens": False}))
+    bare = tok.token_ids(request("completions", {"prompt": [prompt], "add_special_tokens": False}))
     assert bare == array("I", ref.encode(prompt, add_special_tokens=False).ids)
-    given = tok.token_ids(request("completion", {"prompt": [5, 6, 7]}))
+    given = tok.token_ids(request("completions", {"prompt": [5, 6, 7]}))
     assert given == array("I", [5, 6, 7])
 
 

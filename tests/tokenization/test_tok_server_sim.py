@@ -29,13 +29,13 @@ async def test_ids_come_from_the_servers_tokenize(sim_cluster: Any) -> None:
         chat = await tok.fetch(request("chat", {"model": "tiny", "messages": messages}), endpoints)
         assert chat == token_id_array(render_chat(messages))
         prompt = "Once upon a time"
-        completion = await tok.fetch(request("completion", {"prompt": prompt}), endpoints)
+        completion = await tok.fetch(request("completions", {"prompt": prompt}), endpoints)
         assert completion == token_id_array(prompt.encode())
-        given = await tok.fetch(request("completion", {"prompt": [[7, 8, 9]]}), endpoints)
+        given = await tok.fetch(request("completions", {"prompt": [[7, 8, 9]]}), endpoints)
         assert given == array("I", [7, 8, 9])  # no call needed
         assert tok.counters.tokenized == 3
         await cluster.replicas[0].stop()
-        assert await tok.fetch(request("completion", {"prompt": prompt}), endpoints) is None
+        assert await tok.fetch(request("completions", {"prompt": prompt}), endpoints) is None
         assert tok.counters.fallbacks["error"] + tok.counters.fallbacks["timeout"] == 1
     finally:
         await tok.close()

@@ -18,6 +18,7 @@ Two halves, run by two interpreters:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -312,13 +313,21 @@ def start_servers(
     count: int = 2,
     timeout: float = 180.0,
     env: Callable[[int], Mapping[str, str]] | None = None,
+    args: Callable[[int], Sequence[str]] | None = None,
 ) -> list[VllmServer]:
     """Start ``count`` servers at once and wait for all; stops them all if any fails.
 
-    ``env(i)`` gives server ``i`` its extra environment variables.
+    ``env(i)`` gives server ``i`` its extra environment variables, ``args(i)`` its extra
+    command-line arguments.
     """
     servers = [
-        VllmServer(python, model_dir, log_dir / f"vllm-{i}.log", env=dict(env(i) if env else {}))
+        VllmServer(
+            python,
+            model_dir,
+            log_dir / f"vllm-{i}.log",
+            extra_args=list(args(i) if args else ()),
+            env=dict(env(i) if env else {}),
+        )
         for i in range(count)
     ]
     try:
@@ -332,6 +341,20 @@ def start_servers(
             server.stop(grace=5)
         raise
     return servers
+
+
+def kv_events_args(pub_port: int, replay_port: int, topic: str) -> list[str]:
+    """``--kv-events-config`` for a server publishing on ``pub_port`` with replay on
+    ``replay_port``. The host must be a wildcard: with a concrete one vLLM *connects* its
+    PUB socket to that address instead of binding it (``ZmqEventPublisher``)."""
+    config = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{pub_port}",
+        "replay_endpoint": f"tcp://*:{replay_port}",
+        "topic": topic,
+    }
+    return ["--kv-events-config", json.dumps(config)]
 
 
 def metric_value(text: str, metric: str, /, **labels: str) -> float:

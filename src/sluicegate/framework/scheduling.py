@@ -105,7 +105,7 @@ class LLMRequest:
     """Whether the predicted-latency plugins may schedule it on latency predictions (the
     ``x-prediction-based-scheduling`` header, else the configured default)."""
     kind: str = ""
-    """The route's kind: ``chat`` (``messages``), ``completion`` (``prompt``), ``other``
+    """The route's kind: ``chat`` (``messages``), ``completions`` (``prompt``), ``other``
     (a passed-through route), or empty when not from a parsed body (the lab)."""
     body: Mapping[str, object] | None = None
     """The decoded JSON body, read-only (a model's tokenizer renders ``messages`` from

@@ -14,13 +14,16 @@ in ``vllm/distributed/kv_events.py``, described in :mod:`sluicegate.kv_wire`'s r
   ``BlockStored`` when full blocks enter the prefix cache (the sim's own block hashes,
   their parent's hash, the built-in tokenizer's ids of the blocks, ``block_size``, the
   LoRA adapter's id and name, the extra keys vLLM puts in a block's identity — LoRA name,
-  cache salt on the first block — and medium ``"GPU"``), ``BlockRemoved`` when the
-  allocator evicts cached blocks, ``AllBlocksCleared`` at ``/reset_prefix_cache``.
+  cache salt on the first block — medium ``"GPU"`` and ``group_idx`` 0), one
+  ``BlockRemoved`` per block the allocator evicts, ``AllBlocksCleared`` at
+  ``/reset_prefix_cache`` — the shapes a real vLLM 0.32 sends (recorded in
+  ``tests/fixtures/kvevents/``).
 - :class:`~sluicegate.sim.kvpublisher.KVEventPublisher` sends one batch per engine step
-  that changed the cache (vLLM's newest layout: msgpack maps tagged ``"type"``) as
-  ``(topic, seq, payload)`` on a PUB socket, keeps the last ``buffer_steps`` batches,
-  and answers a replay request ``(b"", start)`` on its ROUTER socket with every buffered
-  ``(b"", seq, payload)`` from ``start`` on and the end marker ``(b"", -1, b"")``.
+  that changed the cache (vLLM 0.32's layout: the batch a msgpack array, its events maps
+  tagged ``"type"``) as ``(topic, seq, payload)`` on a PUB socket, keeps the last
+  ``buffer_steps`` batches, and answers a replay request ``(b"", start)`` on its ROUTER
+  socket with every buffered ``(b"", topic, seq, payload)`` from ``start`` on and the end
+  marker ``(b"", b"", -1, b"")``.
 
 Faults (``/admin/faults``): ``kv_events_drop_rate`` loses that share of batches on the PUB
 socket (they stay buffered, so a replay finds them), ``kv_events_reorder_rate`` holds that
@@ -152,7 +155,8 @@ class KVEventLog:
     """The KV-cache events of the current engine step, in the order they happened.
 
     The engine and its block pool write here only when events are on; the driver takes
-    the list after each step. Consecutive evictions go into one ``BlockRemoved``.
+    the list after each step. Each evicted block gets a ``BlockRemoved`` of its own, as in
+    vLLM (``BlockPool._emit_block_removed_events``).
     """
 
     __slots__ = ("_lora_ids", "events")
@@ -184,15 +188,12 @@ class KVEventLog:
                 medium=GPU,
                 lora_name=lora_name,
                 extra_keys=extra_keys,
+                group_idx=0,
             )
         )
 
     def removed(self, block_hash: BlockHash) -> None:
-        events = self.events
-        if events and isinstance(events[-1], WireRemovedMap):
-            events[-1].block_hashes.append(block_hash)
-        else:
-            events.append(WireRemovedMap(block_hashes=[block_hash], medium=GPU))
+        self.events.append(WireRemovedMap(block_hashes=[block_hash], medium=GPU, group_idx=0))
 
     def cleared(self) -> None:
         self.events.append(WireClearedMap())

@@ -18,11 +18,24 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from sluicegate.kv_wire import WireBatchMap, WireMapEvent, encode_seq
+from sluicegate.kv_wire import WireBatchArray, WireMapEvent, encode_seq
 from sluicegate.sim.faults import Faults
 from sluicegate.sim.kvevents import KVEventsConfig, connect_address, replica_endpoint
 
 log = logging.getLogger("sluicegate.sim")
+
+
+def encode_payload(
+    events: list[WireMapEvent], ts: float, encoder: msgspec.msgpack.Encoder | None = None
+) -> bytes:
+    """One batch's payload frame in vLLM 0.32's shape: the batch a msgpack array ``[ts
+    (s since the epoch), events, data_parallel_rank 0]``, its events maps tagged
+    ``"type"`` (what ``tests/fixtures/kvevents/`` recorded from a real server)."""
+    batch = WireBatchArray(ts, events, 0)  # type: ignore[arg-type]  # Raw or struct: same bytes
+    return (encoder or _ENCODER).encode(batch)
+
+
+_ENCODER = msgspec.msgpack.Encoder()
 
 
 class KVEventPublisher:
@@ -94,7 +107,7 @@ class KVEventPublisher:
 
     def publish(self, events: list[WireMapEvent]) -> None:
         """Send one batch (an engine step's events) and buffer it for replay."""
-        payload = self._encoder.encode(WireBatchMap(time.time(), events, 0))  # type: ignore[arg-type]
+        payload = encode_payload(events, time.time(), self._encoder)
         seq = self.seq
         self.seq += 1
         self.buffer.append((seq, payload))
@@ -131,8 +144,8 @@ class KVEventPublisher:
             start = int.from_bytes(start_frame, "big")
             for seq, payload in list(self.buffer):
                 if seq >= start:
-                    await router.send_multipart([client, b"", encode_seq(seq), payload])
-            await router.send_multipart([client, b"", encode_seq(-1), b""])
+                    await router.send_multipart([client, b"", self.topic, encode_seq(seq), payload])
+            await router.send_multipart([client, b"", b"", encode_seq(-1), b""])
 
     async def close(self) -> None:
         if self._task is not None:

