@@ -248,7 +248,7 @@ class Endpoint:
     models: ServedModels = field(default_factory=ServedModels)
     inflight: InFlight = field(default_factory=InFlight)
     health: Health = field(default_factory=Health)
-    hardware: Hardware = Hardware()
+    hardware: Hardware = field(default_factory=Hardware)
     """Its hardware class and cost, from discovery."""
     index: int = 0
     """Position in its pool, stable for the endpoint's life (used by index-based plugins)."""
