@@ -89,6 +89,9 @@ class FakeVLLMPublisher:
         self.topic = topic.encode()
         self.pub = ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
+        # vLLM's own default high-water mark (its `hwm`): a burst of test batches to a
+        # subscriber slowed by a loaded machine is queued, not dropped as a gap.
+        self.pub.setsockopt(zmq.SNDHWM, 100_000)
         port = self.pub.bind_to_random_port("tcp://127.0.0.1")
         self.pub_address = f"tcp://127.0.0.1:{port}"
         self.router = ctx.socket(zmq.ROUTER)

@@ -342,7 +342,8 @@ async def test_ingestion_cost_report(
         await publisher.publish_raw(payload)
     await until(lambda: stream.counters.decoded == n, within=60)
     per_batch_us = (loop.time() - start) / n * 1e6
+    # Printed, not asserted: a cost is a benchmark's to judge (docs/benchmarks/scheduling.md),
+    # and this machine's load is not the test's to control.
     print(f"\ningest (publish + receive + decode + apply) per batch: {per_batch_us:.0f} µs")
     assert stream.counters.gaps == 0
     assert subs.index.size("a") == 16
-    assert per_batch_us < 5000
