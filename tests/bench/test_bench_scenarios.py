@@ -388,3 +388,62 @@ def test_a_rerun_keeps_the_hand_written_sections_of_a_report(
     path.write_text(path.read_text() + "\n" + hand)
     report.write({"runs": []}, scenario, tmp_path, "cmd")
     assert path.read_text() == "# Scenario `x`\n\nsecond run\n\n" + hand
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["multi-turn-chat", "--policies", "random,nonexistent"],
+            "unknown policy 'nonexistent'; known: default, ",
+        ),
+        (["multi-turn-chat", "--policies", "random,,default"], "empty policy name"),
+        (["multi-turn-chat", "--policies", ""], "empty policy name"),
+        (["multi-turn-chat", "--policies", "random,random"], "'random' is given twice"),
+        (
+            ["multi-turn-chat", "--policies", "vllm-router-round-robin"],
+            "run in --mode http only",
+        ),
+        (
+            ["multi-turn-chat", "--mode", "http", "--policies", "default,typo"],
+            "unknown policy 'typo'; known: ",
+        ),
+        (
+            ["slo-mixed", "--policies", "predicted-latency:latency-scorer.noSuchParam=1"],
+            "plugin 'latency-scorer': noSuchParam: Extra inputs are not permitted",
+        ),
+        (["multi-turn-chat", "--qps", "2,x"], "--qps must be comma-separated numbers"),
+        (["multi-turn-chat", "--qps", "2,0"], "--qps levels must be positive"),
+        (["multi-turn-chat", "--qps", "nan"], "--qps levels must be positive"),
+        (["multi-turn-chat", "--qps", "2,2"], "--qps names a level twice"),
+        (["multi-turn-chat", "--duration", "0"], "--duration must be a positive number"),
+        (["multi-turn-chat", "--duration", "-5"], "--duration must be a positive number"),
+        (["no-such-scenario"], "unknown scenario 'no-such-scenario'; known: sharegpt-sweep"),
+    ],
+)
+def test_cli_bench_run_refuses_unknown_names_and_bad_values(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing asked for is dropped or replaced by a default: exit 2 before any run."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["bench", "run", *argv, "--quick", "--out", str(tmp_path / "out")])
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err.replace("\n", "")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "run", "multi-turn-chat", "--mode", "grpc", "--out", "x"],
+        ["bench", "run", "multi-turn-chat", "--flow-control", "maybe", "--out", "x"],
+        ["bench", "micro", "nonexistent"],
+    ],
+)
+def test_cli_bench_choice_options_refuse_unknown_values(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err

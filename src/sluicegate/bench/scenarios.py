@@ -11,11 +11,12 @@ added by later layers (``predicted-latency``, ``predicted-latency-oracle``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import yaml
+from pydantic import ValidationError
 
 from sluicegate.api.resources import EndpointPickerConfig
 from sluicegate.bench import sharegpt
@@ -33,6 +34,7 @@ from sluicegate.bench.workloads import (
     with_classes,
     with_slos,
 )
+from sluicegate.builtins import default_registry
 from sluicegate.scheduling.config import load_preset, preset_names
 from sluicegate.sim.profiles import EngineProfile, get_profile
 
@@ -95,7 +97,47 @@ def _with_overrides(
         value = yaml.safe_load(raw)
         for spec in matched:
             spec.parameters[param] = value
+            _check_parameters(spec.type, spec.ref, spec.parameters, name)
     return config.model_copy(update={"plugins": plugins})
+
+
+def _check_parameters(type_name: str, ref: str, parameters: dict[str, Any], name: str) -> None:
+    """Refuse an override the plugin's parameter model rejects (an unknown parameter, a
+    value of the wrong type) now, not when the run reaches this policy."""
+    registry = default_registry()
+    try:
+        registry.resolve(type_name).Parameters.model_validate(parameters)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'parameters'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise UnknownPolicyError(f"policy {name!r}: plugin {ref!r}: {problems}") from None
+
+
+def check_policies(names: Sequence[str], extra: Collection[str] = ()) -> tuple[str, ...]:
+    """``names`` unchanged if every one is a policy this build runs (with well-formed
+    overrides) or one of ``extra`` (host-specific names, e.g. HTTP mode's peer routers);
+    otherwise :class:`UnknownPolicyError` naming the bad one and the known ones. An empty
+    or repeated name is refused too: a comparison must run what was asked, all of it."""
+    if not names:
+        raise UnknownPolicyError("no policy given")
+    seen: set[str] = set()
+    known = sorted({*available_policies(), *extra})
+    for name in names:
+        if not name:
+            raise UnknownPolicyError("an empty policy name (a stray comma in --policies?)")
+        if name in seen:
+            raise UnknownPolicyError(f"policy {name!r} is given twice")
+        seen.add(name)
+        if name in extra:
+            continue
+        if not is_available(name):
+            raise UnknownPolicyError(
+                f"unknown policy {name.partition(':')[0]!r}; known: {', '.join(known)}"
+            )
+        policy_config(name)  # a malformed override fails now, before any run
+    return tuple(names)
 
 
 def is_available(name: str) -> bool:
