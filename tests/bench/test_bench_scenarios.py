@@ -240,6 +240,21 @@ def test_goal_verdicts_on_hand_made_results() -> None:
     assert goals.check(sweep)[0].met is True
     sweep["runs"] = [run("default", 400, **worse), run("round-robin", 400, **better)]
     assert goals.check(sweep)[0].met is False
+    # gie-v0.3 against round-robin, judged on TPOT and on NTPOT (E2E / output tokens).
+    v03 = {"ntpot_s": lat(0.1), **better}
+    rr = {"ntpot_s": lat(0.2), **worse}
+    sweep["runs"] = [run("gie-v0.3", lvl, **v03) for lvl in (400, 500)] + [
+        run("round-robin", lvl, **rr) for lvl in (400, 500)
+    ]
+    tpot_goal, ntpot_goal = goals.check(sweep)[-2:]
+    assert (tpot_goal.met, ntpot_goal.met) == (True, True)
+    assert "500: NTPOT 0.50×, E2E 0.50×, tput 1.00×" in ntpot_goal.detail
+    # 0.85× TPOT misses from 500 req/s, but not at 400 (only E2E is judged there).
+    sweep["runs"][1] = run("gie-v0.3", 500, **{**v03, "tpot_s": lat(0.085)})
+    sweep["runs"][0] = run("gie-v0.3", 400, **{**v03, "tpot_s": lat(0.095)})
+    assert goals.check(sweep)[-2].met is False
+    sweep["runs"][1] = run("gie-v0.3", 500, **{**v03, "throughput_rps": 390.0})
+    assert goals.check(sweep)[-1].met is False  # 0.975× the throughput
     prefix = {
         "scenario": "shared-prefix",
         "runs": [
@@ -273,10 +288,11 @@ def test_goal_verdicts_on_hand_made_results() -> None:
             run("predicted-latency-oracle", 100, slo_attainment=0.58),
         ],
     }
-    assert [v.met for v in goals.check(slo)] == [True, True]
+    # One goal: the oracle of the present is no upper bound, so nothing is judged against it.
+    assert [v.met for v in goals.check(slo)] == [True]
     assert "70" not in goals.check(slo)[0].detail
     slo["runs"][3] = run("predicted-latency", 100, slo_attainment=0.45)
-    assert [v.met for v in goals.check(slo)] == [False, False]
+    assert [v.met for v in goals.check(slo)] == [False]
 
 
 def test_cli_bench_run_quick(results: dict[str, dict[str, Any]], tmp_path: Path) -> None:
