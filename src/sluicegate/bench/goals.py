@@ -246,14 +246,13 @@ def _slo_mixed(results: dict[str, Any]) -> list[Verdict]:
         f"{100 * (att(pl[level]) - att(default[level])):+.1f} points"
         for level in binding
     ]
-    verdicts = [
+    return [
         Verdict(
             "predicted-latency ≥ 20 points above default where SLOs bind",
             all(att(pl[level]) - att(default[level]) >= 0.20 for level in binding),
             "; ".join(rows),
         )
     ]
-    return verdicts
 
 
 CHECKS: dict[str, Callable[[dict[str, Any]], list[Verdict]]] = {
