@@ -18,12 +18,16 @@ from sluicegate.flowcontrol.policies.usage_limit import (
 )
 from sluicegate.framework import Plugin, PluginRegistry
 from sluicegate.scheduling.plugins.active_request_scorer import ActiveRequestScorer
+from sluicegate.scheduling.plugins.decision_tree_filter import DecisionTreeFilter
 from sluicegate.scheduling.plugins.kv_cache_utilization_scorer import KVCacheUtilizationScorer
 from sluicegate.scheduling.plugins.latency_scorer import LatencyScorer
 from sluicegate.scheduling.plugins.latency_slo_admitter import LatencySloAdmitter
 from sluicegate.scheduling.plugins.least_request_picker import LeastRequestPicker
 from sluicegate.scheduling.plugins.load_aware_scorer import LoadAwareScorer
+from sluicegate.scheduling.plugins.load_threshold_filter import LoadThresholdFilter
 from sluicegate.scheduling.plugins.lora_affinity_scorer import LoraAffinityScorer
+from sluicegate.scheduling.plugins.lora_soft_affinity_filter import LoraSoftAffinityFilter
+from sluicegate.scheduling.plugins.low_band_filter import LowBandFilter
 from sluicegate.scheduling.plugins.max_score_picker import MaxScorePicker
 from sluicegate.scheduling.plugins.precise_prefix_cache import PrecisePrefixCacheProducer
 from sluicegate.scheduling.plugins.predicted_latency import PredictedLatencyProducer
@@ -31,6 +35,7 @@ from sluicegate.scheduling.plugins.prefix_affinity_filter import PrefixCacheAffi
 from sluicegate.scheduling.plugins.prefix_cache import ApproxPrefixCacheProducer, PrefixCacheScorer
 from sluicegate.scheduling.plugins.queue_scorer import QueueScorer
 from sluicegate.scheduling.plugins.random_picker import RandomPicker
+from sluicegate.scheduling.plugins.request_priority_filter import RequestPriorityFilter
 from sluicegate.scheduling.plugins.round_robin_picker import RoundRobinPicker
 from sluicegate.scheduling.plugins.running_requests_scorer import RunningRequestsSizeScorer
 from sluicegate.scheduling.plugins.session_affinity_scorer import SessionAffinityScorer
@@ -46,6 +51,11 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     PredictedLatencyProducer,
     PrefixCacheAffinityFilter,
     SloHeadroomTierFilter,
+    RequestPriorityFilter,
+    LoadThresholdFilter,
+    LowBandFilter,
+    LoraSoftAffinityFilter,
+    DecisionTreeFilter,
     ActiveRequestScorer,
     KVCacheUtilizationScorer,
     LatencyScorer,

@@ -47,7 +47,7 @@ from sluicegate.bench.http.results import HttpRunResult, http_entry
 from sluicegate.bench.http.run import run_level_http
 from sluicegate.bench.metrics import summarize
 from sluicegate.bench.runner import RunPlan, run_entry, run_level
-from sluicegate.bench.scenarios import Scenario, get_scenario
+from sluicegate.bench.scenarios import Scenario, UnknownPolicyError, get_scenario
 from sluicegate.bench.sharegpt import Conversation
 from sluicegate.bench.workloads import (
     OpenLoop,
@@ -192,10 +192,11 @@ def test_time_scale_pick(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_plan_policies_notes(monkeypatch: pytest.MonkeyPatch) -> None:
     scenario = get_scenario("multi-turn-chat")
     monkeypatch.setattr(http_plan, "vllm_router_binary", lambda: None)
-    runnable, notes = plan_policies(["default", "vllm-router-round-robin", "nope"], scenario)
+    runnable, notes = plan_policies(["default", "vllm-router-round-robin"], scenario)
     assert runnable == ["default"]
     assert any("vllm-router is not installed" in n for n in notes)
-    assert any("nope" in n for n in notes)
+    with pytest.raises(UnknownPolicyError, match=r"unknown policy 'nope'; known: .*round-robin"):
+        plan_policies(["default", "nope"], scenario)
     monkeypatch.setattr(http_plan, "vllm_router_binary", lambda: "/bin/true")
     runnable, _ = plan_policies(["vllm-router-cache-aware"], scenario)
     assert runnable == ["vllm-router-cache-aware"]

@@ -165,6 +165,8 @@ def test_latency_summaries() -> None:
     assert m["e2e_s"]["mean"] == pytest.approx(8.375 / 5, abs=EXACT)
     # TPOT sorted 0.125 0.125 0.5 0.75: p50 at rank 1.5.
     assert m["tpot_s"]["p50"] == pytest.approx(0.3125, abs=EXACT)
+    # NTPOT = E2E / output tokens, queueing included: 2.5/5, 1.25/9, 2/1, 1.875/3, 0.75/5.
+    assert_summary(m["ntpot_s"], [0.5, 1.25 / 9, 2.0, 0.625, 0.15])
 
 
 def test_latency_summary_of_nothing_is_none() -> None:
@@ -173,7 +175,7 @@ def test_latency_summary_of_nothing_is_none() -> None:
     assert m["completed"] == 0
     assert m["throughput_rps"] == 0.0
     assert m["output_tokens_per_s"] == 0.0
-    for key in ("ttft_s", "tpot_s", "e2e_s"):
+    for key in ("ttft_s", "tpot_s", "e2e_s", "ntpot_s"):
         assert m[key] == {"mean": None, "p50": None, "p90": None, "p99": None}
     assert m["prefix_hit_rate"] == 0.0
 

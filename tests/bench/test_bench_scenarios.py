@@ -240,6 +240,21 @@ def test_goal_verdicts_on_hand_made_results() -> None:
     assert goals.check(sweep)[0].met is True
     sweep["runs"] = [run("default", 400, **worse), run("round-robin", 400, **better)]
     assert goals.check(sweep)[0].met is False
+    # gie-v0.3 against round-robin, judged on TPOT and on NTPOT (E2E / output tokens).
+    v03 = {"ntpot_s": lat(0.1), **better}
+    rr = {"ntpot_s": lat(0.2), **worse}
+    sweep["runs"] = [run("gie-v0.3", lvl, **v03) for lvl in (400, 500)] + [
+        run("round-robin", lvl, **rr) for lvl in (400, 500)
+    ]
+    tpot_goal, ntpot_goal = goals.check(sweep)[-2:]
+    assert (tpot_goal.met, ntpot_goal.met) == (True, True)
+    assert "500: NTPOT 0.50×, E2E 0.50×, tput 1.00×" in ntpot_goal.detail
+    # 0.85× TPOT misses from 500 req/s, but not at 400 (only E2E is judged there).
+    sweep["runs"][1] = run("gie-v0.3", 500, **{**v03, "tpot_s": lat(0.085)})
+    sweep["runs"][0] = run("gie-v0.3", 400, **{**v03, "tpot_s": lat(0.095)})
+    assert goals.check(sweep)[-2].met is False
+    sweep["runs"][1] = run("gie-v0.3", 500, **{**v03, "throughput_rps": 390.0})
+    assert goals.check(sweep)[-1].met is False  # 0.975× the throughput
     prefix = {
         "scenario": "shared-prefix",
         "runs": [
@@ -273,10 +288,11 @@ def test_goal_verdicts_on_hand_made_results() -> None:
             run("predicted-latency-oracle", 100, slo_attainment=0.58),
         ],
     }
-    assert [v.met for v in goals.check(slo)] == [True, True]
+    # One goal: the oracle of the present is no upper bound, so nothing is judged against it.
+    assert [v.met for v in goals.check(slo)] == [True]
     assert "70" not in goals.check(slo)[0].detail
     slo["runs"][3] = run("predicted-latency", 100, slo_attainment=0.45)
-    assert [v.met for v in goals.check(slo)] == [False, False]
+    assert [v.met for v in goals.check(slo)] == [False]
 
 
 def test_cli_bench_run_quick(results: dict[str, dict[str, Any]], tmp_path: Path) -> None:
@@ -388,3 +404,62 @@ def test_a_rerun_keeps_the_hand_written_sections_of_a_report(
     path.write_text(path.read_text() + "\n" + hand)
     report.write({"runs": []}, scenario, tmp_path, "cmd")
     assert path.read_text() == "# Scenario `x`\n\nsecond run\n\n" + hand
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["multi-turn-chat", "--policies", "random,nonexistent"],
+            "unknown policy 'nonexistent'; known: default, ",
+        ),
+        (["multi-turn-chat", "--policies", "random,,default"], "empty policy name"),
+        (["multi-turn-chat", "--policies", ""], "empty policy name"),
+        (["multi-turn-chat", "--policies", "random,random"], "'random' is given twice"),
+        (
+            ["multi-turn-chat", "--policies", "vllm-router-round-robin"],
+            "run in --mode http only",
+        ),
+        (
+            ["multi-turn-chat", "--mode", "http", "--policies", "default,typo"],
+            "unknown policy 'typo'; known: ",
+        ),
+        (
+            ["slo-mixed", "--policies", "predicted-latency:latency-scorer.noSuchParam=1"],
+            "plugin 'latency-scorer': noSuchParam: Extra inputs are not permitted",
+        ),
+        (["multi-turn-chat", "--qps", "2,x"], "--qps must be comma-separated numbers"),
+        (["multi-turn-chat", "--qps", "2,0"], "--qps levels must be positive"),
+        (["multi-turn-chat", "--qps", "nan"], "--qps levels must be positive"),
+        (["multi-turn-chat", "--qps", "2,2"], "--qps names a level twice"),
+        (["multi-turn-chat", "--duration", "0"], "--duration must be a positive number"),
+        (["multi-turn-chat", "--duration", "-5"], "--duration must be a positive number"),
+        (["no-such-scenario"], "unknown scenario 'no-such-scenario'; known: sharegpt-sweep"),
+    ],
+)
+def test_cli_bench_run_refuses_unknown_names_and_bad_values(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing asked for is dropped or replaced by a default: exit 2 before any run."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["bench", "run", *argv, "--quick", "--out", str(tmp_path / "out")])
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err.replace("\n", "")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "run", "multi-turn-chat", "--mode", "grpc", "--out", "x"],
+        ["bench", "run", "multi-turn-chat", "--flow-control", "maybe", "--out", "x"],
+        ["bench", "micro", "nonexistent"],
+    ],
+)
+def test_cli_bench_choice_options_refuse_unknown_values(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err

@@ -90,6 +90,34 @@ def _sharegpt_sweep(results: dict[str, Any]) -> list[Verdict]:
                 else "p90 E2E within 2 % of default's or better at every level",
             )
         )
+    return verdicts + _gie_v03(results)
+
+
+def _gie_v03(results: dict[str, Any]) -> list[Verdict]:
+    """The published experiment's claim for the v0.3.0 picker against round-robin: p90 per
+    output token ≤ 0.8× from 500 req/s, p90 E2E ≤ 0.9× from 400 req/s, at ≥ 0.98× the
+    throughput — judged twice, on decode TPOT and on NTPOT (E2E / output tokens, the
+    metric the published figures plot)."""
+    rr, v03 = _runs(results, "round-robin"), _runs(results, "gie-v0.3")
+    levels = sorted(level for level in v03 if level >= 400 and level in rr)
+    verdicts = []
+    for metric, label in (("tpot_s", "TPOT"), ("ntpot_s", "NTPOT")):
+        goal = (
+            f"gie-v0.3 ≤ 0.8 × round-robin p90 {label} from 500 req/s and ≤ 0.9 × p90 E2E "
+            "from 400 req/s, at ≥ 0.98 × its throughput"
+        )
+        if not levels:
+            verdicts.append(Verdict(goal, None, "no level ≥ 400 req/s with both policies"))
+            continue
+        rows, ok = [], True
+        for level in levels:
+            g, r = v03[level], rr[level]
+            per_token = (_p(g, metric) or 0) / max(_p(r, metric) or 1e-9, 1e-9)
+            e2e = (_p(g, "e2e_s") or 0) / max(_p(r, "e2e_s") or 1e-9, 1e-9)
+            tput = g["throughput_rps"] / max(r["throughput_rps"], 1e-9)
+            ok = ok and (level < 500 or per_token <= 0.8) and e2e <= 0.9 and tput >= 0.98
+            rows.append(f"{level:g}: {label} {per_token:.2f}×, E2E {e2e:.2f}×, tput {tput:.2f}×")
+        verdicts.append(Verdict(goal, ok, "; ".join(rows)))
     return verdicts
 
 
@@ -189,9 +217,11 @@ def _priority_overload(results: dict[str, Any]) -> list[Verdict]:
 
 
 def _slo_mixed(results: dict[str, Any]) -> list[Verdict]:
-    default, pl, oracle = (
-        _runs(results, p) for p in ("default", "predicted-latency", "predicted-latency-oracle")
-    )
+    # No goal against ``predicted-latency-oracle``: it is no upper bound. It knows the
+    # present exactly but not the arrivals to come, so its admitter lets in requests the
+    # load after them pushes past their SLOs (28.9 % at 100 req/s where the trained models,
+    # which learn what the load will do, reach 71.4 %).
+    default, pl = (_runs(results, p) for p in ("default", "predicted-latency"))
     # The goal is about load near saturation: the levels where the SLOs bind for the
     # heuristic (it misses at least 5 % of them); below that every policy meets them.
     binding = sorted(
@@ -216,26 +246,13 @@ def _slo_mixed(results: dict[str, Any]) -> list[Verdict]:
         f"{100 * (att(pl[level]) - att(default[level])):+.1f} points"
         for level in binding
     ]
-    verdicts = [
+    return [
         Verdict(
             "predicted-latency ≥ 20 points above default where SLOs bind",
             all(att(pl[level]) - att(default[level]) >= 0.20 for level in binding),
             "; ".join(rows),
         )
     ]
-    common = [level for level in binding if level in oracle]
-    if common:
-        verdicts.append(
-            Verdict(
-                "predicted-latency within 5 points of the oracle (or above it)",
-                all(att(pl[level]) >= att(oracle[level]) - 0.05 for level in common),
-                "; ".join(
-                    f"{level:g}: {att(pl[level]):.1%} vs oracle {att(oracle[level]):.1%}"
-                    for level in common
-                ),
-            )
-        )
-    return verdicts
 
 
 CHECKS: dict[str, Callable[[dict[str, Any]], list[Verdict]]] = {

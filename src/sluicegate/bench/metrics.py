@@ -9,6 +9,13 @@ others spread evenly up to its finish). A window of no length (a single arrival)
 widened to the last completion. A request counts
 as meeting its SLO when it completed with TTFT ≤ ``x-slo-ttft-ms`` and TPOT ≤
 ``x-slo-tpot-ms``; shed or failed requests carrying SLOs count as misses.
+
+TPOT is the decode time per token after the first, ``(finish − first token) / (output −
+1)``; NTPOT, the *normalized* time per output token, is ``E2E / output tokens`` (queueing
+and prefill included) — what the Latency Profile Generator reports as
+``per_output_token_latency`` and Gateway API Inference Extension's benchmark notebook plots
+(``tools/benchmark/benchmark.ipynb`` at tag v0.3.0,
+https://github.com/kubernetes-sigs/gateway-api-inference-extension/blob/v0.3.0/tools/benchmark/benchmark.ipynb).
 """
 
 from __future__ import annotations
@@ -125,6 +132,9 @@ def summarize(records: Sequence[Record]) -> dict[str, Any]:
         "ttft_s": latency_summary([r.first_token - r.arrival for r in done]),
         "tpot_s": latency_summary([t for r in done if (t := _tpot(r)) is not None]),
         "e2e_s": latency_summary([r.finish - r.arrival for r in done]),
+        "ntpot_s": latency_summary(
+            [(r.finish - r.arrival) / r.output_tokens for r in done if r.output_tokens > 0]
+        ),
         "slo_attainment": (
             sum(1 for r in with_slo if _meets_slo(r)) / len(with_slo) if with_slo else None
         ),

@@ -136,12 +136,7 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
     from sluicegate.bench.extras import PLOTS, SHAREGPT, MissingExtraError, require_extra
     from sluicegate.bench.report import write
     from sluicegate.bench.runner import RunPlan, run_plan
-    from sluicegate.bench.scenarios import (
-        UnknownPolicyError,
-        get_scenario,
-        is_available,
-        policy_config,
-    )
+    from sluicegate.bench.scenarios import check_policies, get_scenario
 
     try:
         scenario = get_scenario(args.scenario)
@@ -166,9 +161,18 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
         return fail(str(exc))
     if args.time_scale is not None and args.mode != "http":
         return fail("--time-scale applies to --mode http only")
-    policies = tuple(
-        p for p in (args.policies.split(",") if args.policies else scenario.policies) if p
-    )
+    asked = tuple(args.policies.split(",")) if args.policies is not None else scenario.policies
+    from sluicegate.bench.http.plan import ROUTER_POLICIES
+
+    try:  # a typo is an error naming the known policies, never a policy quietly dropped
+        policies = check_policies(asked, extra=ROUTER_POLICIES)
+        peers = [p for p in policies if p in ROUTER_POLICIES]
+        if peers and args.mode != "http":
+            raise ValueError(f"{', '.join(peers)}: peer routers run in --mode http only")
+        levels = _levels(args.qps) if args.qps is not None else scenario.levels
+        duration = _positive("--duration", args.duration, scenario.duration_s)
+    except ValueError as exc:  # UnknownPolicyError, a bad --qps or --duration
+        return fail(str(exc))
     if args.mode == "http":
         from sluicegate.bench.http.plan import check_time_scale, plan_policies, sim_profile_args
         from sluicegate.bench.http.run import HttpOptions, run_plan_http
@@ -181,26 +185,11 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
         except ValueError as exc:  # UnsupportedScenarioError, a bad --time-scale
             return fail(str(exc))
         runnable, notes = plan_policies(policies, scenario)
-        for note in notes:
+        for note in notes:  # known policies this machine cannot run (vllm-router missing)
             console.print(note)
         policies = tuple(runnable)
-    else:
-        missing = [p for p in policies if not is_available(p)]
-        if missing:
-            console.print(f"skipping policies not available in this build: {', '.join(missing)}")
-            policies = tuple(p for p in policies if p not in missing)
-        try:  # a malformed override fails now, not after the other policies' runs
-            for policy in policies:
-                policy_config(policy)
-        except UnknownPolicyError as exc:
-            return fail(str(exc))
     if not policies:
         return fail("no policy to run")
-    try:
-        levels = tuple(float(x) for x in args.qps.split(",")) if args.qps else scenario.levels
-    except ValueError:
-        return fail(f"--qps must be comma-separated numbers, got {args.qps!r}")
-    duration = args.duration or scenario.duration_s
     flow = {"off": (False,), "on": (True,), "both": (False, True)}
     flow_control = flow[args.flow_control] if args.flow_control else scenario.flow_control
     plan = RunPlan(scenario, policies, levels, duration, args.seed, flow_control)
@@ -233,3 +222,30 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
     for path in write(results, scenario, out, command):
         console.print(f"wrote {path}")
     return 0
+
+
+def _levels(text: str) -> tuple[float, ...]:
+    """``--qps``: comma-separated positive finite numbers, each level once."""
+    import math
+
+    try:
+        levels = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--qps must be comma-separated numbers, got {text!r}") from None
+    bad = [x for x in levels if not (math.isfinite(x) and x > 0)]
+    if bad:
+        raise ValueError(f"--qps levels must be positive numbers, got {text!r}")
+    if len(set(levels)) != len(levels):
+        raise ValueError(f"--qps names a level twice: {text!r}")
+    return levels
+
+
+def _positive(option: str, value: float | None, default: float) -> float:
+    """``value`` if given (a positive finite number, else an error), else ``default``."""
+    import math
+
+    if value is None:
+        return default
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{option} must be a positive number of seconds, got {value:g}")
+    return value

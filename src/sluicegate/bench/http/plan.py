@@ -35,7 +35,7 @@ from sluicegate.bench.des import POOL, ClusterSpec
 from sluicegate.bench.gateway.routers import vllm_router_binary
 from sluicegate.bench.metrics import summarize
 from sluicegate.bench.runner import RunPlan, run_level
-from sluicegate.bench.scenarios import Scenario, available_policies
+from sluicegate.bench.scenarios import Scenario, UnknownPolicyError, available_policies
 from sluicegate.flowcontrol.config import POOL_ANNOTATION
 from sluicegate.sim.profile_file import materialise
 from sluicegate.sim.profiles import PROFILES, EngineProfile
@@ -163,7 +163,7 @@ def _rewrites_models(scenario: Scenario) -> bool:
 
 def plan_policies(policies: Sequence[str], scenario: Scenario) -> tuple[list[str], list[str]]:
     """The policies of ``policies`` HTTP mode can run for ``scenario``, and a note saying
-    why each other one is skipped."""
+    why each other one is skipped; an unknown name is an :class:`UnknownPolicyError`."""
     runnable: list[str] = []
     notes: list[str] = []
     presets = set(available_policies())
@@ -181,10 +181,13 @@ def plan_policies(policies: Sequence[str], scenario: Scenario) -> tuple[list[str
                 )
             else:
                 runnable.append(policy)
-        elif policy in presets:
+        elif policy.partition(":")[0] in presets:
             runnable.append(policy)
-        else:
-            notes.append(f"{policy}: skipped, not available in this build")
+        else:  # a typo must not shrink the comparison unnoticed
+            raise UnknownPolicyError(
+                f"unknown policy {policy!r}; known: "
+                f"{', '.join(sorted({*presets, *ROUTER_POLICIES}))}"
+            )
     return runnable, notes
 
 
