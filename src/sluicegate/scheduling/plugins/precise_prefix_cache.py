@@ -28,10 +28,22 @@ producer's match instead, converted to these blocks: ``⌊approxBlocks × approx
 / blockSize⌋``, at most the prompt's blocks. The approximate index keeps learning from
 every decision (its pre-request hook runs here), so the fallback is warm when needed.
 
+Speculative entries (the reference router's ``speculativeIndexing``, off by default
+there and here): with ``speculativeIndexing: true`` the pre-request hook inserts the
+request's blocks for the chosen endpoint, when its view is synced, into a store of
+:class:`~sluicegate.scheduling.speculative.SpeculativeEntries` valid for
+``speculativeTtlSeconds`` (2.0 s); a synced candidate's ``matchedBlocks`` is then the
+index's leading blocks extended by its unexpired speculative ones. A burst of requests
+sharing a new prefix so sticks to one endpoint before that server's events arrive. Real
+events take over as they come (the index is read first), unconfirmed guesses expire; at
+most ``maxSpeculativeEntries`` (block, endpoint) pairs (100,000, about 20 MB) are kept,
+the oldest dropped first.
+
 Parameters: ``maxPrefixTokensToMatch`` (131072; tokens of the prompt considered, 0 =
-whole prompt), and for the fallback the approximate producer's ``blockSizeTokens`` (64),
-``lruCapacityPerServer`` (31250) and ``autoTune`` (true), with the same meanings and
-defaults as there (docs/plugins.md#approx-prefix-cache-producer).
+whole prompt), the speculative ones above, and for the fallback the approximate
+producer's ``blockSizeTokens`` (64), ``lruCapacityPerServer`` (31250) and ``autoTune``
+(true), with the same meanings and defaults as there
+(docs/plugins.md#approx-prefix-cache-producer).
 
 Cost on top of the approximate producer: one token-id conversion and one xxh3 per block
 of the prompt, one dict lookup per matched block (the index's ``longest_prefix``).
@@ -43,6 +55,8 @@ the prompt in 16-token blocks): a 16 KB prompt (256 blocks) about 92 µs per req
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from pydantic import Field
 
 from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.datalayer.kvevents.index import block_keys
@@ -66,6 +80,7 @@ from sluicegate.framework import (
     StateKey,
 )
 from sluicegate.scheduling.approximate import ApproximatePrefix, ApproximatePrefixParameters
+from sluicegate.scheduling.speculative import SpeculativeEntries
 from sluicegate.tokens import token_id_array
 
 """The approximate producer's default ``lruCapacityPerServer`` (16-token blocks)."""
@@ -74,6 +89,8 @@ VLLM_DEFAULT_BLOCK_SIZE = 16
 """vLLM's default ``--block-size`` (tokens), used before any event or scrape told it."""
 
 _APPROXIMATE: StateKey[PrefixMatch] = StateKey("precise-prefix/approximate")
+_KEYS: StateKey[list[int]] = StateKey("precise-prefix/keys")
+"""The request's block keys, when the pool has event streams (for speculative entries)."""
 
 
 class PrecisePrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, PrefixIndexer):
@@ -81,7 +98,12 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, Pre
     provides = (PREFIX_PRODUCER_TYPE,)
 
     class Parameters(ApproximatePrefixParameters):
-        """The approximate match's parameters (see the module docstring)."""
+        """The approximate match's parameters and the speculative entries' (see the
+        module docstring)."""
+
+        speculative_indexing: bool = False
+        speculative_ttl_seconds: float = Field(default=2.0, gt=0, le=3600)
+        max_speculative_entries: int = Field(default=100_000, ge=1, le=100_000_000)
 
     params: Parameters
 
@@ -98,6 +120,13 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, Pre
         """None when the host has no event streams (every view unknown: approximate)."""
         # the fallback: the approximate producer's own match
         self.approximate = ApproximatePrefix.of(p)
+        self.speculative = (
+            SpeculativeEntries(p.speculative_ttl_seconds, p.max_speculative_entries)
+            if p.speculative_indexing
+            else None
+        )
+        """Blocks just dispatched, before their events (None: speculation off)."""
+        self.clock = context.clock
 
     def produce(
         self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
@@ -125,6 +154,13 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, Pre
         keys = self._keys(request, size)
         held = index.longest_prefix(keys) if keys and synced else {}
         matched = {name: held[name] for name in synced if name in held}
+        spec = self.speculative
+        if spec is not None and keys:
+            now = self.clock.now()
+            for name in synced:
+                depth = spec.extend(name, keys, matched.get(name, 0), now)
+                if depth:
+                    matched[name] = depth
         total = len(keys)
         for e in unknown:
             blocks = approx.matched_blocks.get(e.name, 0)
@@ -137,6 +173,7 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, Pre
         counters.hit_blocks += best
         counters.miss_blocks += total - best
         counters.fallbacks += len(unknown)
+        state.put(_KEYS, keys)
         state.put(PREFIX_MATCH, PrefixMatch(keys, size, matched))
 
     def _subscribers(self, endpoints: Sequence[Endpoint]) -> KVEventSubscribers | None:
@@ -175,12 +212,21 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, Pre
             return []
 
     def pre_request(self, request: LLMRequest, state: CycleState, result: SchedulingResult) -> None:
+        target = result.targets[0]
         approx = state.get(_APPROXIMATE)
         if approx is not None:
-            self.approximate.remember(result.targets[0], approx)
+            self.approximate.remember(target, approx)
+        spec = self.speculative
+        keys = state.get(_KEYS) if spec is not None else None
+        if spec is not None and keys:
+            subs = self._subscribers([target])
+            if subs is not None and subs.view(target.name) is View.SYNCED:
+                spec.insert(target.name, keys, self.clock.now())
 
     def indexed_blocks(self) -> int:
         return len(self.approximate)
 
     def forget_endpoint(self, endpoint: Endpoint) -> None:
         self.approximate.forget(endpoint)
+        if self.speculative is not None:
+            self.speculative.forget(endpoint.name)
