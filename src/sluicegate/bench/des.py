@@ -542,8 +542,8 @@ class ClusterSimulation:
             self._push(t, self._ARRIVAL, spec)
 
     def _reply(self, record: RequestRecord, seq: Sequence) -> str:
-        if record.spec.kind != "chat":
-            return ""
+        if record.spec.kind != "chat" and record.spec.session < 0:
+            return ""  # only conversations send the reply back
         record.reply = seq.output_text()
         return record.reply
 
