@@ -12,6 +12,10 @@ from sluicegate.bench.des import ClusterSimulation, ClusterSpec
 from sluicegate.bench.des_kvevents import DEFAULT_DELAY_S, KVEventDelivery
 from sluicegate.bench.scenarios import policy_config
 from sluicegate.bench.workloads import OpenLoop, shared_prefix
+from sluicegate.builtins import default_registry
+from sluicegate.clock import ManualClock
+from sluicegate.framework import PluginContext
+from sluicegate.scheduling.config import build_scheduler
 from sluicegate.sim.profiles import get_profile
 
 TINY = get_profile("tiny")
@@ -125,3 +129,21 @@ def test_negative_delay_is_refused() -> None:
 def test_default_delay_is_a_few_milliseconds() -> None:
     assert 0.001 <= DEFAULT_DELAY_S <= 0.02
     assert ClusterSpec(TINY, 1, policy_config("default")[0]).kv_event_delay_s == DEFAULT_DELAY_S
+
+
+def test_predicted_latency_precise_reads_the_precise_index() -> None:
+    """The latency features' prefix share comes from the precise producer: it answers every
+    decision from the index (no fallback) and no approximate producer is added."""
+    picker, predictor = policy_config("predicted-latency-precise")
+    assert predictor == "model"
+    built = build_scheduler(picker, PluginContext(ManualClock()), default_registry())
+    types = {type(p).type_name for p in built.plugins.values()}
+    assert "precise-prefix-cache-producer" in types
+    assert "approx-prefix-cache-producer" not in types
+    sim = simulation("predicted-latency-precise")
+    sim.run(workload(duration=3.0), horizon_s=30.0)
+    assert sim.kv_events is not None
+    lookups = sim.kv_events.service.lookups
+    assert lookups.requests > 50
+    assert lookups.fallbacks == 0
+    assert lookups.hit_blocks > 0

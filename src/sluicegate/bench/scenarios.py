@@ -47,6 +47,7 @@ PredictorKind = Literal["none", "model", "oracle"]
 # Policies beyond the presets: a preset run with a latency predictor service.
 _PREDICTOR_POLICIES: dict[str, tuple[str, PredictorKind]] = {
     "predicted-latency-oracle": ("predicted-latency", "oracle"),
+    "predicted-latency-precise": ("predicted-latency-precise", "model"),
 }
 
 
