@@ -204,3 +204,20 @@ def test_the_speculative_preset_turns_it_on() -> None:
     config = load_preset("precise-prefix-speculative")
     (spec,) = [p for p in config.plugins if p.type == "precise-prefix-cache-producer"]
     assert spec.parameters["speculativeIndexing"] is True
+
+
+async def test_a_cold_prefix_keeps_its_approximate_affinity(service: KVEventsService) -> None:
+    """No synced endpoint holds the prompt: with approximateWhenNoneHolds the endpoint it
+    was last sent to keeps the match the approximate index remembers; without, none."""
+    clock = ManualClock()
+    eps = endpoints()
+    plain = producer(service, clock)
+    cold = producer(service, clock, approximateWhenNoneHolds=True)
+    for plugin in (plain, cold):
+        decide(plugin, eps[2], eps)  # remembered by the approximate index only
+    assert matched(plain, eps) == {}
+    assert matched(cold, eps) == {"ep-2": 8}
+    # once an endpoint's events say it holds the prefix, the precise match alone counts
+    ids = token_ids(PROMPT.encode())[: 2 * BS]
+    service.pools["default"].index.store("ep-0", BlockStored((1, 2), None, ids, BS))
+    assert matched(cold, eps) == {"ep-0": 2}

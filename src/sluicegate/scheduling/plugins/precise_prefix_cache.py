@@ -39,8 +39,16 @@ events take over as they come (the index is read first), unconfirmed guesses exp
 most ``maxSpeculativeEntries`` (block, endpoint) pairs (100,000, about 20 MB) are kept,
 the oldest dropped first.
 
+Cold prefixes: with ``approximateWhenNoneHolds: true`` (default false, the reference's
+behaviour), a request whose first block no synced endpoint holds gets the approximate
+index's match on every candidate instead of zeros: a prefix evicted everywhere is then
+recomputed where it was last sent (which keeps a tenant's later requests together)
+rather than wherever load is lowest, which copies it across the pool under cache
+pressure (docs/benchmarks/cache-pressure). The lookup counters count such requests as
+misses.
+
 Parameters: ``maxPrefixTokensToMatch`` (131072; tokens of the prompt considered, 0 =
-whole prompt), the speculative ones above, and for the fallback the approximate
+whole prompt), the speculative ones above, ``approximateWhenNoneHolds``, and for the fallback the approximate
 producer's ``blockSizeTokens`` (64), ``lruCapacityPerServer`` (31250) and ``autoTune``
 (true), with the same meanings and defaults as there
 (docs/plugins.md#approx-prefix-cache-producer).
@@ -104,6 +112,7 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, Pre
         speculative_indexing: bool = False
         speculative_ttl_seconds: float = Field(default=2.0, gt=0, le=3600)
         max_speculative_entries: int = Field(default=100_000, ge=1, le=100_000_000)
+        approximate_when_none_holds: bool = False
 
     params: Parameters
 
@@ -173,6 +182,15 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, Pre
         counters.hit_blocks += best
         counters.miss_blocks += total - best
         counters.fallbacks += len(unknown)
+        if not best and keys and synced and self.params.approximate_when_none_holds:
+            # no synced endpoint holds even the first block: keep the affinity the
+            # approximate index remembers, so a cold prefix is recomputed where it last
+            # was, not wherever load is lowest (which would copy it across the pool)
+            names = set(synced)
+            cold = self.approximate.match(request, [e for e in endpoints if e.name in names])
+            for name, blocks in cold.matched_blocks.items():
+                if blocks:
+                    matched[name] = min(total, blocks * cold.block_tokens // size)
         state.put(_KEYS, keys)
         state.put(PREFIX_MATCH, PrefixMatch(keys, size, matched))
 
