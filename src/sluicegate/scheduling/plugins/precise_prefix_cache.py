@@ -48,9 +48,9 @@ pressure (docs/benchmarks/cache-pressure). The lookup counters count such reques
 misses.
 
 Parameters: ``maxPrefixTokensToMatch`` (131072; tokens of the prompt considered, 0 =
-whole prompt), the speculative ones above, ``approximateWhenNoneHolds``, and for the fallback the approximate
-producer's ``blockSizeTokens`` (64), ``lruCapacityPerServer`` (31250) and ``autoTune``
-(true), with the same meanings and defaults as there
+whole prompt), the speculative ones above, ``approximateWhenNoneHolds``, and for the
+fallback the approximate producer's ``blockSizeTokens`` (64), ``lruCapacityPerServer``
+(31250) and ``autoTune`` (true), with the same meanings and defaults as there
 (docs/plugins.md#approx-prefix-cache-producer).
 
 Cost on top of the approximate producer: one token-id conversion and one xxh3 per block
