@@ -4,10 +4,13 @@ and the ``precise-prefix`` policy routes on it."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sluicegate import cli
 from sluicegate.bench.des import ClusterSimulation, ClusterSpec
 from sluicegate.bench.des_kvevents import DEFAULT_DELAY_S, KVEventDelivery
 from sluicegate.bench.scenarios import policy_config
@@ -147,3 +150,43 @@ def test_predicted_latency_precise_reads_the_precise_index() -> None:
     assert lookups.requests > 50
     assert lookups.fallbacks == 0
     assert lookups.hit_blocks > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--kv-event-delay-ms", "-1"], "--kv-event-delay-ms must be 0"),
+        (["--kv-event-delay-ms", "5", "--mode", "http"], "applies to --mode des only"),
+    ],
+)
+def test_cli_refuses_a_bad_kv_event_delay(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["bench", "run", "cache-pressure", "--quick", *args, "--out", str(tmp_path)])
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_delay_reaches_the_results(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exited:
+        cli.main(
+            [
+                "bench",
+                "run",
+                "cache-pressure",
+                "--quick",
+                "--policies",
+                "precise-prefix",
+                "--kv-event-delay-ms",
+                "12",
+                "--out",
+                str(out),
+            ]
+        )
+    assert exited.value.code == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["kv_event_delay_s"] == pytest.approx(0.012)
+    assert all(run["kv_events"] for run in results["runs"])
+    assert "12 ms after the step ends" in (out / "report.md").read_text()
