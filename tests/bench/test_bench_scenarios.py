@@ -86,6 +86,8 @@ def test_scenarios_have_quick_variants() -> None:
         "multi-turn-chat",
         "slo-mixed",
         "priority-overload",
+        "cache-pressure",
+        "shared-prefix-qwen32b",
     }
     for name in SCENARIOS:
         full, fast = get_scenario(name), get_scenario(name).quick_variant()
@@ -219,7 +221,9 @@ def test_goal_verdicts(results: dict[str, dict[str, Any]]) -> None:
     if "predicted-latency" not in available_policies():
         assert sweep[1].met is None
     prefix = goals.check(results["shared-prefix"])
-    assert [v.met in (True, False) for v in prefix] == [True]
+    assert [v.met in (True, False) for v in prefix] == [True, True]  # approximate, precise
+    pressure = goals.check(results["cache-pressure"])
+    assert [v.met in (True, False) for v in pressure] == [True, True]
     chat = goals.check(results["multi-turn-chat"])
     assert [v.met is None for v in chat] == [False, False]
 
@@ -263,6 +267,28 @@ def test_goal_verdicts_on_hand_made_results() -> None:
         ],
     }
     assert [v.met for v in goals.check(prefix)] == [True]
+    prefix["runs"].append(run("precise-prefix", 10, output_tokens_per_s=1800.0))
+    assert [v.met for v in goals.check(prefix)] == [True, False]
+    pressure = {
+        "scenario": "cache-pressure",
+        "runs": [
+            run("default", 8, ttft_s=lat(1.0), output_tokens_per_s=1000.0),
+            run(
+                "precise-prefix",
+                8,
+                ttft_s=lat(0.5),
+                output_tokens_per_s=1250.0,
+                prefix_hits_of_servable=0.97,
+            ),
+        ],
+    }
+    assert [v.met for v in goals.check(pressure)] == [True, True]
+    pressure["runs"][1]["metrics"].update(ttft_s=lat(0.7), prefix_hits_of_servable=0.9)
+    assert [v.met for v in goals.check(pressure)] == [False, False]
+    assert [v.met for v in goals.check({"scenario": "cache-pressure", "runs": []})] == [
+        None,
+        None,
+    ]
     chat = {
         "scenario": "multi-turn-chat",
         "runs": [

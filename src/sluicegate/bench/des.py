@@ -32,12 +32,14 @@ import orjson
 
 from sluicegate.api.loader import Config, build_config
 from sluicegate.api.resources import EndpointPickerConfig
+from sluicegate.bench.des_kvevents import DEFAULT_DELAY_S, KVEventDelivery
 from sluicegate.bench.oracle import OraclePredictor
 from sluicegate.bench.workloads import RequestSpec, Timed, Workload
 from sluicegate.builtins import default_registry
 from sluicegate.clock import ManualClock
 from sluicegate.datalayer.datastore import Datastore, EndpointSpec
 from sluicegate.datalayer.endpoint import EngineMetrics, ServedModels
+from sluicegate.datalayer.kvevents.service import KV_EVENTS_SERVICE
 from sluicegate.errors import GatewayError
 from sluicegate.flowcontrol.config import POOL_ANNOTATION, build_flow_control
 from sluicegate.framework import (
@@ -57,8 +59,12 @@ from sluicegate.scheduling.config import build_scheduler
 from sluicegate.sim.api import ApiError, parse_generate
 from sluicegate.sim.engine import Engine, Sequence, StepResult, new_sequence
 from sluicegate.sim.profiles import EngineProfile
+from sluicegate.tokens import block_hashes
 
 POOL = "sim-pool"
+PRECISE_PRODUCER = "precise-prefix-cache-producer"
+"""The plugin type that reads the ``kv-events`` service: runs configuring it get KV
+events unless :attr:`ClusterSpec.kv_events` says otherwise."""
 
 
 class TrainedPredictor(LatencyPredictor, Protocol):
@@ -89,6 +95,10 @@ class RequestRecord:
     reason: str = ""
     prompt_bytes: bytes = b""
     reply: str = ""
+    servable_tokens: int = -1
+    """Prompt tokens the best-placed engine held in its prefix cache when the request was
+    dispatched (what an oracle knowing every cache could have reused), −1 if never
+    dispatched."""
     fell_back: bool = False
     """Scheduled on the heuristic fallback although predictions were wanted (models warming
     up, or no usable prediction)."""
@@ -135,6 +145,12 @@ class ClusterSpec:
     predictor_factory: PredictorFactory | None = None
     """Makes the ``model`` predictor (None: an :class:`InProcessPredictor`); the accuracy
     benchmark passes one that also records what was predicted at dispatch."""
+    kv_events: bool | None = None
+    """Deliver the engines' KV-cache events to a precise index (``kv-events`` service);
+    None: when the picker configures a ``precise-prefix-cache-producer``."""
+    kv_event_delay_s: float = DEFAULT_DELAY_S
+    """Seconds from the end of the engine step that produced a batch of KV events to
+    its application to the index (see :mod:`sluicegate.bench.des_kvevents`)."""
 
 
 @dataclass(slots=True)
@@ -143,6 +159,8 @@ class RunResult:
     engines: list[Engine]
     end_time: float
     endpoint_names: list[str]
+    kv_events: bool = False
+    """The engines' KV events fed a precise index."""
 
 
 def _pool_config(spec: ClusterSpec) -> Config:
@@ -204,6 +222,8 @@ class ClusterSimulation:
             endpoint.models = models
         self.predictor: TrainedPredictor | None = None
         """The online-trained latency models (``predictor="model"``)."""
+        self.kv_events: KVEventDelivery | None = None
+        """The engines' KV events and the precise index they feed (when on)."""
         self._next_step_at = [0.0] * spec.replicas
         self._bodies: dict[str, tuple[bytes, bool]] = {}
         """Bodies of requests the director is deciding about (for the oracle)."""
@@ -241,6 +261,19 @@ class ClusterSimulation:
     # ------------------------------------------------------------------ predictors
 
     def _services(self, spec: ClusterSpec) -> dict[str, object]:
+        services: dict[str, object] = {}
+        if _wants_kv_events(spec):
+            self.kv_events = KVEventDelivery(
+                POOL,
+                [e.name for e in self.endpoints],
+                self.engines,
+                self.clock,
+                spec.kv_event_delay_s,
+            )
+            services[KV_EVENTS_SERVICE] = self.kv_events.service
+        return services | self._predictor_service(spec)
+
+    def _predictor_service(self, spec: ClusterSpec) -> dict[str, object]:
         if spec.predictor == "model":
             # Trained on the run's own traffic, in virtual time (see _scrape handling).
             factory = spec.predictor_factory or InProcessPredictor
@@ -276,10 +309,10 @@ class ClusterSimulation:
 
     # ------------------------------------------------------------------ events
 
-    _ARRIVAL, _STEP, _SCRAPE, _EXPIRE = 0, 1, 2, 3
+    _ARRIVAL, _STEP, _SCRAPE, _EXPIRE, _KV_EVENTS = 0, 1, 2, 3, 4
 
     def _push(self, t: float, kind: int, payload: Any) -> None:
-        if kind != self._SCRAPE:
+        if kind not in (self._SCRAPE, self._KV_EVENTS):  # these start no further work
             self._work_events += 1
         heapq.heappush(self._events, (t, next(self._order), kind, payload))
 
@@ -299,13 +332,16 @@ class ClusterSimulation:
             if t > horizon_s:
                 cut = True  # the simulated span is the whole horizon
                 break
-            if kind != self._SCRAPE:
+            if kind not in (self._SCRAPE, self._KV_EVENTS):
                 self._work_events -= 1
             self.clock.set(t)
             if kind == self._STEP:
                 self._step(payload, t)
             elif kind == self._ARRIVAL:
                 self._arrive(payload, t)
+            elif kind == self._KV_EVENTS:
+                assert self.kv_events is not None
+                self.kv_events.deliver(*payload)
             elif kind == self._SCRAPE:
                 self._scrape(payload, t)
                 if payload == 0 and self.predictor is not None:
@@ -318,7 +354,10 @@ class ClusterSimulation:
                 self.director.expire(t)
                 self._arm_expiry()
         end = horizon_s if cut else self.clock.now()
-        return RunResult(self.records, self.engines, end, [e.name for e in self.endpoints])
+        if self.kv_events is not None:
+            self.kv_events.close()
+        names = [e.name for e in self.endpoints]
+        return RunResult(self.records, self.engines, end, names, self.kv_events is not None)
 
     def _busy(self) -> bool:
         """Scrapes continue while anything can still happen."""
@@ -391,11 +430,24 @@ class ClusterSimulation:
         record.fell_back = outcome is not None and outcome.fallback
         record.prompt_tokens = seq.prompt_tokens
         record.prompt_bytes = seq.prompt
+        record.servable_tokens = self._servable_tokens(seq)
         self._inflight[request_id] = (dispatch, record)
         self.engines[index].add(seq)
         if not self._stepping[index]:
             self._stepping[index] = True
             self._push(now, self._STEP, index)
+
+    def _servable_tokens(self, seq: Sequence) -> int:
+        """The longest cached prefix of ``seq`` on any engine now, in tokens; counted as the
+        engines count a hit (whole blocks, never the prompt's last token)."""
+        size = self.spec.profile.block_size
+        hashes = block_hashes(seq.prompt, size, seq.hash_seed)
+        limit = (seq.prompt_tokens - 1) // size
+        best = 0
+        for engine in self.engines:
+            if engine.profile.block_size == size:
+                best = max(best, len(engine.pool.longest_cached_prefix(hashes, limit)))
+        return best * size
 
     def _sequence(
         self, dispatch: Dispatch, raw: bytes, request_id: str, now: float, index: int, chat: bool
@@ -444,6 +496,12 @@ class ClusterSimulation:
             self._stepping[index] = False
             return
         result = engine.step(now)
+        if self.kv_events is not None:
+            # vLLM publishes a step's events once its results are out: at the step's end
+            published = now + result.duration
+            payload = self.kv_events.take(index, published)
+            if payload is not None:
+                self._push(published + self.kv_events.delay_s, self._KV_EVENTS, (index, payload))
         if result.idle:
             self._stepping[index] = False  # woken again by the next arrival
             return
@@ -484,8 +542,8 @@ class ClusterSimulation:
             self._push(t, self._ARRIVAL, spec)
 
     def _reply(self, record: RequestRecord, seq: Sequence) -> str:
-        if record.spec.kind != "chat":
-            return ""
+        if record.spec.kind != "chat" and record.spec.session < 0:
+            return ""  # only conversations send the reply back
         record.reply = seq.output_text()
         return record.reply
 
@@ -508,6 +566,12 @@ class ClusterSimulation:
             prefix_cache_hits=engine.counters.prefix_cache_hits,
         )
         endpoint.inflight.scraped()
+
+
+def _wants_kv_events(spec: ClusterSpec) -> bool:
+    if spec.kv_events is not None:
+        return spec.kv_events
+    return any(p.type == PRECISE_PRODUCER for p in spec.picker.plugins)
 
 
 __all__ = ["ClusterSimulation", "ClusterSpec", "RequestRecord", "RunResult", "Timed"]

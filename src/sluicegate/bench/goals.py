@@ -122,19 +122,51 @@ def _gie_v03(results: dict[str, Any]) -> list[Verdict]:
 
 
 def _shared_prefix(results: dict[str, Any]) -> list[Verdict]:
-    default, rnd = _runs(results, "default"), _runs(results, "random")
-    if not default or not rnd:
-        return [Verdict("default ≥ 1.9 × random output tokens/s", None, "policy missing")]
-    best_d = max(m["output_tokens_per_s"] for m in default.values())
-    best_r = max(m["output_tokens_per_s"] for m in rnd.values())
-    ratio = best_d / best_r if best_r else float("inf")
-    return [
-        Verdict(
-            "approximate prefix routing (default) ≥ 1.9 × random output tokens/s",
-            ratio >= 1.9,
-            f"peak {best_d:,.0f} vs {best_r:,.0f} tok/s = {ratio:.2f}×",
+    rnd = _runs(results, "random")
+    verdicts = []
+    for policy, label in (("default", "approximate"), ("precise-prefix", "precise")):
+        goal = f"{label} prefix routing (`{policy}`) ≥ 1.9 × random output tokens/s"
+        runs = _runs(results, policy)
+        if not runs or not rnd:
+            if policy == "default" or runs:
+                verdicts.append(Verdict(goal, None, "policy missing"))
+            continue
+        best = max(m["output_tokens_per_s"] for m in runs.values())
+        best_r = max(m["output_tokens_per_s"] for m in rnd.values())
+        ratio = best / best_r if best_r else float("inf")
+        verdicts.append(
+            Verdict(goal, ratio >= 1.9, f"peak {best:,.0f} vs {best_r:,.0f} tok/s = {ratio:.2f}×")
         )
-    ]
+    return verdicts
+
+
+def _cache_pressure(results: dict[str, Any]) -> list[Verdict]:
+    approx, precise = _runs(results, "default"), _runs(results, "precise-prefix")
+    latency_goal = "precise TTFT p90 ≤ 0.6 × approximate's and output tokens/s ≥ 1.2 ×"
+    hits_goal = "precise prompt tokens served from cache ≥ 95 % of the servable"
+    common = sorted(set(approx) & set(precise))
+    if not common:
+        hits = _hits(precise, hits_goal) if precise else Verdict(hits_goal, None, "not run")
+        return [Verdict(latency_goal, None, "default or precise-prefix not run"), hits]
+    rows, ok = [], True
+    for level in common:
+        a, p = approx[level], precise[level]
+        ttft = (_p(p, "ttft_s") or 0) / max(_p(a, "ttft_s") or 1e-9, 1e-9)
+        tput = p["output_tokens_per_s"] / max(a["output_tokens_per_s"], 1e-9)
+        ok = ok and ttft <= 0.6 and tput >= 1.2
+        rows.append(f"{level:g}: TTFT p90 {ttft:.2f}×, output {tput:.2f}×")
+    return [Verdict(latency_goal, ok, "; ".join(rows)), _hits(precise, hits_goal)]
+
+
+def _hits(runs: dict[float, dict[str, Any]], goal: str) -> Verdict:
+    shares = {level: m.get("prefix_hits_of_servable") for level, m in sorted(runs.items())}
+    if any(v is None for v in shares.values()):
+        return Verdict(goal, None, "no servable-prefix measurement")
+    return Verdict(
+        goal,
+        all(v >= 0.95 for v in shares.values() if v is not None),
+        "; ".join(f"{level:g}: {v:.1%}" for level, v in shares.items() if v is not None),
+    )
 
 
 def _multi_turn(results: dict[str, Any]) -> list[Verdict]:
@@ -256,9 +288,11 @@ def _slo_mixed(results: dict[str, Any]) -> list[Verdict]:
 
 
 CHECKS: dict[str, Callable[[dict[str, Any]], list[Verdict]]] = {
+    "cache-pressure": _cache_pressure,
     "priority-overload": _priority_overload,
     "sharegpt-sweep": _sharegpt_sweep,
     "shared-prefix": _shared_prefix,
+    "shared-prefix-qwen32b": _shared_prefix,
     "multi-turn-chat": _multi_turn,
     "slo-mixed": _slo_mixed,
 }

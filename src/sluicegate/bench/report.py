@@ -56,6 +56,13 @@ def markdown(results: dict[str, Any], scenario: Scenario, command: str) -> str:
         lines += [f"- {note}" for note in results.get("notes", [])]
         if results.get("notes"):
             lines.append("")
+    if any(run.get("kv_events") for run in results["runs"]):
+        delay = results.get("kv_event_delay_s", 0.0) * 1000
+        lines += [
+            f"KV events: each engine step's block stores and removals reach the precise "
+            f"index {delay:g} ms after the step ends (`--kv-event-delay-ms`).",
+            "",
+        ]
     dataset = results.get("dataset")
     if dataset is not None and dataset.get("name") == "sharegpt":
         lines += [
@@ -95,6 +102,7 @@ def markdown(results: dict[str, Any], scenario: Scenario, command: str) -> str:
             f"{_fmt(m['load_imbalance'])} |"
         )
     lines += _short_window_note(results)
+    lines += _servable_table(results)
     lines += _itl_table(results)
     classes = [
         (run, name, m) for run in results["runs"] for name, m in run["metrics"]["by_class"].items()
@@ -367,6 +375,33 @@ KEPT_MARKER = "<!-- kept: sections below are written by hand; bench run --out ke
 """In a ``report.md``, the line after which ``write`` keeps what is there: measurements made
 with other commands (a parameter compared on the scenario, say) that a rerun of the
 scenario itself must not erase."""
+
+
+def _servable_table(results: dict[str, Any]) -> list[str]:
+    """Prompt tokens served from cache against what the servers could have served."""
+    runs = [r for r in results["runs"] if r["metrics"].get("servable_prefix_hit_rate")]
+    if not runs:
+        return []
+    unit = results["load_unit"]
+    lines = [
+        "",
+        "### Prefix cache: served against servable",
+        "",
+        "Share of prompt tokens served from the engines' prefix caches, and the share an "
+        "oracle could have served: for each request, the longest cached prefix any engine "
+        "held at the instant it was dispatched (whatever that engine's load).",
+        "",
+        f"| {unit} | policy | served from cache | servable | served / servable |",
+        "|---|---|---|---|---|",
+    ]
+    for run in runs:
+        m = run["metrics"]
+        of = m.get("prefix_hits_of_servable")
+        lines.append(
+            f"| {run['load']:g} | {run_label(run)} | {_pct(m['prefix_hit_rate'])} | "
+            f"{_pct(m['servable_prefix_hit_rate'])} | {_pct(of)} |"
+        )
+    return lines
 
 
 def write(results: dict[str, Any], scenario: Scenario, out: Path, command: str) -> list[Path]:

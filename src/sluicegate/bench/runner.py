@@ -14,6 +14,7 @@ from typing import Any
 
 from sluicegate.bench import sharegpt
 from sluicegate.bench.des import ClusterSimulation, ClusterSpec, RequestRecord, RunResult
+from sluicegate.bench.des_kvevents import DEFAULT_DELAY_S
 from sluicegate.bench.metrics import (
     by_class,
     ideal_prefix_hit_rate,
@@ -35,6 +36,8 @@ class RunPlan:
     seed: int = 0
     flow_control: tuple[bool, ...] = (False,)
     """Run each policy with flow control off, on, or both."""
+    kv_event_delay_s: float = DEFAULT_DELAY_S
+    """Lag of the precise index behind the engines' caches (runs with KV events)."""
 
     @property
     def count(self) -> int:
@@ -48,6 +51,7 @@ def run_level(
     duration_s: float,
     seed: int,
     flow_control: bool = False,
+    kv_event_delay_s: float = DEFAULT_DELAY_S,
 ) -> RunResult:
     """One simulated run of ``policy`` at load ``level``."""
     picker, predictor = policy_config(policy)
@@ -61,6 +65,7 @@ def run_level(
         extra_docs=list(scenario.extra_docs),
         seed=seed,
         flow_control=flow_control,
+        kv_event_delay_s=kv_event_delay_s,
     )
     sim = ClusterSimulation(spec)
     workload = scenario.workload(level, duration_s, seed)
@@ -83,7 +88,7 @@ def run_entry(
         prefix_queries=sum(e.counters.prefix_cache_queries for e in engines),
         prefix_hits=sum(e.counters.prefix_cache_hits for e in engines),
         preemptions=sum(e.counters.preemptions for e in engines),
-    )
+    ) | {"kv_events": result.kv_events}
 
 
 def entry_from_records(
@@ -109,6 +114,15 @@ def entry_from_records(
     metrics["engine_prefix_hit_rate"] = prefix_hits / prefix_queries if prefix_queries else 0.0
     metrics["preemptions"] = preemptions
     metrics["load_imbalance"] = imbalance(loads)
+    measured = [r for r in records if r.completed and r.servable_tokens >= 0]
+    if measured:
+        # what the servers could have served: for each request, the longest prefix any
+        # engine held at its dispatch (an oracle router's choice, ignoring load)
+        servable = sum(r.servable_tokens for r in measured)
+        prompt = sum(r.prompt_tokens for r in measured)
+        cached = sum(r.cached_tokens for r in measured)
+        metrics["servable_prefix_hit_rate"] = servable / prompt if prompt else 0.0
+        metrics["prefix_hits_of_servable"] = cached / servable if servable else None
     if any(r.spec.kind == "chat" for r in records):
         metrics["ideal_prefix_hit_rate"] = ideal_prefix_hit_rate(
             (r.prompt_bytes, r.reply.encode())
@@ -148,7 +162,13 @@ def run_plan(plan: RunPlan, progress: Progress | None = None) -> dict[str, Any]:
                     progress(f"{label} @ {level:g} {plan.scenario.load_unit}")
                 started = time.perf_counter()
                 result = run_level(
-                    plan.scenario, policy, level, plan.duration_s, plan.seed, flow_control
+                    plan.scenario,
+                    policy,
+                    level,
+                    plan.duration_s,
+                    plan.seed,
+                    flow_control,
+                    plan.kv_event_delay_s,
                 )
                 entry = run_entry(
                     plan.scenario, policy, level, result, time.perf_counter() - started
@@ -171,6 +191,8 @@ def results_document(plan: RunPlan, runs: list[dict[str, Any]], mode: str) -> di
         "duration_s": plan.duration_s,
         "load_unit": s.load_unit,
     }
+    if mode == "des":
+        document["kv_event_delay_s"] = plan.kv_event_delay_s
     if s.dataset == "sharegpt":
         loaded = sharegpt.load()
         document["dataset"] = {

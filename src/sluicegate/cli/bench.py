@@ -51,6 +51,14 @@ def add_parser(sub: Subparsers) -> None:
         help="queue requests in the gateway while saturated (default: per scenario)",
     )
     run.add_argument(
+        "--kv-event-delay-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="--mode des: delay from an engine step's end to its KV events reaching the "
+        "precise index (default 5)",
+    )
+    run.add_argument(
         "--time-scale",
         type=float,
         default=None,
@@ -129,6 +137,7 @@ def _cmd_bench_list(args: argparse.Namespace) -> int:
 
 def _cmd_bench_run(args: argparse.Namespace) -> int:
     import shlex
+    from dataclasses import replace
     from pathlib import Path
 
     from rich.progress import Progress
@@ -161,6 +170,10 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
         return fail(str(exc))
     if args.time_scale is not None and args.mode != "http":
         return fail("--time-scale applies to --mode http only")
+    if args.kv_event_delay_ms is not None and args.mode != "des":
+        return fail("--kv-event-delay-ms applies to --mode des only")
+    if args.kv_event_delay_ms is not None and not 0 <= args.kv_event_delay_ms <= 60_000:
+        return fail(f"--kv-event-delay-ms must be 0 … 60000, got {args.kv_event_delay_ms:g}")
     asked = tuple(args.policies.split(",")) if args.policies is not None else scenario.policies
     from sluicegate.bench.http.plan import ROUTER_POLICIES
 
@@ -193,6 +206,8 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
     flow = {"off": (False,), "on": (True,), "both": (False, True)}
     flow_control = flow[args.flow_control] if args.flow_control else scenario.flow_control
     plan = RunPlan(scenario, policies, levels, duration, args.seed, flow_control)
+    if args.kv_event_delay_ms is not None:
+        plan = replace(plan, kv_event_delay_s=args.kv_event_delay_ms / 1000.0)
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(scenario.name, total=plan.count)
 

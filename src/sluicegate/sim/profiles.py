@@ -252,6 +252,54 @@ def _profile(
     )
 
 
+# Qwen2.5-32B on two H100s, tensor parallel 2 — the set-up of llm-d's precise prefix-cache
+# benchmark ("KV-Cache Wins You Can See", 2025-09-24, https://llm-d.ai/blog/kvcache-wins-you-can-see:
+# 8 pods of 2 × H100, Qwen-32B, 307,328 tokens of KV cache per pod).
+# LIN(n): vidur's H100 measurements of the closest dense model it profiles at TP 2,
+# CodeLlama-34B (data/profiling/compute/h100/codellama/CodeLlama-34b-Instruct-hf/mlp.csv,
+# rows num_tensor_parallel_workers = 2, https://github.com/microsoft/vidur at 7d475133):
+# 48 layers × the per-layer medians of the same ops as calibration.csv, scaled by the ratio
+# of the two models' linear-layer weights (Qwen2.5-32B: 64 layers, hidden 5120, 8 KV heads
+# of 128, FFN 27648 — its config.json on the model hub; CodeLlama-34B: 48, 8192, 8 × 128,
+# 22016): 31.2 B / 33.2 B = 0.939; plus two all-reduces per layer (64 × 2) of n × 5120
+# bf16 values between two H100s, vidur's network/h100_dgx/all_reduce.csv (num_workers 2).
+# Points (tokens, ms) and the least-squares fit of every profiled n ≥ 512.
+_QWEN32B_TP2_LIN = (
+    (1, 13.03), (16, 13.68), (32, 17.38), (64, 18.50), (128, 16.63), (256, 22.59),
+    (384, 28.72), (512, 32.30), (768, 46.94), (1024, 61.01), (1536, 90.66),
+    (2048, 112.11), (3072, 172.77), (4096, 223.06),
+)  # fmt: skip
+_QWEN32B_TP2_FIT = (9.41, 52.74)  # ms + µs per token
+
+
+def _qwen32b_2x_h100() -> EngineProfile:
+    """Qwen2.5-32B, two H100 80 GB, tensor parallel 2 (see the comment above for LIN).
+
+    KV: 307,328 tokens (the published per-pod size) = 19,208 blocks of 16; 2 · 8 KV heads
+    · 128 · 2 bytes = 4,096 bytes per token per layer, 64 layers. Each GPU holds half the
+    heads and reads its half of the KV in decode: the pair's bandwidth and attention FLOP
+    rate are twice one H100's (the same per-GPU assumptions as the 8B profiles). Batch
+    limits: vLLM 0.32 defaults on H100; context: Qwen2.5-32B's 32,768.
+    """
+    xs = tuple(float(n) for n, _ in _QWEN32B_TP2_LIN)
+    ys = tuple(ms for _, ms in _QWEN32B_TP2_LIN)
+    return EngineProfile(
+        name="qwen2.5-32b-2xh100-tp2",
+        description="Qwen2.5-32B on two H100 80GB, tensor parallel 2, vLLM 0.32 defaults",
+        model_name="Qwen/Qwen2.5-32B",
+        linear_ops=LinearOpsCurve(xs, ys, _QWEN32B_TP2_FIT[0], _QWEN32B_TP2_FIT[1] / 1000.0),
+        num_layers=64,
+        hidden_size=5120,
+        kv_bytes_per_token_per_layer=4_096,
+        memory_bandwidth_bytes_per_s=2 * _H100_BW,
+        attention_flops_per_s=2 * _H100_ATTN_FLOPS,
+        num_gpu_blocks=307_328 // 16,
+        max_num_seqs=_H100.max_num_seqs,
+        max_num_batched_tokens=_H100.max_num_batched_tokens,
+        max_model_len=32_768,
+    )
+
+
 def _builtin_profiles() -> dict[str, EngineProfile]:
     profiles = [
         _profile("llama2-7b-h100", _LLAMA2_7B, _H100, "h100_llama2_7b_ms", (2.87, 20.45)),
@@ -268,6 +316,7 @@ def _builtin_profiles() -> dict[str, EngineProfile]:
         _profile("llama3-8b-a100", _LLAMA3_8B, _A100, "a100_llama3_8b_ms", (6.40, 67.19)),
         # The 40 GB A100: the same compute, the KV cache of 39.39 GiB usable memory.
         _profile("llama3-8b-a100-40gb", _LLAMA3_8B, _A100_40GB, "a100_llama3_8b_ms", (6.40, 67.19)),
+        _qwen32b_2x_h100(),
         EngineProfile(
             name="tiny",
             description="a toy engine for fast tests: 8,192-token KV, 16 sequences, ~2 ms steps",

@@ -32,10 +32,30 @@ producer's match instead, converted to these blocks: ``⌊approxBlocks × approx
 / blockSize⌋``, at most the prompt's blocks. The approximate index keeps learning from
 every decision (its pre-request hook runs here), so the fallback is warm when needed.
 
+Speculative entries (the reference router's ``speculativeIndexing``, off by default
+there and here): with ``speculativeIndexing: true`` the pre-request hook inserts the
+request's blocks for the chosen endpoint, when its view is synced, into a store of
+:class:`~sluicegate.scheduling.speculative.SpeculativeEntries` valid for
+``speculativeTtlSeconds`` (2.0 s); a synced candidate's ``matchedBlocks`` is then the
+index's leading blocks extended by its unexpired speculative ones. A burst of requests
+sharing a new prefix so sticks to one endpoint before that server's events arrive. Real
+events take over as they come (the index is read first), unconfirmed guesses expire; at
+most ``maxSpeculativeEntries`` (block, endpoint) pairs (100,000, about 20 MB) are kept,
+the oldest dropped first.
+
+Cold prefixes: with ``approximateWhenNoneHolds: true`` (default false, the reference's
+behaviour), a request whose first block no synced endpoint holds gets the approximate
+index's match on every candidate instead of zeros: a prefix evicted everywhere is then
+recomputed where it was last sent (which keeps a tenant's later requests together)
+rather than wherever load is lowest, which copies it across the pool under cache
+pressure (docs/benchmarks/cache-pressure). The lookup counters count such requests as
+misses.
+
 Parameters: ``maxPrefixTokensToMatch`` (131072; tokens of the prompt considered, 0 =
-whole prompt), and for the fallback the approximate producer's ``blockSizeTokens`` (64),
-``lruCapacityPerServer`` (31250) and ``autoTune`` (true), with the same meanings and
-defaults as there (docs/plugins.md#approx-prefix-cache-producer).
+whole prompt), the speculative ones above, ``approximateWhenNoneHolds``, and for the
+fallback the approximate producer's ``blockSizeTokens`` (64), ``lruCapacityPerServer``
+(31250) and ``autoTune`` (true), with the same meanings and defaults as there
+(docs/plugins.md#approx-prefix-cache-producer).
 
 Cost on top of the approximate producer: one token-id conversion and one xxh3 per block
 of the prompt, one dict lookup per matched block (the index's ``longest_prefix``).
@@ -48,6 +68,8 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+
+from pydantic import Field
 
 from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.datalayer.kvevents.index import block_keys
@@ -72,6 +94,7 @@ from sluicegate.framework import (
     StateKey,
 )
 from sluicegate.scheduling.approximate import ApproximatePrefix, ApproximatePrefixParameters
+from sluicegate.scheduling.speculative import SpeculativeEntries
 from sluicegate.tokenization.base import TOKENIZER_SERVICE, PoolTokenizer, TokenizerService
 from sluicegate.tokens import token_id_array
 
@@ -86,6 +109,8 @@ _FETCHED: StateKey[array[int] | None] = StateKey("precise-prefix/token-ids")
 _FETCH_DONE: StateKey[bool] = StateKey("precise-prefix/fetched")
 """Set once the prefetch asked; before that (the host's pass ahead of the prefetch) a
 missing answer is not a fallback yet."""
+_KEYS: StateKey[list[int]] = StateKey("precise-prefix/keys")
+"""The request's block keys, when the pool has event streams (for speculative entries)."""
 
 
 class PrecisePrefixCacheProducer(
@@ -95,7 +120,13 @@ class PrecisePrefixCacheProducer(
     provides = (PREFIX_PRODUCER_TYPE,)
 
     class Parameters(ApproximatePrefixParameters):
-        """The approximate match's parameters (see the module docstring)."""
+        """The approximate match's parameters and the speculative entries' (see the
+        module docstring)."""
+
+        speculative_indexing: bool = False
+        speculative_ttl_seconds: float = Field(default=2.0, gt=0, le=3600)
+        max_speculative_entries: int = Field(default=100_000, ge=1, le=100_000_000)
+        approximate_when_none_holds: bool = False
 
     params: Parameters
 
@@ -120,6 +151,13 @@ class PrecisePrefixCacheProducer(
         """The pools' tokenizers; None or a pool absent: the built-in tokenizer."""
         # the fallback: the approximate producer's own match
         self.approximate = ApproximatePrefix.of(p)
+        self.speculative = (
+            SpeculativeEntries(p.speculative_ttl_seconds, p.max_speculative_entries)
+            if p.speculative_indexing
+            else None
+        )
+        """Blocks just dispatched, before their events (None: speculation off)."""
+        self.clock = context.clock
 
     def produce(
         self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
@@ -157,6 +195,13 @@ class PrecisePrefixCacheProducer(
         keys = self._keys(request, ids, size)
         held = index.longest_prefix(keys) if keys and synced else {}
         matched = {name: held[name] for name in synced if name in held}
+        spec = self.speculative
+        if spec is not None and keys:
+            now = self.clock.now()
+            for name in synced:
+                depth = spec.extend(name, keys, matched.get(name, 0), now)
+                if depth:
+                    matched[name] = depth
         total = len(keys)
         for e in unknown:
             blocks = approx.matched_blocks.get(e.name, 0)
@@ -169,6 +214,16 @@ class PrecisePrefixCacheProducer(
         counters.hit_blocks += best
         counters.miss_blocks += total - best
         counters.fallbacks += len(unknown)
+        if not best and keys and synced and self.params.approximate_when_none_holds:
+            # no synced endpoint holds even the first block: keep the affinity the
+            # approximate index remembers, so a cold prefix is recomputed where it last
+            # was, not wherever load is lowest (which would copy it across the pool)
+            names = set(synced)
+            cold = self.approximate.match(request, [e for e in endpoints if e.name in names])
+            for name, blocks in cold.matched_blocks.items():
+                if blocks:
+                    matched[name] = min(total, blocks * cold.block_tokens // size)
+        state.put(_KEYS, keys)
         state.put(PREFIX_MATCH, PrefixMatch(keys, size, matched))
 
     def _subscribers(self, endpoints: Sequence[Endpoint]) -> KVEventSubscribers | None:
@@ -234,12 +289,21 @@ class PrecisePrefixCacheProducer(
             return []
 
     def pre_request(self, request: LLMRequest, state: CycleState, result: SchedulingResult) -> None:
+        target = result.targets[0]
         approx = state.get(_APPROXIMATE)
         if approx is not None:
-            self.approximate.remember(result.targets[0], approx)
+            self.approximate.remember(target, approx)
+        spec = self.speculative
+        keys = state.get(_KEYS) if spec is not None else None
+        if spec is not None and keys:
+            subs = self._subscribers([target])
+            if subs is not None and subs.view(target.name) is View.SYNCED:
+                spec.insert(target.name, keys, self.clock.now())
 
     def indexed_blocks(self) -> int:
         return len(self.approximate)
 
     def forget_endpoint(self, endpoint: Endpoint) -> None:
         self.approximate.forget(endpoint)
+        if self.speculative is not None:
+            self.speculative.forget(endpoint.name)
