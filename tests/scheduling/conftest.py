@@ -15,15 +15,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import pytest
+from sched_support import REGISTRY, SCRAPED, new_endpoint, new_request
 
-from sluicegate.builtins import default_registry
 from sluicegate.clock import ManualClock
 from sluicegate.datalayer.endpoint import Endpoint, EngineMetrics
 from sluicegate.framework import LLMRequest, Plugin, PluginContext, ScoredEndpoint
-
-REGISTRY = default_registry()
-
-_SCRAPED: Any = object()
 
 
 class EndpointFactory(Protocol):
@@ -31,7 +27,7 @@ class EndpointFactory(Protocol):
         self,
         i: int,
         name: str | None = None,
-        metrics: EngineMetrics | None = _SCRAPED,
+        metrics: EngineMetrics | None = SCRAPED,
         **fields: Any,
     ) -> Endpoint: ...
 
@@ -44,35 +40,6 @@ class RequestFactory(Protocol):
 
 class PluginFactory(Protocol):
     def __call__(self, type_name: str, **parameters: Any) -> Any: ...
-
-
-def new_endpoint(
-    i: int, name: str | None = None, metrics: EngineMetrics | None = _SCRAPED, **fields: Any
-) -> Endpoint:
-    if metrics is _SCRAPED:
-        metrics = EngineMetrics(scraped_at=0.0, **fields)
-    elif fields:
-        raise TypeError("give either metrics or metric fields")
-    return Endpoint(
-        name=name or f"ep-{i}", host="10.0.0.1", port=8000 + i, metrics=metrics, index=i
-    )
-
-
-def new_request(
-    prompt: str | bytes = "", headers: Mapping[str, str] | None = None, **fields: Any
-) -> LLMRequest:
-    data = prompt.encode() if isinstance(prompt, str) else prompt
-    values: dict[str, Any] = {
-        "request_id": "req-1",
-        "model": "base",
-        "target_model": "base",
-        "prompt": data,
-        "prompt_tokens": -(-len(data) // 4),
-        "arrival": 0.0,
-        "headers": dict(headers or {}),
-    }
-    values.update(fields)
-    return LLMRequest(**values)
 
 
 def scored(

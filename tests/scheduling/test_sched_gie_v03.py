@@ -11,8 +11,8 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from sched_support import REGISTRY, new_endpoint, new_request
 
-from conftest import REGISTRY, new_endpoint, new_request
 from sluicegate.api.resources import EndpointPickerConfig
 from sluicegate.clock import ManualClock
 from sluicegate.datalayer.endpoint import Endpoint
