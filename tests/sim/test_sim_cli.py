@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import sys
@@ -11,6 +12,8 @@ from pathlib import Path
 import aiohttp
 import openai
 import pytest
+
+from sluicegate.sim.run import completion_command
 
 MODEL = "tiny-llama"
 
@@ -160,3 +163,57 @@ async def test_sim_command_reports_a_port_in_use() -> None:
     log = stderr.decode()
     assert "cannot serve" in log
     assert "Traceback" not in log
+
+
+async def test_sim_banner_command_pastes_into_a_shell() -> None:
+    """On a 60-column console the start-up curl lines come out as built, each under 80
+    columns, and bash given them as pasted gets a completion from the simulator."""
+    port = free_port_pair()
+    process = await asyncio.create_subprocess_exec(
+        *sluicegate_command(),
+        "sim",
+        "--profile",
+        "tiny",
+        "--port",
+        str(port),
+        "--time-scale",
+        "0.1",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "COLUMNS": "60"},
+    )
+    try:
+        assert process.stderr is not None
+        lines: list[str] = []
+        while "Try:" not in lines or len(lines) < lines.index("Try:") + 5:
+            raw = await asyncio.wait_for(process.stderr.readline(), timeout=20)
+            assert raw, f"sluicegate sim exited: {lines}"
+            lines.append(raw.decode().rstrip("\n"))
+        start = lines.index("Try:") + 1
+        commands = lines[start : start + 4]
+        assert commands == completion_command(f"http://127.0.0.1:{port}", MODEL)
+        assert all(len(line) < 80 for line in commands), commands
+        # As pasted, with curl standing in for a function printing its argv (curl itself
+        # need not be installed); the argv is then sent as curl would send it.
+        shell = "curl() { printf '%s\\0' \"$@\"; }\n" + "\n".join(commands) + "\n"
+        bash = await asyncio.create_subprocess_exec(
+            "bash", "-c", shell, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, err = await asyncio.wait_for(bash.communicate(), timeout=15)
+        assert bash.returncode == 0, err
+        argv = out.decode().split("\0")[:-1]
+        assert argv[0] == f"http://127.0.0.1:{port}/v1/completions"
+        assert argv[1:3] == ["-H", "content-type: application/json"]
+        assert argv[3] == "-d"
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(argv[0], data=argv[4], headers={"content-type": "application/json"}) as r,
+        ):
+            assert r.status == 200, await r.text()
+            answer = await r.json()
+        assert answer["model"] == MODEL
+        assert answer["usage"]["completion_tokens"] >= 1
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGINT)
+            await asyncio.wait_for(process.communicate(), timeout=10)

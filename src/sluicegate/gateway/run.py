@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from sluicegate.config_watch import (
 )
 from sluicegate.gateway.app import Gateway, GatewayOptions
 from sluicegate.sim.profiles import get_profile
+from sluicegate.sim.run import completion_command
 from sluicegate.sim.server import ReplicaOptions, SimCluster
 
 log = logging.getLogger("sluicegate.gateway")
@@ -141,13 +141,7 @@ def try_commands(url: str, model: str) -> list[str]:
     backslash-continued lines, and a JSON body that spans two lines inside its quotes.
     Every line is shorter than 80 columns for a loopback ``url``, so an 80-column console
     shows them unwrapped."""
-    return [
-        f"  curl {url}/v1/completions \\",
-        "    -H 'content-type: application/json' \\",
-        f'    -d \'{{"model": {json.dumps(model)},',
-        '         "prompt": "Hello, sluicegate", "max_tokens": 16}\'',
-        f"  curl {url}/metrics | grep inference_",
-    ]
+    return [*completion_command(url, model), f"  curl {url}/metrics | grep inference_"]
 
 
 def _announce(

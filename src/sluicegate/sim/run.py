@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 
 from rich.console import Console
+from rich.text import Text
 
 from sluicegate.sim.faults import Faults
 from sluicegate.sim.server import ReplicaOptions, SimCluster
@@ -55,11 +57,10 @@ async def serve_pool(
             replay = publisher.replay_address or "none"
             console.print(f"    kv events: {publisher.pub_address}  replay: {replay}")
     first = cluster.replicas[0]
-    console.print(
-        f"\nTry: curl http://{host}:{first.port}/v1/completions -H 'content-type: "
-        f'application/json\' -d \'{{"model": "{first.model_name}", "prompt": '
-        f'"Hello", "max_tokens": 16}}\''
-    )
+    console.print("\nTry:")
+    # soft_wrap: rich must not break a line at the console's width (it would not paste)
+    for line in completion_command(f"http://{host}:{first.port}", first.model_name):
+        console.print(Text(line), soft_wrap=True, highlight=False)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -69,3 +70,15 @@ async def serve_pool(
         await stop.wait()
     finally:
         await cluster.stop()
+
+
+def completion_command(url: str, model: str) -> list[str]:
+    """A curl command for one completion at ``url``, one string per line as a shell takes
+    it pasted: backslash-continued lines, the JSON body spanning two lines inside its
+    quotes; every line under 80 columns for a loopback ``url``."""
+    return [
+        f"  curl {url}/v1/completions \\",
+        "    -H 'content-type: application/json' \\",
+        f'    -d \'{{"model": {json.dumps(model)},',
+        '         "prompt": "Hello, sluicegate", "max_tokens": 16}\'',
+    ]
