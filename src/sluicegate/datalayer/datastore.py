@@ -24,7 +24,7 @@ class EndpointSpec:
     labels: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
     engine_type: str = "vllm"
     scheme: str = "http"
-    hardware: Hardware = Hardware()
+    hardware: Hardware = field(default_factory=Hardware)
 
 
 Listener = Callable[[Endpoint], None]
