@@ -37,7 +37,7 @@ from sluicegate.bench.workloads import RequestSpec, Timed, Workload
 from sluicegate.builtins import default_registry
 from sluicegate.clock import ManualClock
 from sluicegate.datalayer.datastore import Datastore, EndpointSpec
-from sluicegate.datalayer.endpoint import EngineMetrics, ServedModels
+from sluicegate.datalayer.endpoint import EngineMetrics, Hardware, ServedModels
 from sluicegate.errors import GatewayError
 from sluicegate.flowcontrol.config import POOL_ANNOTATION, build_flow_control
 from sluicegate.framework import (
@@ -119,6 +119,9 @@ class ClusterSpec:
     profile: EngineProfile
     replicas: int
     picker: EndpointPickerConfig
+    profiles: tuple[EngineProfile, ...] = ()
+    """One per replica for a pool mixing hardware (empty: every replica runs
+    ``profile``); each endpoint carries its profile's class and price as its Hardware."""
     model: str = "model"
     adapters: tuple[str, ...] = ()
     extra_docs: list[dict[str, Any]] = field(default_factory=list)
@@ -145,6 +148,17 @@ class RunResult:
     endpoint_names: list[str]
 
 
+def replica_profiles(spec: ClusterSpec) -> list[EngineProfile]:
+    """Each replica's engine profile."""
+    if spec.profiles and len(spec.profiles) != spec.replicas:
+        raise ValueError(f"{len(spec.profiles)} profiles for {spec.replicas} replicas")
+    return list(spec.profiles) or [spec.profile] * spec.replicas
+
+
+def _hardware(profile: EngineProfile) -> Hardware:
+    return Hardware(profile.accelerator, profile.cost_per_hour)
+
+
 def _pool_config(spec: ClusterSpec) -> Config:
     docs: list[dict[str, Any]] = [
         {
@@ -157,8 +171,13 @@ def _pool_config(spec: ClusterSpec) -> Config:
             "spec": {
                 "targetPorts": [{"number": 8000}],
                 "endpoints": [
-                    {"address": f"10.0.0.{i + 1}:8000", "name": f"sim-{i}"}
-                    for i in range(spec.replicas)
+                    {
+                        "address": f"10.0.0.{i + 1}:8000",
+                        "name": f"sim-{i}",
+                        **({"accelerator": p.accelerator} if p.accelerator else {}),
+                        **({"costPerHour": p.cost_per_hour} if p.cost_per_hour else {}),
+                    }
+                    for i, p in enumerate(replica_profiles(spec))
                 ],
             },
         },
@@ -192,11 +211,16 @@ class ClusterSimulation:
     def __init__(self, spec: ClusterSpec) -> None:
         self.spec = spec
         self.clock = ManualClock()
-        self.engines = [Engine(spec.profile) for _ in range(spec.replicas)]
+        profiles = replica_profiles(spec)
+        self.engines = [Engine(p) for p in profiles]
         config = _pool_config(spec)
         self.datastore = Datastore()
         self.datastore.set_endpoints(
-            POOL, [EndpointSpec(f"sim-{i}", f"10.0.0.{i + 1}", 8000) for i in range(spec.replicas)]
+            POOL,
+            [
+                EndpointSpec(f"sim-{i}", f"10.0.0.{i + 1}", 8000, hardware=_hardware(p))
+                for i, p in enumerate(profiles)
+            ],
         )
         self.endpoints = self.datastore.pools[POOL].endpoints
         models = ServedModels(frozenset({spec.model}), frozenset(spec.adapters), 0.0)

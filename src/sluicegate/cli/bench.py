@@ -142,6 +142,8 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
     policies = tuple(
         p for p in (args.policies.split(",") if args.policies else scenario.policies) if p
     )
+    if args.mode == "http" and scenario.mix:
+        return fail(f"scenario {scenario.name} mixes engine profiles: run it with --mode des")
     if args.mode == "http":
         from sluicegate.bench.http.plan import check_time_scale, plan_policies, sim_profile_args
         from sluicegate.bench.http.run import HttpOptions, run_plan_http
