@@ -64,7 +64,12 @@ def policy_config(name: str) -> tuple[EndpointPickerConfig, PredictorKind]:
         config = load_preset(preset)
     elif base in preset_names():
         config = load_preset(base)
-        predictor = "model" if base == "predicted-latency" else "none"
+        # Any preset that asks for predictions runs with the online-trained models.
+        predictor = (
+            "model"
+            if any(p.type == "predicted-latency-producer" for p in config.plugins)
+            else "none"
+        )
     else:
         raise UnknownPolicyError(
             f"policy {base!r} is not available; available: {', '.join(available_policies())}"

@@ -141,7 +141,7 @@ class HardwareAwarePredictor(SynchronousPredictor):
         lane = self.lanes.get(cls)
         if lane is not None and lane.bundle is not None:
             return "model"
-        borrowed = self._borrowed.get(cls)
+        borrowed = self._borrowed.get(cls) or self._configured(cls)
         return borrowed.source if borrowed is not None else "heuristic"
 
     def _resolve(self, cls: str | None) -> tuple[ModelBundle, float, float] | None:
