@@ -297,3 +297,11 @@ def test_hardware_aware_preset_predicts_as_today_on_a_homogeneous_pool(cls: str 
         got.append(state.get(PREDICTIONS))
     assert got[0] is not None
     assert got[0] == got[1]
+
+
+def test_plugins_say_whether_they_account_for_hardware() -> None:
+    assert plugin("cost-aware-scorer").hardware_aware
+    assert plugin("predicted-latency-producer", hardwareAware=True).hardware_aware
+    assert not plugin("predicted-latency-producer").hardware_aware
+    assert plugin("queue-scorer", **CAPACITY).hardware_aware
+    assert not plugin("kv-cache-utilization-scorer").hardware_aware

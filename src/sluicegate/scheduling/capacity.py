@@ -60,6 +60,11 @@ class CapacityParameters(PluginParameters):
         if self.capacity_normalization == "configured" and not self.class_capacity:
             raise ValueError("capacityNormalization: configured needs classCapacity")
 
+    @property
+    def normalised(self) -> bool:
+        """Whether the scorer weighs load by class capacity (its ``hardware_aware``)."""
+        return self.capacity_normalization != "off"
+
     def capacity(self) -> ClassCapacity:
         """The scorer's capacity state."""
         return ClassCapacity(self.capacity_normalization, self.class_capacity)

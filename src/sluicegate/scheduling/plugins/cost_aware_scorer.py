@@ -50,6 +50,11 @@ class CostAwareScorer(Scorer):
 
     params: Parameters
 
+    @property
+    def hardware_aware(self) -> bool:
+        """It prices each endpoint by its hardware."""
+        return True
+
     def score(
         self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
     ) -> list[float]:

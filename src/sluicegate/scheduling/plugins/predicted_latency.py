@@ -187,6 +187,12 @@ class PredictedLatencyProducer(
         self._tpot_slos: dict[str, Counter[float]] = {}
         """TPOT SLOs (ms) of the requests running on each endpoint."""
 
+    @property
+    def hardware_aware(self) -> bool:
+        """True with ``hardwareAware`` (one model per class): not reported as blind on a
+        mixed pool."""
+        return self.params.hardware_aware
+
     # ------------------------------------------------------------------ prediction
 
     def _rows(

@@ -46,6 +46,11 @@ class QueueScorer(Scorer):
         super().__init__(name, context, params)
         self.capacity = self.params.capacity()
 
+    @property
+    def hardware_aware(self) -> bool:
+        """True with capacity normalisation on."""
+        return self.params.normalised
+
     def score(
         self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
     ) -> list[float]:
