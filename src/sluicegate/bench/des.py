@@ -47,7 +47,8 @@ from sluicegate.framework import (
     PluginContext,
     QueueItem,
 )
-from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings
+from sluicegate.latency.hardware import HardwareAwarePredictor
+from sluicegate.latency.inprocess import PredictorSettings
 from sluicegate.latency.predictor import LatencyPredictor
 from sluicegate.requestcontrol.director import Director
 from sluicegate.requestcontrol.dispatch import Dispatch
@@ -136,8 +137,9 @@ class ClusterSpec:
     predictor_settings: PredictorSettings = field(default_factory=PredictorSettings)
     """Training schedule of the ``model`` predictor (intervals in simulated seconds)."""
     predictor_factory: PredictorFactory | None = None
-    """Makes the ``model`` predictor (None: an :class:`InProcessPredictor`); the accuracy
-    benchmark passes one that also records what was predicted at dispatch."""
+    """Makes the ``model`` predictor (None: a :class:`HardwareAwarePredictor`, which is
+    one :class:`~sluicegate.latency.inprocess.InProcessPredictor` on a pool of one class);
+    the accuracy benchmark passes one that also records what was predicted at dispatch."""
 
 
 @dataclass(slots=True)
@@ -267,7 +269,7 @@ class ClusterSimulation:
     def _services(self, spec: ClusterSpec) -> dict[str, object]:
         if spec.predictor == "model":
             # Trained on the run's own traffic, in virtual time (see _scrape handling).
-            factory = spec.predictor_factory or InProcessPredictor
+            factory = spec.predictor_factory or HardwareAwarePredictor
             self.predictor = factory(self.clock, spec.predictor_settings)
             return {PREDICTOR_SERVICE: self.predictor}
         if spec.predictor == "oracle":

@@ -50,12 +50,6 @@ _PREDICTOR_POLICIES: dict[str, tuple[str, PredictorKind]] = {
 }
 
 
-# Presets whose scorers read the latency predictor: run with models trained online.
-_TRAINED_PREDICTOR_PRESETS = frozenset(
-    {"predicted-latency", "predicted-latency-pool", "cost-aware"}
-)
-
-
 def policy_config(name: str) -> tuple[EndpointPickerConfig, PredictorKind]:
     """The scheduling configuration a policy name stands for, and the latency predictor
     it runs with (``model``: trained online on the run's own traffic).
@@ -71,7 +65,12 @@ def policy_config(name: str) -> tuple[EndpointPickerConfig, PredictorKind]:
         config = load_preset(preset)
     elif base in preset_names():
         config = load_preset(base)
-        predictor = "model" if base in _TRAINED_PREDICTOR_PRESETS else "none"
+        # Any preset that asks for predictions runs with the online-trained models.
+        predictor = (
+            "model"
+            if any(p.type == "predicted-latency-producer" for p in config.plugins)
+            else "none"
+        )
     else:
         raise UnknownPolicyError(
             f"policy {base!r} is not available; available: {', '.join(available_policies())}"
