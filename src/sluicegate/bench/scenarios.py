@@ -411,10 +411,12 @@ def _heterogeneous_pool() -> Scenario:
         replicas=6,
         mix=((h100, 2), (a100, 4)),
         model=model,
-        # Measured on this scenario: round-robin's SLO attainment falls from 30 req/s on,
-        # the mix saturates near 60 req/s.
-        levels=(20, 30, 40, 50, 60),
-        duration_s=60.0,
+        # Measured on this scenario (seed 0, 30 s): at 30 req/s every policy meets nearly
+        # all SLOs (room to choose cheap hardware); `default`'s attainment falls below
+        # 95 % between 60 and 80 req/s (the SLOs bind); at 100 req/s the mix is saturated
+        # (`default` sheds).
+        levels=(30, 60, 80, 100),
+        duration_s=30.0,
         policies=(
             "round-robin",
             "default",
