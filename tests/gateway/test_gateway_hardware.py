@@ -3,9 +3,11 @@ hardware-blind scheduler routes, and a hardware-aware plugin silences the notice
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import aiohttp
+import pytest
 from gw_support import gateway_doc, wait_until_scraped
 
 from sluicegate.api.loader import build_config
@@ -99,5 +101,29 @@ async def test_a_hardware_aware_plugin_makes_the_scheduler_aware(
         assert aware.hardware_aware
         gw.runtime.built = aware
         assert await _get(http, gw, "/health") == (200, '{"status":"ok"}')
+    finally:
+        await gw.stop()
+
+
+async def test_when_a_class_leaves_its_series_and_the_notice_go(
+    sim_cluster: Any, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    cluster = await sim_cluster(replicas=3)
+    caplog.set_level(logging.WARNING, "sluicegate.runtime")
+    gw = await _gateway(cluster.urls, ["h100-80gb", "a100-80gb", "a100-80gb"])
+    try:
+        assert sum("mixes hardware classes" in r.message for r in caplog.records) == 1
+        # Every A100 server leaves: the pool is of one class again.
+        only = build_config([_pool(cluster.urls[:1], ["h100-80gb"]), gateway_doc()])
+        gw.runtime.apply_config(only)
+        assert await _get(http, gw, "/health") == (200, '{"status":"ok"}')
+        _, text = await _get(http, gw, "/metrics")
+        assert 'accelerator="h100-80gb"' in text
+        assert "a100-80gb" not in text
+        # They come back: said once more.
+        mixed = _pool(cluster.urls, ["h100-80gb", "a100-80gb", "a100-80gb"])
+        gw.runtime.apply_config(build_config([mixed, gateway_doc()]))
+        assert sum("mixes hardware classes" in r.message for r in caplog.records) == 2
+        assert '"mixed_hardware"' in (await _get(http, gw, "/health"))[1]
     finally:
         await gw.stop()
