@@ -132,7 +132,7 @@ def render(
         return f"{median:.1%} ({values[0]:.1%}–{values[-1]:.1%})"
 
     lines = [
-        "| class | samples (train / test) | target | "
+        "| class | samples (train / test, last seed) | target | "
         + " | ".join(f"`{d}` MAPE" for d in DESIGNS)
         + " |",
         "|---|---|---|" + "---|" * len(DESIGNS),
