@@ -206,7 +206,9 @@ class HardwarePredictorCollector(Collector):
             max((lane.last_train_duration_s for lane in values), default=0.0),
         )
         yield CounterMetricFamily(
-            _P + "predicted_rows", "Rows predicted.", sum(lane.predicted_rows for lane in values)
+            _P + "predicted_rows",
+            "Rows predicted.",
+            sum(lane.predicted_rows for lane in values) + predictor.merged_rows,
         )
         yield CounterMetricFamily(
             _P + "prediction_seconds",
