@@ -305,3 +305,27 @@ def test_plugins_say_whether_they_account_for_hardware() -> None:
     assert not plugin("predicted-latency-producer").hardware_aware
     assert plugin("queue-scorer", **CAPACITY).hardware_aware
     assert not plugin("kv-cache-utilization-scorer").hardware_aware
+
+
+def test_measured_capacity_falls_back_to_the_relay_timing() -> None:
+    fast, slow = on(new_endpoint(0), H100), on(new_endpoint(1), A100)
+    fast.inflight.token_interval_s, slow.inflight.token_interval_s = 0.01, 0.03
+    scorer = plugin("queue-scorer", capacityNormalization="measured")
+    for t in range(2):  # no generation counter: running / iteration interval
+        fast.metrics = EngineMetrics(float(t), waiting=2, running=30)
+        slow.metrics = EngineMetrics(float(t), waiting=2, running=30)
+        scorer.score(new_request(), CycleState(), [fast, slow])
+    assert scorer.capacity.measured == pytest.approx({H100: 3000.0, A100: 1000.0})
+
+
+def test_cost_scorer_without_tpot_uses_the_end_to_end_prediction() -> None:
+    fast = on(new_endpoint(0), H100, 3.0)
+    slow = on(new_endpoint(1), A100, 1.0)
+    state = CycleState()
+    # Non-streaming: TPOT is 0 and TTFT stands for the whole request (100 tokens).
+    state.put(
+        PREDICTIONS, predictions(**{"ep-0": (1000.0, 0.0, True), "ep-1": (4000.0, 0.0, True)})
+    )
+    scores = plugin("cost-aware-scorer").score(new_request(max_tokens=100), state, [fast, slow])
+    # per token: 3 / (3600 · 100) against 1 / (3600 · 25): the H100 is cheaper.
+    assert scores == pytest.approx([1.0, 3 / 4])

@@ -2,13 +2,14 @@
 
 :class:`HardwareAwarePredictor` implements
 :class:`~sluicegate.latency.predictor.LatencyPredictor` with one
-:class:`~sluicegate.latency.inprocess.InProcessPredictor` — its own stratified sample window
-and XGBoost bundle — per hardware class (``Sample.hardware_class``, the producer's
-``PredictionQuery.classes``). Why per class rather than one model with a class feature:
-on samples of two simulated accelerators the per-class models predict TTFT and TPOT of
-each class at least as well as one model with the class as a column, and a pool of one
-class (or of none named) is then exactly today's single model — same samples, same
-trees, same predictions (``docs/benchmarks/heterogeneous-latency-models.md``).
+:class:`~sluicegate.latency.inprocess.InProcessPredictor` (its own stratified window and
+XGBoost bundle) per hardware class (``Sample.hardware_class``, ``PredictionQuery.classes``).
+Per class rather than one model with a class column: on simulated H100 and A100 samples
+both predict alike (within a point of MAPE), and a pool of one class, or of none named, is
+then exactly the single model it always had — same samples, trees and predictions
+(``docs/benchmarks/heterogeneous-latency-models.md``). A request whose candidates span
+classes is predicted by the classes' boosters merged into one per target
+(:mod:`sluicegate.latency.merged`): one call, as on a homogeneous pool.
 
 A class without a model of its own (it joined the pool later, or has too few samples) is
 predicted by a *donor*: the trained class closest to it, its predictions multiplied by a
@@ -51,6 +52,7 @@ from sluicegate.clock import Clock
 from sluicegate.latency.calibration import LatencyCalibration
 from sluicegate.latency.features import FeatureRow, Sample, feature_matrix
 from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings
+from sluicegate.latency.merged import MergedModels, merge_bundles
 from sluicegate.latency.model import ModelBundle
 from sluicegate.latency.predictor import PredictionQuery, Predictions, SynchronousPredictor
 from sluicegate.latency.wire import CLASS_NAME
@@ -105,6 +107,12 @@ class HardwareAwarePredictor(SynchronousPredictor):
         self._speeds: dict[str, float] = dict(self.settings.class_speeds)
         self.refused_class_samples = 0
         """Samples of a class beyond ``max_classes``."""
+        self._merged: MergedModels | None = None
+        """The trained classes' models as one booster per target (mixed requests)."""
+        self._coded: dict[str | None, tuple[float, float, float]] = {}
+        """Per class predictable through ``_merged``: (code, TTFT factor, TPOT factor)."""
+        self.merged_calls = 0
+        self.merged_rows = 0
         train = self.settings.train
         self.calibration: LatencyCalibration | None = (
             LatencyCalibration(train.alpha)
@@ -189,6 +197,24 @@ class HardwareAwarePredictor(SynchronousPredictor):
             if chosen is not None:
                 borrowed[cls] = chosen
         self._borrowed = borrowed
+        self._coded = self._coding(self._merged)
+
+    def _coding(self, merged: MergedModels | None) -> dict[str | None, tuple[float, float, float]]:
+        borrowed = dict(self._borrowed)
+        for cls in self._speeds:  # configured classes not seen yet
+            configured = None if cls in self.lanes else self._configured(cls)
+            if configured is not None:
+                borrowed[cls] = configured
+        ratios = {c: (b.donor, b.ttft_ratio, b.tpot_ratio) for c, b in borrowed.items()}
+        return {} if merged is None else merged.coding(ratios)
+
+    def _bundles(self) -> dict[str | None, ModelBundle]:
+        return {c: ln.bundle for c, ln in self.lanes.items() if ln.bundle is not None}
+
+    def _set_merged(self, merged: MergedModels | None) -> None:
+        # Only if the bundles did not change meanwhile (a training on another path).
+        bundles = self._bundles()
+        self._merged = merged if merged is None or list(merged.codes) == list(bundles) else None
 
     def _measured(
         self, cls: str | None, lane: InProcessPredictor, trained: Sequence[str | None]
@@ -233,6 +259,12 @@ class HardwareAwarePredictor(SynchronousPredictor):
                     out.ttft_ms * np.float32(ttft_ratio), out.tpot_ms * np.float32(tpot_ratio)
                 )
             return out
+        coded = self._coded
+        merged = self._merged
+        if merged is not None and all(c in coded for c in classes):
+            self.merged_calls += 1
+            self.merged_rows += len(rows)
+            return merged.predict(feature_matrix(rows), [coded[c] for c in classes])
         groups: dict[str | None, list[int]] = {}
         for i, cls in enumerate(classes):
             groups.setdefault(cls, []).append(i)
@@ -281,6 +313,8 @@ class HardwareAwarePredictor(SynchronousPredictor):
         trained = False
         for lane in list(self.lanes.values()):
             trained = lane.maybe_retrain(now) or trained
+        if trained:
+            self._set_merged(merge_bundles(self._bundles()))
         if trained or self._borrowing_stale():
             self.refresh_borrowing()
         return trained
@@ -307,6 +341,8 @@ class HardwareAwarePredictor(SynchronousPredictor):
         trained = False
         for lane in list(self.lanes.values()):
             trained = await lane.retrain_async() or trained
+        if trained:
+            self._set_merged(await asyncio.to_thread(merge_bundles, self._bundles()))
         if trained or self._borrowing_stale():
             self.refresh_borrowing()
         return trained
@@ -336,8 +372,9 @@ class HardwareAwarePredictor(SynchronousPredictor):
 
     @property
     def prediction_calls(self) -> int:
-        """Booster calls made to predict (one per class present in a query)."""
-        return sum(lane.prediction_calls for lane in self.lanes.values())
+        """Prediction calls: one per class present in a query, or one for a query of
+        several classes predicted by the merged models."""
+        return sum(lane.prediction_calls for lane in self.lanes.values()) + self.merged_calls
 
     def sources(self) -> dict[str, ModelSource]:
         """The model source of every class seen, by metric label."""
@@ -369,8 +406,15 @@ class HardwareAwarePredictor(SynchronousPredictor):
             lane = self.lane(cls)
             if lane is not None and lane.load(_class_dir(directory, cls)):
                 loaded = True
-        self.refresh_borrowing()
+        self.models_changed()
         return loaded
+
+    def models_changed(self) -> None:
+        """Re-merge the classes' models and recompute borrowing, after bundles were put
+        in use other than by training (synchronous: ~0.1 s per merge of 200-tree
+        models)."""
+        self._set_merged(merge_bundles(self._bundles()))
+        self.refresh_borrowing()
 
 
 def _class_dir(directory: str | os.PathLike[str], cls: str | None) -> Path:
@@ -395,11 +439,6 @@ def _median_ratio(
         return None
     ratio = float(np.median(y[keep] / predicted[keep]))
     return min(max(ratio, 1 / 16), 16.0)
-
-
-def class_label(cls: str | None) -> str:
-    """The metric label of a class."""
-    return UNNAMED if cls is None else cls
 
 
 def configured_speeds(speeds: Mapping[str, float]) -> tuple[tuple[str, float], ...]:

@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from sluicegate.latency.calibration import LatencyCalibration
 from sluicegate.latency.client import RemotePredictor
-from sluicegate.latency.hardware import MODEL_SOURCES, HardwareAwarePredictor, class_label
+from sluicegate.latency.hardware import MODEL_SOURCES, UNNAMED, HardwareAwarePredictor
 from sluicegate.latency.inprocess import InProcessPredictor
 from sluicegate.latency.store import KV_BUCKETS, PREFIX_BUCKETS, QUEUE_BUCKETS
 
@@ -150,7 +150,7 @@ class HardwarePredictorCollector(Collector):
             samples.add_metric([target, "train"], sum(s.train_count for s in sets))
             samples.add_metric([target, "test"], sum(s.test_count for s in sets))
         for cls, lane in lanes.items():
-            label = class_label(cls)
+            label = UNNAMED if cls is None else cls
             per_class.add_metric([label, "ttft"], lane.store.ttft.train_count)
             per_class.add_metric([label, "tpot"], lane.store.tpot.train_count)
             if lane.bundle is not None:
@@ -206,7 +206,9 @@ class HardwarePredictorCollector(Collector):
             max((lane.last_train_duration_s for lane in values), default=0.0),
         )
         yield CounterMetricFamily(
-            _P + "predicted_rows", "Rows predicted.", sum(lane.predicted_rows for lane in values)
+            _P + "predicted_rows",
+            "Rows predicted.",
+            sum(lane.predicted_rows for lane in values) + predictor.merged_rows,
         )
         yield CounterMetricFamily(
             _P + "prediction_seconds",

@@ -9,8 +9,8 @@ one pinned thread:
 - ``InProcessPredictor.predict(rows)`` — the single model, as before hardware classes;
 - ``HardwareAwarePredictor.predict(rows, classes)`` with every candidate of one class —
   a homogeneous pool under the hardware-aware ``predicted-latency`` preset;
-- the same with the candidates alternating between two classes (two models: one booster
-  call per class and target).
+- the same with the candidates alternating between two classes (two models, merged into
+  one booster per target: :mod:`sluicegate.latency.merged`).
 
 Throughput is endpoint predictions per CPU-second of the calling thread; latency the
 wall time per call. Nothing here asserts.
@@ -81,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         lane = aware.lane(cls)
         assert lane is not None
         lane.swap(bundle)
+    aware.models_changed()
     lines = [
         "| endpoints per call | predictor | endpoint predictions/s (CPU) | p50 ms | p99 ms |",
         "|---|---|---|---|---|",
