@@ -107,6 +107,7 @@ BOUNDED_LABELS = {
     "pool": "configured pools",
     "model_server_pod": "the pools' endpoints",
     "endpoint": "the pools' endpoints",
+    "accelerator": "one hardware class per endpoint (configured or from its pod's labels)",
     "reason": "fixed reason names",
     "kind": "fixed failure kinds",
     "status": "success / failure; HTTP status codes (the picker's own answers)",

@@ -18,6 +18,7 @@ from sluicegate.flowcontrol.policies.usage_limit import (
 )
 from sluicegate.framework import Plugin, PluginRegistry
 from sluicegate.scheduling.plugins.active_request_scorer import ActiveRequestScorer
+from sluicegate.scheduling.plugins.cost_aware_scorer import CostAwareScorer
 from sluicegate.scheduling.plugins.decision_tree_filter import DecisionTreeFilter
 from sluicegate.scheduling.plugins.kv_cache_utilization_scorer import KVCacheUtilizationScorer
 from sluicegate.scheduling.plugins.latency_scorer import LatencyScorer
@@ -57,6 +58,7 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     LoraSoftAffinityFilter,
     DecisionTreeFilter,
     ActiveRequestScorer,
+    CostAwareScorer,
     KVCacheUtilizationScorer,
     LatencyScorer,
     LoadAwareScorer,

@@ -154,6 +154,17 @@ class PoolCollector(Collector):
             "Requests this gateway has in flight per endpoint.",
             labels=["name", "model_server_pod"],
         )
+        hardware = GaugeMetricFamily(
+            "sluicegate_endpoint_hardware_info",
+            "1 per endpoint, labelled with its hardware class (empty: none known).",
+            labels=["name", "model_server_pod", "accelerator"],
+        )
+        cost = GaugeMetricFamily(
+            "sluicegate_endpoint_cost_per_hour",
+            "What each endpoint costs per hour, in the configured currency (endpoints "
+            "with a known cost only).",
+            labels=["name", "model_server_pod"],
+        )
         for pool in self._datastore.pools.values():
             fresh = [
                 e
@@ -169,7 +180,10 @@ class PoolCollector(Collector):
             for e in pool.endpoints:
                 per_pod.add_metric([pool.name, e.name], e.waiting)
                 inflight.add_metric([pool.name, e.name], e.inflight.requests)
-        yield from (kv, queue, running, ready, ejected, per_pod, inflight)
+                hardware.add_metric([pool.name, e.name, e.hardware.accelerator or ""], 1.0)
+                if e.hardware.cost_per_hour is not None:
+                    cost.add_metric([pool.name, e.name], e.hardware.cost_per_hour)
+        yield from (kv, queue, running, ready, ejected, per_pod, inflight, hardware, cost)
         if self._prefix_size is not None:
             size = GaugeMetricFamily(
                 "inference_extension_prefix_indexer_size", "Block hashes held by the prefix index."

@@ -4,6 +4,7 @@ routing behaviour of the presets, scrapes, the horizon, rejections, hooks and se
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import random
 from collections.abc import Iterator, Sequence
@@ -26,12 +27,12 @@ from sluicegate.bench.workloads import (
     shared_prefix,
     with_classes,
 )
-from sluicegate.datalayer.endpoint import Endpoint
+from sluicegate.datalayer.endpoint import Endpoint, Hardware
 from sluicegate.errors import shed
 from sluicegate.framework import LLMRequest
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.scheduling.config import load_preset
-from sluicegate.sim.profiles import get_profile
+from sluicegate.sim.profiles import LinearOpsCurve, get_profile
 
 TINY = get_profile("tiny")
 MODEL = "tiny-llama"
@@ -446,3 +447,38 @@ def test_sessions_round_robin_loses_the_cache() -> None:
     assert moved
     rr_rate = summarize(rr.records)["prefix_hit_rate"]
     assert rr_rate < summarize(default.records)["prefix_hit_rate"]
+
+
+# --------------------------------------------------------------------------- mixed pools
+
+
+def test_a_mixed_pool_runs_each_replica_on_its_profile_with_its_hardware() -> None:
+    slow = dataclasses.replace(
+        TINY,
+        name="tiny-slow",
+        linear_ops=LinearOpsCurve.affine(6.0, 0.016),  # 4 × the tiny engine's step time
+        accelerator="slow-gpu",
+        cost_per_hour=1.0,
+    )
+    fast = dataclasses.replace(TINY, accelerator="fast-gpu", cost_per_hour=3.0)
+    picker, _ = policy_config("round-robin")
+    spec = ClusterSpec(TINY, 4, picker, profiles=(fast, slow, slow, slow), model=MODEL, seed=3)
+    sim = ClusterSimulation(spec)
+    assert [e.hardware for e in sim.endpoints] == [
+        Hardware("fast-gpu", 3.0),
+        *[Hardware("slow-gpu", 1.0)] * 3,
+    ]
+    result = sim.run(OpenLoop(40.0, 2.0, mixed, seed=6), 60.0)
+    assert_drained(sim, result)
+    assert [e.profile.name for e in result.engines] == ["tiny"] + ["tiny-slow"] * 3
+    on = collections.defaultdict(list)
+    for r in result.records:
+        assert r.completed
+        on[r.endpoint in (1, 2, 3)].append(r.e2e)
+    # Round-robin sends the same share everywhere; the slow engines take longer for it.
+    assert sum(on[True]) / len(on[True]) > 2 * sum(on[False]) / len(on[False])
+    busy = [e.counters.busy_s for e in result.engines]
+    assert all(b > 0 for b in busy)
+    assert min(busy[1:]) > busy[0]
+    with pytest.raises(ValueError, match="2 profiles for 4 replicas"):
+        ClusterSimulation(ClusterSpec(TINY, 4, picker, profiles=(fast, slow), model=MODEL))

@@ -11,7 +11,9 @@ import pytest
 from sluicegate.bench.des import RequestRecord
 from sluicegate.bench.metrics import (
     ReplicaLoad,
+    by_accelerator,
     by_class,
+    cost_summary,
     ideal_prefix_hit_rate,
     imbalance,
     latency_summary,
@@ -317,3 +319,50 @@ def test_ideal_shared_prefix_then_divergence() -> None:
     b = system + text("b", 20)  # 52 tokens: 3 full blocks, only the 2 shared ones match
     assert ideal_prefix_hit_rate([(a, b""), (b, b"")]) == pytest.approx(32 / 104)
     assert len(system) == 2 * BLOCK_BYTES
+
+
+def test_goodput_counts_completions_in_the_window_that_met_their_slos() -> None:
+    slo = spec(ttft_ms=500, tpot_ms=50)
+    records = [
+        done(0.0, 0.25, 1.0, 11, 10, 0, 0, slo),  # TPOT 75 ms: misses
+        done(0.5, 0.625, 1.125, 11, 10, 0, 0, slo),  # TTFT 125 ms, TPOT 50 ms: meets
+        done(1.0, 1.75, 2.0, 2, 10, 0, 0, slo),  # TTFT 750 ms: misses
+        done(2.0, 2.125, 2.5, 2, 10, 0, 0),  # no SLO, but finishes after the window
+    ]
+    m = summarize(records)
+    # Window [0, 2] s: one good completion.
+    assert m["goodput_rps"] == pytest.approx(1 / 2.0, abs=EXACT)
+
+
+def test_cost_per_million_tokens_busy_and_fleet() -> None:
+    records = [
+        done(0.0, 0.5, 1.0, 100, 10, 0, 0),
+        done(1.0, 1.5, 2.0, 300, 10, 0, 1),
+    ]
+    # Endpoint 0 costs 3.6 $/h and was busy 1,000 s; endpoint 1 7.2 $/h, busy 500 s.
+    costs = cost_summary(records, [3.6, 7.2], [1000.0, 500.0])
+    assert costs["cost_per_1m_output_tokens"] == pytest.approx((1.0 + 1.0) / 400 * 1e6)
+    # Fleet: 10.8 $/h over the arrival window [0, 1] s, over the tokens emitted within
+    # it: the first request's 100 (the second's first token comes at 1.5 s).
+    assert costs["fleet_cost_per_1m_output_tokens"] == pytest.approx(10.8 / 3600 / 100 * 1e6)
+    assert costs["busy_fraction"] == pytest.approx(1500.0 / (2 * 2.0))
+    assert cost_summary([not_done(0.0, 429)], [1.0], [0.0])["cost_per_1m_output_tokens"] is None
+
+
+def test_by_accelerator_groups_endpoints_of_a_class() -> None:
+    records = [
+        done(0.0, 0.25, 1.0, 10, 10, 0, 0),
+        done(0.0, 0.5, 1.0, 10, 10, 0, 1),
+        done(0.0, 0.75, 1.0, 10, 10, 0, 2),
+        not_done(0.5, 429),
+    ]
+    classes = by_accelerator(records, ["h100", "a100", "a100"], [4.0, 2.0, 2.0], [1.0, 1.0, 1.0])
+    assert set(classes) == {"h100", "a100"}
+    assert (classes["a100"]["requests"], classes["a100"]["endpoints"]) == (2, 2)
+    assert classes["h100"]["ttft_s"]["p90"] == pytest.approx(0.25)
+    assert classes["a100"]["cost_per_1m_output_tokens"] == pytest.approx(4.0 / 3600 / 20 * 1e6)
+    # Unpriced (or no busy times, as over HTTP): the breakdown without costs.
+    plain = by_accelerator(records, ["h100", "a100", "a100"], [4.0, None, 2.0], [1.0] * 3)
+    assert "cost_per_1m_output_tokens" not in plain["a100"]
+    assert "cost_per_1m_output_tokens" not in by_accelerator(records, ["h", "a", "a"], (), ())["a"]
+    assert by_accelerator(records, ["h100"] * 3, [1.0] * 3, [1.0] * 3) == {}

@@ -27,6 +27,7 @@ METRIC_KEYS = {
     "window_s",
     "throughput_rps",
     "output_tokens_per_s",
+    "goodput_rps",
     "ttft_s",
     "tpot_s",
     "e2e_s",
@@ -88,6 +89,7 @@ def test_scenarios_have_quick_variants() -> None:
         "priority-overload",
         "cache-pressure",
         "shared-prefix-qwen32b",
+        "heterogeneous-pool",
     }
     for name in SCENARIOS:
         full, fast = get_scenario(name), get_scenario(name).quick_variant()
@@ -226,6 +228,63 @@ def test_goal_verdicts(results: dict[str, dict[str, Any]]) -> None:
     assert [v.met in (True, False) for v in pressure] == [True, True]
     chat = goals.check(results["multi-turn-chat"])
     assert [v.met is None for v in chat] == [False, False]
+
+
+def test_mixed_pool_results_break_down_by_accelerator(
+    results: dict[str, dict[str, Any]],
+) -> None:
+    res = results["heterogeneous-pool"]
+    assert [(m["profile"], m["replicas"], m["accelerator"]) for m in res["mix"]] == [
+        ("llama3-8b-h100", 1, "h100-80gb"),
+        ("llama3-8b-a100", 2, "a100-80gb"),
+    ]
+    for run in res["runs"]:
+        m = run["metrics"]
+        assert [r["accelerator"] for r in run["replicas"]] == [
+            "h100-80gb",
+            "a100-80gb",
+            "a100-80gb",
+        ]
+        classes = m["by_accelerator"]
+        assert set(classes) == {"h100-80gb", "a100-80gb"}
+        for block in classes.values():
+            check_metrics(block)
+            assert block["cost_per_1m_output_tokens"] > 0
+        assert classes["a100-80gb"]["endpoints"] == 2
+        assert sum(c["completed"] for c in classes.values()) == m["completed"]
+        # The pool's busy cost is the classes' costs weighted by their output tokens.
+        tokens = {
+            name: sum(r["output_tokens"] for r in run["replicas"] if r["accelerator"] == name)
+            for name in classes
+        }
+        weighted = sum(classes[n]["cost_per_1m_output_tokens"] * tokens[n] for n in classes)
+        assert m["cost_per_1m_output_tokens"] == pytest.approx(weighted / sum(tokens.values()))
+        assert 0 < m["busy_fraction"] <= 1.0
+        assert m["goodput_rps"] <= m["throughput_rps"]
+    for name, other in results.items():  # one class: no breakdown, nothing priced per class
+        if name != "heterogeneous-pool":
+            assert all(not r["metrics"].get("by_accelerator") for r in other["runs"])
+
+
+def test_heterogeneous_goals_on_hand_made_results() -> None:
+    def run(policy: str, load: float, attainment: float, cost: float) -> dict[str, Any]:
+        metrics = {"slo_attainment": attainment, "cost_per_1m_output_tokens": cost}
+        return {"policy": policy, "load": load, "metrics": metrics}
+
+    res = {
+        "scenario": "heterogeneous-pool",
+        "runs": [
+            run("default", 40, 0.60, 1.0),
+            run("predicted-latency", 40, 0.85, 1.0),
+            run("predicted-latency-pool", 40, 0.70, 1.0),
+            run("cost-aware", 40, 0.83, 0.80),
+        ],
+    }
+    assert [v.met for v in goals.check(res)] == [True, True]
+    res["runs"][2] = run("predicted-latency-pool", 40, 0.80, 1.0)  # only 5 points better
+    res["runs"][3] = run("cost-aware", 40, 0.83, 0.90)  # 10 % cheaper only
+    assert [v.met for v in goals.check(res)] == [False, False]
+    assert [v.met for v in goals.check({**res, "runs": res["runs"][:2]})] == [None, None]
 
 
 def test_goal_verdicts_on_hand_made_results() -> None:

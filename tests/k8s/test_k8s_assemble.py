@@ -89,3 +89,41 @@ def test_objective_referring_to_unknown_pool_is_reported() -> None:
         "InferenceObjective ns/o (inference.networking.x-k8s.io/v1alpha2): "
         "spec.poolRef.name: unknown InferencePool 'nope'"
     ]
+
+
+def test_pods_carry_the_hardware_their_labels_and_the_pool_declare() -> None:
+    raw = pool_v1("p", VLLM, [8000, 8001])
+    raw["spec"]["hardware"] = {"costPerHourByAccelerator": {"h100-80gb": 2.99, "a100-80gb": 1.79}}
+    pools = [project_custom(raw, POOLS_V1)]
+    pods = [
+        project_pod(pod("h", {**VLLM, "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})),
+        project_pod(pod("a", {**VLLM, "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"})),
+        project_pod(
+            pod(
+                "s",
+                {
+                    **VLLM,
+                    "sluicegate.dev/accelerator": "a100-80gb",
+                    "sluicegate.dev/cost-per-hour": "0.9",
+                },
+            )
+        ),
+        project_pod(pod("x", {**VLLM, "sluicegate.dev/cost-per-hour": "free"})),
+    ]
+    result = assemble("ns", pools, [], [], pods)
+    got = {
+        (e.name, e.hardware.accelerator, e.hardware.cost_per_hour) for e in result.endpoints["p"]
+    }
+    assert got == {
+        ("a-rank-0", "a100-80gb", 1.79),
+        ("a-rank-1", "a100-80gb", 1.79),
+        ("h-rank-0", "h100-80gb", 2.99),
+        ("h-rank-1", "h100-80gb", 2.99),
+        ("s-rank-0", "a100-80gb", 0.9),
+        ("s-rank-1", "a100-80gb", 0.9),
+        ("x-rank-0", None, None),
+        ("x-rank-1", None, None),
+    }
+    assert result.problems == [
+        "Pod ns/x: label sluicegate.dev/cost-per-hour: 'free' is not a cost (a number >= 0)"
+    ]

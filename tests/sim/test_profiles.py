@@ -33,6 +33,9 @@ LINEAR_MS = {
     "llama3-8b-h100": (5.88, 6.10, 6.70, 6.87, 6.92, 10.11, 12.57, 23.50, 43.99, 88.50),
     "llama2-7b-a100": (9.34, 9.12, 9.60, 9.76, 12.34, 17.94, 33.58, 68.32, 134.36, 261.68),
     "llama3-8b-a100": (9.76, 10.05, 10.98, 11.33, 13.28, 19.62, 34.85, 75.55, 144.53, 275.04),
+    # vidur's a40/meta-llama/Llama-2-7b-hf/mlp.csv; Llama-3-8B estimated as on H100.
+    "llama2-7b-a40": (23.97, 24.22, 26.51, 30.11, 30.37, 44.80, 71.74, 138.27, 261.94, 530.04),
+    "llama3-8b-a40": (25.04, 26.69, 30.31, 34.95, 32.69, 49.00, 74.44, 152.91, 281.77, 557.10),
 }
 # Which calibration.csv column each profile's linear ops come from (see its header).
 CALIBRATION_COLUMN = {
@@ -40,6 +43,8 @@ CALIBRATION_COLUMN = {
     "llama3-8b-h100": "h100_llama3_8b_est_ms",
     "llama2-7b-a100": "a100_llama2_7b_ms",
     "llama3-8b-a100": "a100_llama3_8b_ms",
+    "llama2-7b-a40": "a40_llama2_7b_ms",
+    "llama3-8b-a40": "a40_llama3_8b_est_ms",
 }
 
 # Least-squares fits of vidur's linear-op times for n >= 512 (µs per token).
@@ -48,6 +53,8 @@ TAIL_SLOPE_US = {
     "llama3-8b-h100": 21.21,
     "llama2-7b-a100": 64.62,
     "llama3-8b-a100": 67.19,
+    "llama2-7b-a40": 127.09,
+    "llama3-8b-a40": 133.54,
 }
 
 # H100 decode step (ms) by batch size, per-sequence context; worked out by hand, no overhead.
@@ -57,12 +64,16 @@ DECODE_MS = {
     ("llama3-8b-h100", 2048): (6.3, 7.2, 10.2, 13.6, 20.0, 35.9),
     ("llama2-7b-h100", 1024): (6.2, 7.4, 12.5, 19.0, 32.2, 60.5),
     ("llama2-7b-h100", 2048): (6.3, 9.0, 18.9, 31.7, 57.7, 111.4),
+    # A40: LIN(B) + 32 * (0.010 + B * 1024 * 4096 / 0.56e12 * 1e3).
+    ("llama3-8b-a40", 1024): (25.6, 28.9, 38.3, 50.6, 63.7, 110.7),
 }
 
 # H100 single-request prefill (ms by prompt tokens); worked out by hand, no overhead.
 PREFILL_MS = {
     "llama3-8b-h100": {128: 6.9, 512: 12.8, 1024: 24.4, 2048: 47.7, 4096: 103.2},
     "llama2-7b-h100": {128: 6.4, 512: 12.3, 1024: 22.2, 2048: 44.6, 4096: 98.9},
+    # A40: LIN(n) + 4 * n * (n/2) * 4096 * 32 / 45e12 * 1e3.
+    "llama3-8b-a40": {128: 32.8, 512: 76.0, 1024: 159.0, 2048: 306.2, 4096: 654.8},
 }
 
 
@@ -209,6 +220,28 @@ def test_kv_capacity_matches_the_derivation() -> None:
         assert a100.num_gpu_blocks == h100.num_gpu_blocks
 
 
+def test_a40_kv_capacity_matches_the_derivation() -> None:
+    # (44.99 GiB * 0.92 - 14.99 - 4.76 - 0.13) / (128 KiB * 16) = 21.51 GiB / 2 MiB.
+    assert get_profile("llama3-8b-a40").num_gpu_blocks == pytest.approx(11_013, abs=2)
+
+
+@pytest.mark.parametrize(
+    ("name", "accelerator", "cost"),
+    [
+        ("llama3-8b-h100", "h100-80gb", 3.95),
+        ("llama3-8b-a100", "a100-80gb", 2.50),
+        ("llama3-8b-a100-40gb", "a100-40gb", None),
+        ("llama3-8b-a40", "a40-48gb", None),
+        ("tiny", None, None),
+    ],
+)
+def test_profiles_name_their_hardware_class_and_price(
+    name: str, accelerator: str | None, cost: float | None
+) -> None:
+    p = get_profile(name)
+    assert (p.accelerator, p.cost_per_hour) == (accelerator, cost)
+
+
 def test_kv_blocks_for() -> None:
     per_token = 131_072
     blocks = kv_blocks_for(80, 0.9, 8, per_token)
@@ -225,6 +258,7 @@ def test_kv_blocks_for() -> None:
         ("llama3-8b-h100", 1024, 8192),
         ("llama2-7b-a100", 256, 2048),
         ("llama3-8b-a100", 256, 2048),
+        ("llama3-8b-a40", 256, 2048),  # < 70 GiB: the small defaults
     ],
 )
 def test_scheduler_limits_follow_vllm_defaults(name: str, max_seqs: int, max_batched: int) -> None:

@@ -34,6 +34,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from sluicegate.api.base import Model, Resource
+from sluicegate.api.hardware import AcceleratorClass, CostPerHour, PoolHardware
 from sluicegate.api.settings import GatewayConfig
 from sluicegate.api.tokenizer import TokenizerSettings
 from sluicegate.api.units import Bytes, Seconds
@@ -183,6 +184,11 @@ class StaticEndpoint(Model):
     kv_events: KVEventsOverride | None = None
     """Changes to the pool's ``kvEvents`` for this endpoint (e.g. another port per
     data-parallel rank)."""
+    accelerator: AcceleratorClass | None = None
+    """Its hardware class, e.g. ``h100-80gb`` (:mod:`sluicegate.api.hardware`); default:
+    the pool's ``hardware.accelerator``."""
+    cost_per_hour: CostPerHour | None = None
+    """What it costs per hour; default: the pool's ``hardware`` costs."""
 
     @field_validator("address")
     @classmethod
@@ -208,6 +214,8 @@ class InferencePoolSpec(Model):
     tokenizer: TokenizerSettings = Field(default_factory=TokenizerSettings)
     """Where the precise producer gets the requests' token ids (a sluicegate extension;
     default ``builtin``)."""
+    hardware: PoolHardware = Field(default_factory=PoolHardware)
+    """Hardware class and cost defaults of its endpoints (a sluicegate extension)."""
 
     @model_validator(mode="after")
     def _ports(self) -> InferencePoolSpec:

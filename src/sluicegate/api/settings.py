@@ -47,6 +47,11 @@ class LatencyPredictorSettings(Model):
     """With the quantile objective: rescale predictions online so that, on the requests
     actually routed, the share ``quantile`` of outcomes stays at or below them (routing to
     the lowest prediction otherwise makes them optimistic near saturation)."""
+    class_speeds: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
+    """Relative speed per hardware class (e.g. ``{h100-80gb: 3, a100-80gb: 1}``; higher is
+    faster). A class without a model of its own borrows the model of the trained class of
+    closest speed, scaled by the speed ratio, until its own samples measure the ratio
+    (``sluicegate.latency.hardware``). Empty: no configured ratios."""
     prediction_based_scheduling_default: bool = True
     """Whether a request without an ``x-prediction-based-scheduling`` header is scheduled
     on predictions (true) or on the predicted-latency plugins' heuristic fallback (false).

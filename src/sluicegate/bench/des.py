@@ -38,7 +38,7 @@ from sluicegate.bench.workloads import RequestSpec, Timed, Workload
 from sluicegate.builtins import default_registry
 from sluicegate.clock import ManualClock
 from sluicegate.datalayer.datastore import Datastore, EndpointSpec
-from sluicegate.datalayer.endpoint import EngineMetrics, ServedModels
+from sluicegate.datalayer.endpoint import EngineMetrics, Hardware, ServedModels
 from sluicegate.datalayer.kvevents.service import KV_EVENTS_SERVICE
 from sluicegate.errors import GatewayError
 from sluicegate.flowcontrol.config import POOL_ANNOTATION, build_flow_control
@@ -49,7 +49,8 @@ from sluicegate.framework import (
     PluginContext,
     QueueItem,
 )
-from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings
+from sluicegate.latency.hardware import HardwareAwarePredictor
+from sluicegate.latency.inprocess import PredictorSettings
 from sluicegate.latency.predictor import LatencyPredictor
 from sluicegate.requestcontrol.director import Director
 from sluicegate.requestcontrol.dispatch import Dispatch
@@ -129,6 +130,9 @@ class ClusterSpec:
     profile: EngineProfile
     replicas: int
     picker: EndpointPickerConfig
+    profiles: tuple[EngineProfile, ...] = ()
+    """One per replica for a pool mixing hardware (empty: every replica runs
+    ``profile``); each endpoint carries its profile's class and price as its Hardware."""
     model: str = "model"
     adapters: tuple[str, ...] = ()
     extra_docs: list[dict[str, Any]] = field(default_factory=list)
@@ -143,8 +147,9 @@ class ClusterSpec:
     predictor_settings: PredictorSettings = field(default_factory=PredictorSettings)
     """Training schedule of the ``model`` predictor (intervals in simulated seconds)."""
     predictor_factory: PredictorFactory | None = None
-    """Makes the ``model`` predictor (None: an :class:`InProcessPredictor`); the accuracy
-    benchmark passes one that also records what was predicted at dispatch."""
+    """Makes the ``model`` predictor (None: a :class:`HardwareAwarePredictor`, which is
+    one :class:`~sluicegate.latency.inprocess.InProcessPredictor` on a pool of one class);
+    the accuracy benchmark passes one that also records what was predicted at dispatch."""
     kv_events: bool | None = None
     """Deliver the engines' KV-cache events to a precise index (``kv-events`` service);
     None: when the picker configures a ``precise-prefix-cache-producer``."""
@@ -163,6 +168,17 @@ class RunResult:
     """The engines' KV events fed a precise index."""
 
 
+def replica_profiles(spec: ClusterSpec) -> list[EngineProfile]:
+    """Each replica's engine profile."""
+    if spec.profiles and len(spec.profiles) != spec.replicas:
+        raise ValueError(f"{len(spec.profiles)} profiles for {spec.replicas} replicas")
+    return list(spec.profiles) or [spec.profile] * spec.replicas
+
+
+def _hardware(profile: EngineProfile) -> Hardware:
+    return Hardware(profile.accelerator, profile.cost_per_hour)
+
+
 def _pool_config(spec: ClusterSpec) -> Config:
     docs: list[dict[str, Any]] = [
         {
@@ -175,8 +191,13 @@ def _pool_config(spec: ClusterSpec) -> Config:
             "spec": {
                 "targetPorts": [{"number": 8000}],
                 "endpoints": [
-                    {"address": f"10.0.0.{i + 1}:8000", "name": f"sim-{i}"}
-                    for i in range(spec.replicas)
+                    {
+                        "address": f"10.0.0.{i + 1}:8000",
+                        "name": f"sim-{i}",
+                        **({"accelerator": p.accelerator} if p.accelerator else {}),
+                        **({"costPerHour": p.cost_per_hour} if p.cost_per_hour else {}),
+                    }
+                    for i, p in enumerate(replica_profiles(spec))
                 ],
             },
         },
@@ -210,11 +231,16 @@ class ClusterSimulation:
     def __init__(self, spec: ClusterSpec) -> None:
         self.spec = spec
         self.clock = ManualClock()
-        self.engines = [Engine(spec.profile) for _ in range(spec.replicas)]
+        profiles = replica_profiles(spec)
+        self.engines = [Engine(p) for p in profiles]
         config = _pool_config(spec)
         self.datastore = Datastore()
         self.datastore.set_endpoints(
-            POOL, [EndpointSpec(f"sim-{i}", f"10.0.0.{i + 1}", 8000) for i in range(spec.replicas)]
+            POOL,
+            [
+                EndpointSpec(f"sim-{i}", f"10.0.0.{i + 1}", 8000, hardware=_hardware(p))
+                for i, p in enumerate(profiles)
+            ],
         )
         self.endpoints = self.datastore.pools[POOL].endpoints
         models = ServedModels(frozenset({spec.model}), frozenset(spec.adapters), 0.0)
@@ -276,7 +302,7 @@ class ClusterSimulation:
     def _predictor_service(self, spec: ClusterSpec) -> dict[str, object]:
         if spec.predictor == "model":
             # Trained on the run's own traffic, in virtual time (see _scrape handling).
-            factory = spec.predictor_factory or InProcessPredictor
+            factory = spec.predictor_factory or HardwareAwarePredictor
             self.predictor = factory(self.clock, spec.predictor_settings)
             return {PREDICTOR_SERVICE: self.predictor}
         if spec.predictor == "oracle":

@@ -287,8 +287,72 @@ def _slo_mixed(results: dict[str, Any]) -> list[Verdict]:
     ]
 
 
+def _att(m: dict[str, Any]) -> float:
+    return float(m["slo_attainment"] or 0.0)
+
+
+def _heterogeneous_pool(results: dict[str, Any]) -> list[Verdict]:
+    default, aware, blind, cost = (
+        _runs(results, p)
+        for p in ("default", "predicted-latency", "predicted-latency-pool", "cost-aware")
+    )
+    # Where the SLOs bind: default misses at least 5 % of them (as in slo-mixed).
+    binding = sorted(
+        level
+        for level, m in default.items()
+        if level in aware and m["slo_attainment"] is not None and m["slo_attainment"] < 0.95
+    )
+    goal = (
+        "predicted-latency ≥ 20 points above default and ≥ 10 above predicted-latency-pool "
+        "where SLOs bind"
+    )
+    verdicts: list[Verdict] = []
+    if not binding:
+        verdicts.append(
+            Verdict(goal, None, "no level where default misses ≥ 5 % with predicted-latency run")
+        )
+    else:
+        rows, ok = [], True
+        for level in binding:
+            a, d = _att(aware[level]), _att(default[level])
+            row = f"{level:g}: {a:.1%} vs default {d:.1%} ({100 * (a - d):+.1f})"
+            ok = ok and a - d >= 0.20
+            if level in blind:
+                b = _att(blind[level])
+                row += f", vs pool-wide {b:.1%} ({100 * (a - b):+.1f})"
+                ok = ok and a - b >= 0.10
+            rows.append(row)
+        complete = all(level in blind for level in binding)
+        verdicts.append(Verdict(goal, ok if complete or not ok else None, "; ".join(rows)))
+    common = sorted(set(aware) & set(cost))
+    goal = "cost-aware within 3 points of predicted-latency at ≥ 15 % lower cost per 1M output"
+    priced = [
+        level
+        for level in common
+        if aware[level].get("cost_per_1m_output_tokens")
+        and cost[level].get("cost_per_1m_output_tokens")
+    ]
+    if not priced:
+        verdicts.append(Verdict(goal, None, "cost-aware (or a priced pool) was not run"))
+        return verdicts
+    rows, ok = [], True
+    for level in priced:
+        spent = float(cost[level]["cost_per_1m_output_tokens"])
+        base = float(aware[level]["cost_per_1m_output_tokens"])
+        saving = 1.0 - spent / base
+        gap = _att(aware[level]) - _att(cost[level])
+        ok = ok and gap <= 0.03 and saving >= 0.15
+        rows.append(
+            f"{level:g}: {_att(cost[level]):.1%} vs {_att(aware[level]):.1%} "
+            f"({-100 * gap:+.1f}), ${spent:.3f} vs ${base:.3f} ({100 * saving:.0f} % lower)"
+        )
+    verdicts.append(Verdict(goal, ok, "; ".join(rows)))
+    return verdicts
+
+
 CHECKS: dict[str, Callable[[dict[str, Any]], list[Verdict]]] = {
     "cache-pressure": _cache_pressure,
+    "heterogeneous-pool": _heterogeneous_pool,
     "priority-overload": _priority_overload,
     "sharegpt-sweep": _sharegpt_sweep,
     "shared-prefix": _shared_prefix,

@@ -8,7 +8,16 @@ output tokens emitted within it (a request's first token at its first-token time
 others spread evenly up to its finish). A window of no length (a single arrival) is
 widened to the last completion. A request counts
 as meeting its SLO when it completed with TTFT ≤ ``x-slo-ttft-ms`` and TPOT ≤
-``x-slo-tpot-ms``; shed or failed requests carrying SLOs count as misses.
+``x-slo-tpot-ms``; shed or failed requests carrying SLOs count as misses. **Goodput** is
+the requests/s that completed within the window *and* met their SLOs (a request without
+SLOs counts when it completed).
+
+**Cost** (:func:`cost_summary`, pools whose endpoints have a price): USD per 1M output
+tokens, two ways. *Busy*: each endpoint's cost per hour × the time its engine spent in
+iterations, over every output token of the run — what the work cost when idle servers can
+be released or lent out (scaled down); routing that packs work onto cheap or fast servers
+shows here. *Fleet*: every endpoint's cost per hour × the arrival window, over the tokens
+emitted within it — what a fixed fleet costs per token at that load.
 
 TPOT is the decode time per token after the first, ``(finish − first token) / (output −
 1)``; NTPOT, the *normalized* time per output token, is ``E2E / output tokens`` (queueing
@@ -120,6 +129,7 @@ def summarize(records: Sequence[Record]) -> dict[str, Any]:
     ]
     prompt = sum(r.prompt_tokens for r in done)
     cached = sum(r.cached_tokens for r in done)
+    good = sum(1 for r in done if start <= r.finish <= end and _meets_slo(r))
     return {
         "requests": len(records),
         "completed": len(done),
@@ -129,6 +139,7 @@ def summarize(records: Sequence[Record]) -> dict[str, Any]:
         "window_s": window,
         "throughput_rps": finished_within / window if window > 0 else 0.0,
         "output_tokens_per_s": tokens / window if window > 0 else 0.0,
+        "goodput_rps": good / window if window > 0 else 0.0,
         "ttft_s": latency_summary([r.first_token - r.arrival for r in done]),
         "tpot_s": latency_summary([t for r in done if (t := _tpot(r)) is not None]),
         "e2e_s": latency_summary([r.finish - r.arrival for r in done]),
@@ -149,6 +160,54 @@ def by_class(records: Sequence[Record]) -> dict[str, dict[str, Any]]:
     if len(classes) < 2:
         return {}
     return {name: summarize(rs) for name, rs in sorted(classes.items())}
+
+
+def cost_summary(
+    records: Sequence[Record], costs: Sequence[float], busy_s: Sequence[float]
+) -> dict[str, float | None]:
+    """Busy and fleet cost per 1M output tokens (see the module docstring) of endpoints
+    costing ``costs`` USD/hour whose engines were busy ``busy_s`` seconds; the records
+    are the requests they served. None where no token was produced."""
+    done = [r for r in records if r.completed]
+    total_tokens = sum(r.output_tokens for r in done)
+    start, end = arrival_window(records)
+    window_tokens = sum(tokens_within(r, start, end) for r in done)
+    busy_cost = sum(c * b for c, b in zip(costs, busy_s, strict=True)) / 3600.0
+    fleet_cost = sum(costs) * (end - start) / 3600.0
+    return {
+        "cost_per_1m_output_tokens": busy_cost / total_tokens * 1e6 if total_tokens else None,
+        "fleet_cost_per_1m_output_tokens": (
+            fleet_cost / window_tokens * 1e6 if window_tokens else None
+        ),
+        "busy_fraction": (
+            sum(busy_s) / (len(busy_s) * max(r.finish for r in done)) if done else None
+        ),
+    }
+
+
+def by_accelerator(
+    records: Sequence[Record],
+    accelerators: Sequence[str],
+    costs: Sequence[float | None],
+    busy_s: Sequence[float],
+) -> dict[str, dict[str, Any]]:
+    """Per hardware class (``accelerators[i]`` is endpoint *i*'s): the metrics of the
+    requests its endpoints served (:func:`summarize`), with its cost when every endpoint
+    of it has one and ``busy_s`` is given. Requests no endpoint took (refused) are in no
+    class. Empty for a pool of one class."""
+    if len(set(accelerators)) < 2:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for cls in sorted(set(accelerators)):
+        members = [i for i, a in enumerate(accelerators) if a == cls]
+        served = [r for r in records if r.endpoint in members]
+        block = summarize(served)
+        block["endpoints"] = len(members)
+        prices = [c for i in members if i < len(costs) and (c := costs[i]) is not None]
+        if busy_s and len(prices) == len(members):
+            block.update(cost_summary(served, prices, [busy_s[i] for i in members]))
+        out[cls] = block
+    return out
 
 
 @dataclass(slots=True)

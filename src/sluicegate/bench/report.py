@@ -31,13 +31,24 @@ def _pct(value: float | None) -> str:
 
 def markdown(results: dict[str, Any], scenario: Scenario, command: str) -> str:
     unit = results["load_unit"]
+    mix = results.get("mix")
+    pool = (
+        " + ".join(
+            f"{m['replicas']} × `{m['profile']}` ({m['accelerator']}, "
+            + (f"${m['cost_per_hour']:.2f}/h" if m["cost_per_hour"] is not None else "no price")
+            + ")"
+            for m in mix
+        )
+        if mix
+        else f"{results['pool']['replicas']} × `{results['pool']['profile']}` "
+        f"({scenario.profile.description})"
+    )
     lines = [
         f"# Scenario `{results['scenario']}`",
         "",
         scenario.description + ".",
         "",
-        f"Pool: {results['pool']['replicas']} × `{results['pool']['profile']}` "
-        f"({scenario.profile.description}); {results['duration_s']:g} s of arrivals per "
+        f"Pool: {pool}; {results['duration_s']:g} s of arrivals per "
         f"level; mode `{results['mode']}`; seed {results['seed']}.",
         "",
         "```",
@@ -104,6 +115,7 @@ def markdown(results: dict[str, Any], scenario: Scenario, command: str) -> str:
     lines += _short_window_note(results)
     lines += _servable_table(results)
     lines += _itl_table(results)
+    lines += hardware_tables(results)
     classes = [
         (run, name, m) for run in results["runs"] for name, m in run["metrics"]["by_class"].items()
     ]
@@ -135,6 +147,64 @@ def markdown(results: dict[str, Any], scenario: Scenario, command: str) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _cost(m: dict[str, Any], key: str = "cost_per_1m_output_tokens") -> str:
+    value = m.get(key)
+    return "–" if value is None else f"${value:.3f}"
+
+
+def hardware_tables(results: dict[str, Any]) -> list[str]:
+    """Goodput and cost per run (a priced pool), and the per-class breakdown (a mixed
+    pool); nothing for a pool of one unpriced class."""
+    unit = results["load_unit"]
+    runs = results["runs"]
+    lines: list[str] = []
+    if any("cost_per_1m_output_tokens" in r["metrics"] for r in runs):
+        lines += [
+            "",
+            "### Goodput and cost",
+            "",
+            "Goodput: requests/s completed within the arrival window meeting their SLOs. "
+            "Cost per 1M output tokens in USD: *busy* charges each endpoint's price for the "
+            "time its engine was in iterations (idle servers released), *fleet* every "
+            "endpoint for the whole arrival window.",
+            "",
+            f"| {unit} | policy | SLO | goodput rps | busy $/1M out | fleet $/1M out | busy |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for run in runs:
+            m = run["metrics"]
+            lines.append(
+                f"| {run['load']:g} | {run_label(run)} | {_pct(m['slo_attainment'])} | "
+                f"{m['goodput_rps']:.1f} | {_cost(m)} | "
+                f"{_cost(m, 'fleet_cost_per_1m_output_tokens')} | "
+                f"{_pct(m.get('busy_fraction'))} |"
+            )
+    classes = [
+        (run, name, m)
+        for run in runs
+        for name, m in (run["metrics"].get("by_accelerator") or {}).items()
+    ]
+    if classes:
+        lines += [
+            "",
+            "### By accelerator",
+            "",
+            "The requests each hardware class's endpoints served (TPOT in ms).",
+            "",
+            f"| {unit} | policy | class | served | out tok/s | TTFT p90 | TPOT p90 ms | SLO | "
+            "goodput rps | busy $/1M out |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for run, name, m in classes:
+            lines.append(
+                f"| {run['load']:g} | {run_label(run)} | {name} | {m['completed']} | "
+                f"{m['output_tokens_per_s']:,.0f} | {_fmt(m['ttft_s']['p90'])} | "
+                f"{_fmt(m['tpot_s']['p90'], 1000, 1)} | {_pct(m['slo_attainment'])} | "
+                f"{m['goodput_rps']:.1f} | {_cost(m)} |"
+            )
+    return lines
 
 
 def _short_window_note(results: dict[str, Any]) -> list[str]:

@@ -16,7 +16,9 @@ from sluicegate.bench import sharegpt
 from sluicegate.bench.des import ClusterSimulation, ClusterSpec, RequestRecord, RunResult
 from sluicegate.bench.des_kvevents import DEFAULT_DELAY_S
 from sluicegate.bench.metrics import (
+    by_accelerator,
     by_class,
+    cost_summary,
     ideal_prefix_hit_rate,
     imbalance,
     replica_loads,
@@ -58,6 +60,7 @@ def run_level(
     spec = ClusterSpec(
         profile=scenario.profile,
         replicas=scenario.replicas,
+        profiles=scenario.replica_profiles(),
         picker=picker,
         predictor=predictor,
         model=scenario.model,
@@ -88,6 +91,9 @@ def run_entry(
         prefix_queries=sum(e.counters.prefix_cache_queries for e in engines),
         prefix_hits=sum(e.counters.prefix_cache_hits for e in engines),
         preemptions=sum(e.counters.preemptions for e in engines),
+        accelerators=[e.profile.accelerator or "unknown" for e in engines],
+        costs=[e.profile.cost_per_hour for e in engines],
+        busy_s=[e.counters.busy_s for e in engines],
     ) | {"kv_events": result.kv_events}
 
 
@@ -103,13 +109,23 @@ def entry_from_records(
     prefix_queries: int,
     prefix_hits: int,
     preemptions: int,
+    accelerators: Sequence[str] = (),
+    costs: Sequence[float | None] = (),
+    busy_s: Sequence[float] = (),
 ) -> dict[str, Any]:
     """The ``runs[]`` entry from per-request records and the engines' counters (prompt
     tokens queried / found in the prefix cache, preemptions), summed over the pool; any
     runner (discrete-event or HTTP) can produce these. Times in simulated seconds, except
-    ``wall_s``."""
+    ``wall_s``. Per endpoint, when known: its hardware class, its cost (USD/hour) and its
+    engine's busy time (s) — a mixed pool gets a breakdown by class, a priced one its
+    cost per 1M output tokens (:func:`~sluicegate.bench.metrics.cost_summary`)."""
     metrics = summarize(records)
     metrics["by_class"] = by_class(records)
+    if accelerators:
+        metrics["by_accelerator"] = by_accelerator(records, accelerators, costs, busy_s)
+    priced = [c for c in costs if c is not None]
+    if busy_s and costs and len(priced) == len(costs):
+        metrics.update(cost_summary(records, priced, busy_s))
     loads = replica_loads(records, scenario.replicas)
     metrics["engine_prefix_hit_rate"] = prefix_hits / prefix_queries if prefix_queries else 0.0
     metrics["preemptions"] = preemptions
@@ -143,8 +159,9 @@ def entry_from_records(
                 "requests": load.requests,
                 "prefill_tokens": load.prefill_tokens,
                 "output_tokens": load.output_tokens,
+                **({"accelerator": accelerators[i]} if accelerators else {}),
             }
-            for name, load in zip(endpoint_names, loads, strict=True)
+            for i, (name, load) in enumerate(zip(endpoint_names, loads, strict=True))
         ],
         "simulated_s": simulated_s,
         "wall_s": wall_s,
@@ -188,6 +205,7 @@ def results_document(plan: RunPlan, runs: list[dict[str, Any]], mode: str) -> di
         "seed": plan.seed,
         "description": s.description,
         "pool": {"profile": s.profile.name, "replicas": s.replicas, "model": s.model},
+        **({"mix": s.mix_description()} if s.mix else {}),
         "duration_s": plan.duration_s,
         "load_unit": s.load_unit,
     }

@@ -153,6 +153,8 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
         return fail(str(exc))
     if args.quick:
         scenario = scenario.quick_variant()
+    if args.profile_file is not None and scenario.mix:
+        return fail(f"scenario {scenario.name} mixes engine profiles: --profile-file replaces one")
     if args.profile_file is not None:
         from dataclasses import replace
 
@@ -186,6 +188,8 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
         duration = _positive("--duration", args.duration, scenario.duration_s)
     except ValueError as exc:  # UnknownPolicyError, a bad --qps or --duration
         return fail(str(exc))
+    if args.mode == "http" and scenario.mix:
+        return fail(f"scenario {scenario.name} mixes engine profiles: run it with --mode des")
     if args.mode == "http":
         from sluicegate.bench.http.plan import check_time_scale, plan_policies, sim_profile_args
         from sluicegate.bench.http.run import HttpOptions, run_plan_http

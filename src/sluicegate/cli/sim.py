@@ -14,7 +14,12 @@ def add_parser(sub: Subparsers) -> None:
         help="run simulated vLLM-compatible model servers",
         description="Run N simulated vLLM servers on consecutive ports.",
     )
-    sim.add_argument("--replicas", type=int, default=1, help="number of servers (default 1)")
+    sim.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="number of servers (default 1, or the sum of --profile's counts)",
+    )
     sim.add_argument("--host", default="127.0.0.1")
     sim.add_argument(
         "--port",
@@ -25,7 +30,8 @@ def add_parser(sub: Subparsers) -> None:
     sim.add_argument(
         "--profile",
         default="llama3-8b-h100",
-        help="engine profile (default llama3-8b-h100); see docs/simulator.md",
+        help="engine profile (default llama3-8b-h100), or a mixed pool as PROFILE:COUNT "
+        "entries, e.g. llama3-8b-h100:2,llama3-8b-a100:4; see docs/simulator.md",
     )
     sim.add_argument(
         "--profile-file",
@@ -107,22 +113,36 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     from sluicegate.sim.faults import parse_fault_spec
     from sluicegate.sim.kvevents import KVEventsConfig
     from sluicegate.sim.profile_file import load_profile_file
-    from sluicegate.sim.profiles import get_profile
+    from sluicegate.sim.profiles import EngineProfile, profile_mix
     from sluicegate.sim.run import fault_table, serve_pool
     from sluicegate.sim.server import ReplicaOptions
 
     try:
-        if args.profile_file is not None:
-            profile = load_profile_file(args.profile_file)
-        else:
-            profile = get_profile(args.profile)
-        if args.max_loras is not None:
-            profile = replace(profile, max_loras=args.max_loras)
-        if args.num_gpu_blocks_override is not None:
-            if args.num_gpu_blocks_override < 1:
-                return fail("--num-gpu-blocks-override must be at least 1")
-            profile = replace(profile, num_gpu_blocks=args.num_gpu_blocks_override)
-        faults = fault_table([parse_fault_spec(s) for s in args.fault], args.replicas)
+        mix = (
+            [(load_profile_file(args.profile_file), None)]
+            if args.profile_file is not None
+            else profile_mix(args.profile)
+        )
+        if args.num_gpu_blocks_override is not None and args.num_gpu_blocks_override < 1:
+            return fail("--num-gpu-blocks-override must be at least 1")
+        counted = len(mix) > 1 or mix[0][1] is not None
+        if len(mix) > 1 and any(count is None for _, count in mix):
+            return fail("--profile: give every entry of a mixed pool a count (NAME:COUNT)")
+        total = sum(count or 0 for _, count in mix)
+        if counted and args.replicas is not None and args.replicas != total:
+            return fail(f"--replicas {args.replicas} but --profile counts {total} replicas")
+        replicas = total if counted else (args.replicas if args.replicas is not None else 1)
+
+        def adjusted(profile: EngineProfile) -> EngineProfile:
+            if args.max_loras is not None:
+                profile = replace(profile, max_loras=args.max_loras)
+            if args.num_gpu_blocks_override is not None:
+                profile = replace(profile, num_gpu_blocks=args.num_gpu_blocks_override)
+            return profile
+
+        per_replica = tuple(adjusted(p) for p, count in mix for _ in range(count or 0))
+        profile = per_replica[0] if per_replica else adjusted(mix[0][0])
+        faults = fault_table([parse_fault_spec(s) for s in args.fault], replicas)
         kv_events = (
             KVEventsConfig()
             if args.kv_events_config is None
@@ -149,7 +169,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         kv_events=kv_events,
     )
     try:
-        run(serve_pool(options, args.replicas, args.host, args.port, faults, console))
+        run(serve_pool(options, replicas, args.host, args.port, faults, console, per_replica))
     except OSError as exc:  # a port in use, an address not ours...
         return fail(f"cannot serve on {args.host}:{args.port}: {exc}", status=1)
     return 0

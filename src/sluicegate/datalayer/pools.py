@@ -13,12 +13,14 @@ from collections.abc import Iterable, Mapping
 from sluicegate.api.loader import Config
 from sluicegate.api.resources import InferencePool
 from sluicegate.datalayer.datastore import Datastore, EndpointSpec
+from sluicegate.datalayer.hardware import resolve_hardware
 
 EndpointsByPool = Mapping[str, Iterable[EndpointSpec]]
 
 
 def static_endpoints(config: Config) -> dict[str, list[EndpointSpec]]:
-    """Every pool's explicit endpoint list, each named by ``name`` or by its address."""
+    """Every pool's explicit endpoint list, each named by ``name`` or by its address, with
+    its hardware from its entry or the pool's ``hardware`` defaults."""
     out: dict[str, list[EndpointSpec]] = {}
     for pool_name, pool in config.pools.items():
         specs = []
@@ -34,6 +36,7 @@ def static_endpoints(config: Config) -> dict[str, list[EndpointSpec]]:
                     dict(static.labels),
                     static.engine_type,
                     scheme,
+                    resolve_hardware(static.accelerator, static.cost_per_hour, pool.spec.hardware),
                 )
             )
         out[pool_name] = specs

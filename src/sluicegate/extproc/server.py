@@ -172,9 +172,15 @@ class ExtProcServer:
     async def _healthz(self, request: web.Request) -> web.Response:
         kv_events = self.runtime.kv_events
         unknown = kv_events.unknown_views() if kv_events.active else []
+        mixed = self.runtime.mixed_hardware()
+        if not unknown and not mixed:
+            return web.json_response({"status": "ok"})
+        body: dict[str, object] = {"status": "degraded"}
         if unknown:  # alive; precise prefix routing is approximate for these endpoints
-            return web.json_response({"status": "degraded", "kv_events_unknown": unknown})
-        return web.json_response({"status": "ok"})
+            body["kv_events_unknown"] = unknown
+        if mixed:  # alive; hardware-blind routing on a mixed pool
+            body["mixed_hardware"] = mixed
+        return web.json_response(body)
 
     async def _readyz(self, request: web.Request) -> web.Response:
         ready = bool(self.health.ready)

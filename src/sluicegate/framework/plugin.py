@@ -79,6 +79,16 @@ class Plugin(abc.ABC):
         self.rng = context.rng_for(name)
         self.params = params if params is not None else type(self).Parameters()
 
+    @property
+    def hardware_aware(self) -> bool:
+        """Whether this plugin's choice accounts for each endpoint's hardware class
+        (:attr:`Endpoint.hardware <sluicegate.datalayer.endpoint.Endpoint.hardware>`):
+        it learns, scales or prices per class. A scheduler none of whose plugins is
+        hardware-aware is *hardware-blind*, and a pool mixing classes under it is
+        reported (log, ``/health``). Default False; a plugin overrides it, from its
+        parameters where a parameter decides (e.g. one latency model per pool)."""
+        return False
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
 

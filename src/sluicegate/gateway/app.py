@@ -446,7 +446,8 @@ class Gateway:
         # would not add endpoints); the body names pools nothing can be routed to.
         empty = self.runtime.empty_pools()
         unknown = self.runtime.kv_events.unknown_views() if self.runtime.kv_events.active else []
-        if not empty and not unknown:
+        mixed = self.runtime.mixed_hardware()
+        if not empty and not unknown and not mixed:
             responder.send(200, [_JSON], b'{"status":"ok"}')
             return
         pools = self.runtime.datastore.pools
@@ -455,6 +456,8 @@ class Gateway:
             body["empty_pools"] = [{"pool": name, "fix": pools[name].empty_hint} for name in empty]
         if unknown:  # precise prefix routing falls back to the approximate index there
             body["kv_events_unknown"] = unknown
+        if mixed:  # hardware-blind routing on a mixed pool: serves, but badly balanced
+            body["mixed_hardware"] = mixed
         responder.send(200, [_JSON], orjson.dumps(body))
 
     async def _ready(self, request: Request, responder: Responder, request_id: str) -> None:

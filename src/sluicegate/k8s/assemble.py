@@ -23,7 +23,10 @@ carries all the labels of the pool's selector becomes one endpoint per target po
 ``<pod>-rank-<i>`` (``i`` = index of the port in ``targetPorts``; a single port gives
 ``<pod>-rank-0``), at ``podIP:port``, with the pod's labels, and with the engine type from the
 label ``inference.networking.k8s.io/engine-type`` (else ``llm-d.ai/engine-type``, else
-``vllm``). An empty selector selects nothing (and is reported): it would otherwise select
+``vllm``), and with the hardware class and cost its labels declare
+(``sluicegate.dev/accelerator``, ``nvidia.com/gpu.product``, ``sluicegate.dev/cost-per-hour``;
+:mod:`sluicegate.datalayer.hardware`) or the pool's ``spec.hardware`` defaults. An empty
+selector selects nothing (and is reported): it would otherwise select
 every pod of the namespace.
 """
 
@@ -37,6 +40,7 @@ from typing import Any
 from sluicegate.api.loader import Config, ConfigError, build_config
 from sluicegate.api.resources import InferencePool
 from sluicegate.datalayer.datastore import EndpointSpec
+from sluicegate.datalayer.hardware import hardware_from_labels
 from sluicegate.datalayer.parsers import ENGINES
 from sluicegate.k8s.kinds import POOLS_V1
 from sluicegate.k8s.objects import CustomObject, PodInfo
@@ -215,8 +219,21 @@ def pool_endpoints(
         if any(pod.labels.get(key) != value for key, value in selector.items()):
             continue
         kind = engine_type(pod.labels)
+        hardware = hardware_from_labels(
+            pod.labels,
+            pool.spec.hardware,
+            problems if problems is not None else [],
+            f"Pod {namespace}/{pod.name}",
+        )
         for index, port in enumerate(ports):
             out.append(
-                EndpointSpec(f"{pod.name}-rank-{index}", pod.ip, port, dict(pod.labels), kind)
+                EndpointSpec(
+                    f"{pod.name}-rank-{index}",
+                    pod.ip,
+                    port,
+                    dict(pod.labels),
+                    kind,
+                    hardware=hardware,
+                )
             )
     return out

@@ -125,3 +125,8 @@ class Sample:
     """Time to first token (streaming), or end-to-end latency in non-streaming mode."""
     tpot_ms: float | None = None
     """Mean time per output token after the first (streaming only)."""
+    hardware_class: str | None = None
+    """The hardware class of the endpoint that served it (``Hardware.accelerator``), as
+    the producer files it: None for a hardware-blind producer or an endpoint of no named
+    class. A hardware-aware predictor keeps one model per class
+    (:mod:`sluicegate.latency.hardware`)."""

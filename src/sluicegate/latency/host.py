@@ -1,16 +1,17 @@
 """The latency predictor a picker provides its plugins, and its lifecycle.
 
 :class:`PredictorHost` turns the ``latencyPredictor`` settings into the service the
-``predicted-latency-producer`` looks up: an :class:`InProcessPredictor` (the default,
-trained on the picker's own traffic in a worker thread) or a :class:`RemotePredictor`
+``predicted-latency-producer`` looks up: a :class:`HardwareAwarePredictor` (the default:
+in-process models, one per hardware class, trained on the picker's own traffic in a
+worker thread) or a :class:`RemotePredictor`
 (prediction and training servers), starts and stops it with the
 picker and exports its metrics.
 
 At start the in-process predictor loads the models saved in its model directory
 (``--latency-model-dir``, else ``modelDir``), then — given a recorded trace
-(``--latency-trace``) — files the trace's samples in its window and trains on them at once,
-through the same training (and saving) as live retraining. Live samples then join the
-window and gradually take it over.
+(``--latency-trace``) — files the trace's samples in their classes' windows and trains
+on them at once, through the same training (and saving) as live retraining. Live samples
+then join the windows and gradually take them over.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from prometheus_client import CollectorRegistry
 from sluicegate.api.settings import LatencyPredictorSettings
 from sluicegate.clock import Clock
 from sluicegate.latency.client import RemotePredictor, RemoteSettings
-from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings
-from sluicegate.latency.metrics import PredictorCollector, RemotePredictorCollector
+from sluicegate.latency.hardware import HardwareAwarePredictor, configured_speeds
+from sluicegate.latency.inprocess import PredictorSettings
+from sluicegate.latency.metrics import HardwarePredictorCollector, RemotePredictorCollector
 from sluicegate.latency.model import TrainConfig
 from sluicegate.latency.predictor import LatencyPredictor
 from sluicegate.latency.trace import load_trace
@@ -70,7 +72,7 @@ class PredictorHost:
         self.model_dir = model_dir or settings.model_dir
         self.trace = trace
         predict_urls, train_url = remote_urls(settings, environ)
-        self.local: InProcessPredictor | None = None
+        self.local: HardwareAwarePredictor | None = None
         self.remote: RemotePredictor | None = None
         if predict_urls:
             self.remote = RemotePredictor(
@@ -86,7 +88,7 @@ class PredictorHost:
                 )
             )
         else:
-            self.local = InProcessPredictor(
+            self.local = HardwareAwarePredictor(
                 clock,
                 PredictorSettings(
                     retrain_interval_s=settings.retrain_interval_ms / 1000.0,
@@ -94,6 +96,7 @@ class PredictorHost:
                     train=TrainConfig(objective=settings.objective, alpha=settings.quantile),
                     model_dir=self.model_dir,
                     online_calibration=settings.online_calibration,
+                    class_speeds=configured_speeds(settings.class_speeds),
                 ),
                 timer=time.perf_counter,
             )
@@ -114,7 +117,7 @@ class PredictorHost:
 
     def register_metrics(self, registry: CollectorRegistry) -> None:
         if self.local is not None:
-            registry.register(PredictorCollector(self.local))
+            registry.register(HardwarePredictorCollector(self.local))
         if self.remote is not None:
             registry.register(RemotePredictorCollector(self.remote))
 
@@ -130,12 +133,12 @@ class PredictorHost:
         elif self.remote is not None:
             await self.remote.start()
 
-    async def _train_from_trace(self, local: InProcessPredictor, trace: str) -> None:
+    async def _train_from_trace(self, local: HardwareAwarePredictor, trace: str) -> None:
         """File ``trace``'s samples and train on them; raises OSError or TraceError.
 
         Both run in a worker thread: nothing else touches the store yet (the host starts
         before its picker takes requests and before the trainer task)."""
-        read = await asyncio.to_thread(load_trace, trace, local.store)
+        read = await asyncio.to_thread(load_trace, trace, local)
         if await local.retrain_async():
             log.info("latency models trained on %d samples of %s", read, trace)
         else:

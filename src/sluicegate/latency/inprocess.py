@@ -60,12 +60,23 @@ class PredictorSettings:
     online_calibration: bool = True
     """Rescale quantile predictions online against routed requests
     (:mod:`sluicegate.latency.calibration`); no effect on a mean objective."""
+    max_classes: int = 16
+    """Hardware classes a :class:`~sluicegate.latency.hardware.HardwareAwarePredictor`
+    keeps models for (samples of more are refused)."""
+    class_speeds: tuple[tuple[str, float], ...] = ()
+    """Configured relative speed per hardware class (higher is faster), for classes
+    without a model of their own (:mod:`sluicegate.latency.hardware`)."""
+    ratio_samples: int = 20
+    """TTFT samples of a class without a model before its latency ratio to a donor
+    class's model is measured."""
 
     def __post_init__(self) -> None:
         if self.retrain_interval_s <= 0:
             raise ValueError(f"retrain_interval_s must be positive, got {self.retrain_interval_s}")
         if self.min_samples < 1:
             raise ValueError(f"min_samples must be at least 1, got {self.min_samples}")
+        if self.max_classes < 1 or self.ratio_samples < 1:
+            raise ValueError("max_classes and ratio_samples must be at least 1")
 
 
 class InProcessPredictor(SynchronousPredictor):

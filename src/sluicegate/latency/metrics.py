@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from sluicegate.latency.calibration import LatencyCalibration
 from sluicegate.latency.client import RemotePredictor
+from sluicegate.latency.hardware import MODEL_SOURCES, UNNAMED, HardwareAwarePredictor
 from sluicegate.latency.inprocess import InProcessPredictor
 from sluicegate.latency.store import KV_BUCKETS, PREFIX_BUCKETS, QUEUE_BUCKETS
 
@@ -99,6 +100,121 @@ class PredictorCollector(Collector):
                                 [target, str(q), str(kv), str(p)], int(counts[q, kv, p])
                             )
         return family
+
+
+class HardwarePredictorCollector(Collector):
+    """The in-process predictor of a picker (:class:`HardwareAwarePredictor`): the
+    :class:`PredictorCollector` families summed over its classes (``model_score`` and
+    ``model_version`` of the class with most samples: on a pool of one class, exactly that
+    class's), and per class ``sluicegate_predictor_class_samples{class,target}``,
+    ``sluicegate_predictor_class_model_score{class,target,score}`` and
+    ``sluicegate_predictor_latency_model_source{class,source}`` (1 for what predicts the
+    class now: ``model``, ``measured-ratio``, ``configured-ratio`` or ``heuristic``; 0 for
+    the others). Classes are bounded by ``max_classes``; the unnamed one is ``none``."""
+
+    def __init__(self, predictor: HardwareAwarePredictor) -> None:
+        self._predictor = predictor
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        predictor = self._predictor
+        lanes = predictor.lanes
+        yield GaugeMetricFamily(_P + "ready", "1 when a model exists.", int(predictor.ready))
+        yield from calibration_metrics(predictor.calibration)
+        main = max(lanes.values(), key=lambda lane: lane.ttft_samples, default=None)
+        bundle = main.bundle if main is not None else None
+        yield GaugeMetricFamily(
+            _P + "model_version",
+            "Trainings behind the models in use (0: none).",
+            bundle.version if bundle else 0,
+        )
+        samples = GaugeMetricFamily(
+            _P + "samples", "Samples in the window.", labels=["target", "split"]
+        )
+        per_class = GaugeMetricFamily(
+            _P + "class_samples",
+            "Training samples in a hardware class's window.",
+            labels=["class", "target"],
+        )
+        class_scores = GaugeMetricFamily(
+            _P + "class_model_score",
+            "Held-out MAPE and quantile coverage of a hardware class's models (fractions).",
+            labels=["class", "target", "score"],
+        )
+        for target in ("ttft", "tpot"):
+            sets = [
+                lane.store.ttft if target == "ttft" else lane.store.tpot for lane in lanes.values()
+            ]
+            samples.add_metric([target, "train"], sum(s.train_count for s in sets))
+            samples.add_metric([target, "test"], sum(s.test_count for s in sets))
+        for cls, lane in lanes.items():
+            label = UNNAMED if cls is None else cls
+            per_class.add_metric([label, "ttft"], lane.store.ttft.train_count)
+            per_class.add_metric([label, "tpot"], lane.store.tpot.train_count)
+            if lane.bundle is not None:
+                for target, model in (("ttft", lane.bundle.ttft), ("tpot", lane.bundle.tpot)):
+                    if model is not None and model.mape is not None:
+                        class_scores.add_metric([label, target, "mape"], model.mape)
+                    if model is not None and model.coverage is not None:
+                        class_scores.add_metric([label, target, "coverage"], model.coverage)
+        yield samples
+        yield per_class
+        yield class_scores
+        yield CounterMetricFamily(
+            _P + "rejected_samples",
+            "Samples refused (bad values, or of a class beyond maxClasses).",
+            sum(lane.store.rejected for lane in lanes.values()) + predictor.refused_class_samples,
+        )
+        scores = GaugeMetricFamily(
+            _P + "model_score",
+            "Held-out MAPE and quantile coverage of the models in use (fractions).",
+            labels=["target", "score"],
+        )
+        for target, model in (
+            (("ttft", bundle.ttft), ("tpot", bundle.tpot)) if bundle is not None else ()
+        ):
+            if model is not None and model.mape is not None:
+                scores.add_metric([target, "mape"], model.mape)
+            if model is not None and model.coverage is not None:
+                scores.add_metric([target, "coverage"], model.coverage)
+        yield scores
+        source = GaugeMetricFamily(
+            _P + "latency_model_source",
+            "What predicts a hardware class: its own model, a donor class's model scaled "
+            "by a measured or configured ratio, or the heuristic fallback (1: current).",
+            labels=["class", "source"],
+        )
+        for label, current in predictor.sources().items():
+            for kind in MODEL_SOURCES:
+                source.add_metric([label, kind], int(kind == current))
+        yield source
+        values = lanes.values()
+        for name, doc, value in (
+            ("trainings", "Successful trainings.", sum(lane.trainings for lane in values)),
+            (
+                "training_failures",
+                "Failed trainings.",
+                sum(lane.training_failures for lane in values),
+            ),
+        ):
+            yield CounterMetricFamily(_P + name, doc, value)
+        yield GaugeMetricFamily(
+            _P + "last_train_duration_seconds",
+            "Wall time of the last training.",
+            max((lane.last_train_duration_s for lane in values), default=0.0),
+        )
+        yield CounterMetricFamily(
+            _P + "predicted_rows",
+            "Rows predicted.",
+            sum(lane.predicted_rows for lane in values) + predictor.merged_rows,
+        )
+        yield CounterMetricFamily(
+            _P + "prediction_seconds",
+            "Time spent predicting.",
+            sum(lane.prediction_seconds_total for lane in values),
+        )
 
 
 class RemotePredictorCollector(Collector):

@@ -49,6 +49,10 @@ class PredictionQuery:
     request: LLMRequest
     endpoints: Sequence[Endpoint]
     rows: Sequence[FeatureRow]
+    classes: Sequence[str | None] | None = None
+    """``classes[i]``: the hardware class whose model predicts ``rows[i]``; None (a
+    hardware-blind producer): every row is of the one unnamed class. Predictors with a
+    single model ignore it."""
 
 
 @runtime_checkable

@@ -10,11 +10,14 @@ not observed)::
      "dispatched_since_scrape": 1, "expected_output_tokens": 256,
      "ttft_ms": 183.2, "tpot_ms": 11.9}
 
-(one line in the file). Readers accept what :func:`~sluicegate.latency.wire.sample_from_json`
-accepts (the reference's ``actual_ttft_ms``/``actual_tpot_ms`` too; unknown keys ignored;
-blank lines skipped). ``sluicegate predictor train --trace FILE --out DIR`` trains from
-such a file, and ``sluicegate serve|extproc --latency-trace FILE`` trains the in-process
-models from one at start; both fill a sample store with :func:`load_trace`.
+(one line in the file), plus ``"hardware_class": "h100-80gb"`` when the sample was filed
+under a hardware class (a hardware-aware producer). Readers accept what
+:func:`~sluicegate.latency.wire.sample_from_json` accepts (the reference's
+``actual_ttft_ms``/``actual_tpot_ms`` too; unknown keys ignored; blank lines skipped).
+``sluicegate predictor train --trace FILE --out DIR`` trains one model from such a file,
+and ``sluicegate serve|extproc --latency-trace FILE`` trains the in-process models from
+one at start, each hardware class's from its own lines; both fill a sample store with
+:func:`load_trace`.
 """
 
 from __future__ import annotations

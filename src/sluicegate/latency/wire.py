@@ -17,12 +17,15 @@ is capped at ``REUSE_DISTANCE_CAP_TOKENS``), durations (``*_ms``) non-negative n
 
 A sample is a row plus ``ttft_ms`` and ``tpot_ms`` (ms; the reference's
 ``actual_ttft_ms``/``actual_tpot_ms`` are accepted too); a missing, null or zero time means
-"not observed".
+"not observed". An optional ``hardware_class`` (a lower-case class name such as
+``h100-80gb``, or null) says which hardware served it; bodies and traces without it are
+of the pool's one unnamed class, as before.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -63,6 +66,10 @@ COUNT_CAPS: dict[str, int] = {"prefix_reuse_distance_tokens": REUSE_DISTANCE_CAP
 A reference client's row thus says its prefix was never sent, whatever its prefix score:
 it carries no reuse distance, and the models have only seen the distances the gateway
 measures."""
+
+CLASS_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+"""What a hardware class name may be: lower-case letters, digits, ``.``, ``_`` and ``-``,
+at most 63 characters (it names a model directory and a metric label)."""
 
 _PREFIX = ROW_FIELDS.index("prefix_cache_score")
 _INPUT = ROW_FIELDS.index("input_token_length")
@@ -162,14 +169,29 @@ def sample_from_json(obj: object) -> Sample:
     """A :class:`Sample` from a JSON object: the row fields plus ``ttft_ms``/``tpot_ms``."""
     row = row_from_json(obj)
     assert isinstance(obj, dict)  # row_from_json checked
-    return Sample(row, _time_ms(obj, "ttft_ms"), _time_ms(obj, "tpot_ms"))
+    return Sample(row, _time_ms(obj, "ttft_ms"), _time_ms(obj, "tpot_ms"), class_from_json(obj))
 
 
-def sample_to_json(sample: Sample) -> dict[str, float]:
-    """The JSON object of a sample; unobserved times are left out."""
-    out = row_to_json(sample.row)
+def class_from_json(obj: Mapping[str, Any]) -> str | None:
+    """The optional ``hardware_class`` of a body or trace line (None: absent or null)."""
+    value = obj.get("hardware_class")
+    if value is None:
+        return None
+    if type(value) is not str or CLASS_NAME.fullmatch(value) is None:
+        raise FieldError(
+            "hardware_class",
+            f"must be a lower-case class name ([a-z0-9._-], at most 63), got {value!r}",
+        )
+    return value
+
+
+def sample_to_json(sample: Sample) -> dict[str, float | str]:
+    """The JSON object of a sample; unobserved times and no class are left out."""
+    out: dict[str, float | str] = dict(row_to_json(sample.row))
     if sample.ttft_ms is not None:
         out["ttft_ms"] = sample.ttft_ms
     if sample.tpot_ms is not None:
         out["tpot_ms"] = sample.tpot_ms
+    if sample.hardware_class is not None:
+        out["hardware_class"] = sample.hardware_class
     return out

@@ -42,7 +42,7 @@ from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import ParsedRequest
 from sluicegate.requestcontrol.responses import Usage as Usage  # re-exported
 from sluicegate.runtime.kvevents import KVEventsCollector, KVEventsHost
-from sluicegate.runtime.notices import Notices
+from sluicegate.runtime.notices import Notices, mixed_hardware_pools
 from sluicegate.runtime.observe import RequestMetrics, flow_state, prefix_index_size, time_plugins
 from sluicegate.runtime.tokenization import TokenizerCollector, TokenizersHost
 from sluicegate.scheduling.config import BuiltScheduler, build_scheduler
@@ -200,6 +200,7 @@ class Runtime:
             self.collector.on_reachable.append(self.outlier.reachable_again)
             self._outlier_task = asyncio.create_task(self._outlier_loop(), name="outlier")
         self._notices.empty_pools(self.datastore, self.config)
+        self._notices.mixed_hardware(self.datastore, self.built.hardware_aware)
 
     async def _outlier_loop(self) -> None:
         detector = self.outlier
@@ -298,6 +299,8 @@ class Runtime:
         self.director.reject_unservable()
         if not discovered and self.collector is not None:  # started: a reload of the file
             self._notices.empty_pools(self.datastore, self.config)
+        if self.collector is not None:
+            self._notices.mixed_hardware(self.datastore, built.hardware_aware)
         log.info(
             "configuration applied: %d pool(s), %d model(s), %d endpoint(s)%s",
             len(self.datastore.pools),
@@ -424,6 +427,13 @@ class Runtime:
     def empty_pools(self) -> list[str]:
         """Pools with no endpoint at all (none configured or discovered), by name."""
         return sorted(name for name, pool in self.datastore.pools.items() if not pool.endpoints)
+
+    def mixed_hardware(self) -> list[dict[str, object]]:
+        """For ``/health``: pools mixing hardware classes under a hardware-blind
+        scheduler, each with its classes (empty when the scheduler is hardware-aware)."""
+        if self.built.hardware_aware:
+            return []
+        return [{"pool": p, "classes": c} for p, c in mixed_hardware_pools(self.datastore)]
 
     def _on_scrape(self, endpoint: Endpoint) -> None:
         """Fresh metrics may show room for waiting requests."""

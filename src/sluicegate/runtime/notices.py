@@ -1,6 +1,7 @@
 """The runtime's warnings to the operator about requests nothing can serve: one line per
-pool without endpoints (what is missing and how to fix it), and a refusal's operator
-detail once per distinct message. Both are bounded and logged as ``sluicegate.runtime``.
+pool without endpoints (what is missing and how to fix it), a refusal's operator detail
+once per distinct message, and one line per pool that mixes hardware classes under a
+hardware-blind scheduler. All are bounded and logged as ``sluicegate.runtime``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ class Notices:
         """Pools whose emptiness has been logged (logged again once they had endpoints)."""
         self._logged_unserved: set[str] = set()
         """Not-served refusals already logged (bounded; emptied on every reload)."""
+        self._warned_mixed: set[str] = set()
+        """Pools whose mixed hardware has been logged (again once they were not mixed)."""
 
     def refusal(self, error: GatewayError) -> None:
         """Log a refusal's operator detail once per distinct message (bounded)."""
@@ -56,5 +59,33 @@ class Notices:
                     pool.empty_hint,
                 )
 
+    def mixed_hardware(self, datastore: Datastore, hardware_aware: bool) -> None:
+        """One log line for each pool whose endpoints are of more than one hardware class
+        while the scheduler is hardware-blind (again only after it was not mixed)."""
+        mixed = dict(mixed_hardware_pools(datastore)) if not hardware_aware else {}
+        self._warned_mixed &= set(mixed)
+        for name, classes in mixed.items():
+            if name in self._warned_mixed:
+                continue
+            self._warned_mixed.add(name)
+            log.warning(
+                "InferencePool '%s' mixes hardware classes (%s) but its scheduling profile "
+                "is hardware-blind: endpoints with the same load look equal whatever they "
+                "run on; use a hardware-aware profile (e.g. the predicted-latency preset)",
+                name,
+                ", ".join(classes),
+            )
 
-__all__ = ["MAX_LOGGED", "Notices"]
+
+def mixed_hardware_pools(datastore: Datastore) -> list[tuple[str, list[str]]]:
+    """Pools whose endpoints are of more than one hardware class, with the classes
+    (``unknown`` for endpoints of none), by pool name."""
+    out = []
+    for name in sorted(datastore.pools):
+        classes = {e.hardware.accelerator for e in datastore.pools[name].endpoints}
+        if len(classes) > 1:
+            out.append((name, sorted(c or "unknown" for c in classes)))
+    return out
+
+
+__all__ = ["MAX_LOGGED", "Notices", "mixed_hardware_pools"]

@@ -80,6 +80,10 @@ class BuiltScheduler:
             p for p in plugins.values() if isinstance(p, AsyncDataProducer) and p.fetches
         ]
         """Producers whose data needs I/O; the host awaits their prefetch before submit."""
+        self.hardware_aware = any(p.hardware_aware for p in plugins.values())
+        """Some plugin accounts for endpoints' hardware classes (see
+        :attr:`Plugin.hardware_aware <sluicegate.framework.plugin.Plugin.hardware_aware>`);
+        False: the scheduler is hardware-blind."""
 
 
 def build_scheduler(

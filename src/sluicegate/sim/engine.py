@@ -132,6 +132,8 @@ class EngineCounters:
     generation_tokens: int = 0
     preemptions: int = 0
     steps: int = 0
+    busy_s: float = 0.0
+    """Simulated seconds spent in iterations (the engine's busy time)."""
     finished_by_reason: dict[str, int] = field(default_factory=dict)
 
 
@@ -302,6 +304,7 @@ class Engine:
         result.duration = duration
         result.batched_tokens = batched
         self.counters.steps += 1
+        self.counters.busy_s += duration
 
         counters = self.counters
         caching = self.enable_prefix_caching

@@ -110,6 +110,11 @@ class EngineProfile:
     attention_fixed_ms_per_layer: float = 0.010
     step_overhead_ms: float = 0.3
     gpu_memory_utilization: float = 0.92
+    accelerator: str | None = None
+    """Hardware class of the GPU (``h100-80gb``…; :mod:`sluicegate.api.hardware`): the
+    class a simulated endpoint of this profile carries (None: unnamed)."""
+    cost_per_hour: float | None = None
+    """On-demand price of one such GPU, USD per hour (None: no list price cited)."""
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -193,6 +198,18 @@ _H100_ATTN_FLOPS = 300e12
 _A100_BW = 1.6e12
 _A100_40GB_GIB = 39.39
 _A100_ATTN_FLOPS = 95e12
+# A40 48 GB (GDDR6; 46,068 MiB = 44.99 GiB as the driver reports it with ECC on): 696 GB/s
+# and 149.7 TFLOP/s dense bf16 peak (NVIDIA A40 data sheet,
+# https://images.nvidia.com/content/Solutions/data-center/a40/nvidia-a40-datasheet.pdf);
+# the same ~80 % / ~30 % effective shares as above.
+_A40_GIB = 44.99
+_A40_BW = 0.56e12
+_A40_ATTN_FLOPS = 45e12
+# On-demand list prices per GPU-hour (USD): Modal's per-second GPU prices × 3,600
+# (https://modal.com/pricing, as listed in 2026: H100 $0.001097/s, A100 80 GB $0.000694/s).
+# Modal lists no A40 (nor A100 40 GB): those profiles carry no cost.
+_H100_COST = 3.95
+_A100_COST = 2.50
 
 _LLAMA2_7B_KV_LAYER = 16_384  # 2 (K, V) * 32 KV heads * 128 dims * 2 bytes
 _LLAMA3_8B_KV_LAYER = 4_096  # 2 (K, V) * 8 KV heads * 128 dims * 2 bytes
@@ -218,13 +235,21 @@ class _Gpu:
     >= 70 GiB non-A100 GPU, 256 / 2048 on A100 and other GPUs
     (https://github.com/vllm-project/vllm/blob/v0.32.0/vllm/engine/arg_utils.py)."""
     max_num_batched_tokens: int
+    accelerator: str
+    """Its hardware class (:mod:`sluicegate.api.hardware`)."""
+    cost_per_hour: float | None = None
 
 
 _LLAMA2_7B = _Model("meta-llama/Llama-2-7b-hf", "Llama-2-7B", 12.55, _LLAMA2_7B_KV_LAYER, 4096)
 _LLAMA3_8B = _Model("meta-llama/Meta-Llama-3-8B", "Llama-3-8B", 14.99, _LLAMA3_8B_KV_LAYER, 8192)
-_H100 = _Gpu("H100 80GB", _H100_GIB, _H100_BW, _H100_ATTN_FLOPS, 1024, 8192)
-_A100 = _Gpu("A100 80GB", _H100_GIB, _A100_BW, _A100_ATTN_FLOPS, 256, 2048)
-_A100_40GB = replace(_A100, label="A100 40GB", memory_gib=_A100_40GB_GIB)
+_H100 = _Gpu(
+    "H100 80GB", _H100_GIB, _H100_BW, _H100_ATTN_FLOPS, 1024, 8192, "h100-80gb", _H100_COST
+)
+_A100 = _Gpu("A100 80GB", _H100_GIB, _A100_BW, _A100_ATTN_FLOPS, 256, 2048, "a100-80gb", _A100_COST)
+_A100_40GB = replace(
+    _A100, label="A100 40GB", memory_gib=_A100_40GB_GIB, accelerator="a100-40gb", cost_per_hour=None
+)
+_A40 = _Gpu("A40 48GB", _A40_GIB, _A40_BW, _A40_ATTN_FLOPS, 256, 2048, "a40-48gb")
 
 
 def _profile(
@@ -249,6 +274,8 @@ def _profile(
         max_num_seqs=gpu.max_num_seqs,
         max_num_batched_tokens=gpu.max_num_batched_tokens,
         max_model_len=model.max_model_len,
+        accelerator=gpu.accelerator,
+        cost_per_hour=gpu.cost_per_hour,
     )
 
 
@@ -317,6 +344,11 @@ def _builtin_profiles() -> dict[str, EngineProfile]:
         # The 40 GB A100: the same compute, the KV cache of 39.39 GiB usable memory.
         _profile("llama3-8b-a100-40gb", _LLAMA3_8B, _A100_40GB, "a100_llama3_8b_ms", (6.40, 67.19)),
         _qwen32b_2x_h100(),
+        # A40: vidur's measured A40 Llama-2-7B profile
+        # (data/profiling/compute/a40/meta-llama/Llama-2-7b-hf/mlp.csv at 7d475133); for
+        # Llama-3-8B scaled by the A100 Llama-3-8B / Llama-2-7B ratio, as on H100.
+        _profile("llama2-7b-a40", _LLAMA2_7B, _A40, "a40_llama2_7b_ms", (4.99, 127.09)),
+        _profile("llama3-8b-a40", _LLAMA3_8B, _A40, "a40_llama3_8b_est_ms", (14.18, 133.54)),
         EngineProfile(
             name="tiny",
             description="a toy engine for fast tests: 8,192-token KV, 16 sequences, ~2 ms steps",
@@ -341,6 +373,22 @@ def _builtin_profiles() -> dict[str, EngineProfile]:
 
 
 PROFILES: dict[str, EngineProfile] = _builtin_profiles()
+
+
+def profile_mix(text: str) -> list[tuple[EngineProfile, int | None]]:
+    """The profiles of a pool as ``--profile`` gives them: ``NAME`` or ``NAME:COUNT``
+    entries joined by ``,`` (e.g. ``llama3-8b-h100:2,llama3-8b-a100:4``), in order; a
+    count is None where not given. Raises ``KeyError`` for an unknown profile and
+    ``ValueError`` for a malformed entry."""
+    out: list[tuple[EngineProfile, int | None]] = []
+    for entry in text.split(","):
+        name, colon, count = entry.strip().partition(":")
+        if not name or (colon and not (count.isdigit() and int(count) >= 1)):
+            raise ValueError(
+                f"profile entry {entry!r} is not NAME or NAME:COUNT (a count of at least 1)"
+            )
+        out.append((get_profile(name), int(count) if colon else None))
+    return out
 
 
 def get_profile(name: str) -> EngineProfile:

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.text import Text
 
 from sluicegate.sim.faults import Faults
+from sluicegate.sim.profiles import EngineProfile
 from sluicegate.sim.server import ReplicaOptions, SimCluster
 
 
@@ -35,22 +36,28 @@ async def serve_pool(
     port: int,
     faults: dict[int, Faults],
     console: Console,
+    profiles: tuple[EngineProfile, ...] = (),
 ) -> None:
-    cluster = SimCluster(options, replicas, faults)
+    """Serve ``replicas`` simulated servers from ``port`` on until SIGINT/SIGTERM;
+    ``profiles``: one per replica for a mixed pool (else all run ``options.profile``)."""
+    cluster = SimCluster(options, replicas, faults, profiles)
     try:
         await cluster.start(host, port)
     except OSError:
         await cluster.stop()  # the replicas that did start
         raise
     profile = options.profile
+    mixed = len({p.name for p in profiles}) > 1
+    what = "a mixed pool" if mixed else f"[cyan]{profile.name}[/] ({profile.description})"
     console.print(
-        f"[bold]sluicegate sim[/]: {replicas} replica(s) of [cyan]{profile.name}[/] "
-        f"({profile.description}), time scale {options.time_scale}"
+        f"[bold]sluicegate sim[/]: {replicas} replica(s) of {what}, time scale {options.time_scale}"
     )
     for replica in cluster.replicas:
+        own = replica.options.profile
+        hardware = f"  [cyan]{own.name}[/] ({own.accelerator or 'no class'})" if mixed else ""
         console.print(
             f"  {replica.pod_name}: http://{host}:{replica.port}  "
-            f"model [green]{replica.model_name}[/]"
+            f"model [green]{replica.model_name}[/]{hardware}"
         )
         publisher = replica.kv_publisher
         if publisher is not None:

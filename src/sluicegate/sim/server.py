@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import web
@@ -320,12 +320,21 @@ class SimCluster:
     """
 
     def __init__(
-        self, options: ReplicaOptions, replicas: int, faults: dict[int, Faults] | None = None
+        self,
+        options: ReplicaOptions,
+        replicas: int,
+        faults: dict[int, Faults] | None = None,
+        profiles: tuple[EngineProfile, ...] = (),
     ) -> None:
+        """``profiles``: one per replica for a pool mixing hardware (each replica runs
+        ``options`` with its own profile); empty: every replica runs ``options.profile``."""
         if replicas < 1:
             raise ValueError("replicas must be at least 1")
+        if profiles and len(profiles) != replicas:
+            raise ValueError(f"{len(profiles)} profiles for {replicas} replicas")
         faults = faults or {}
-        self.replicas = [Replica(i, options, faults.get(i)) for i in range(replicas)]
+        own = [replace(options, profile=p) for p in profiles] or [options] * replicas
+        self.replicas = [Replica(i, own[i], faults.get(i)) for i in range(replicas)]
 
     @property
     def urls(self) -> list[str]:

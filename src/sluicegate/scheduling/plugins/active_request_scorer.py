@@ -14,6 +14,13 @@ Formula, with ``maxR`` the largest r among the candidates:
 - busy (``r > T``) → ``B · (maxR − r) / (maxR − T)``, which lies in [0, B): the busiest
   candidate scores 0 and a busy endpoint never reaches an idle one's 1.0.
 
+With capacity normalisation (``capacityNormalization``: ``off`` | ``configured`` |
+``measured``, default ``off``; ``classCapacity`` per hardware class — see
+:mod:`sluicegate.scheduling.capacity`) a busy endpoint's ``r`` (and ``maxR``) is ``r · f``,
+``f = c_max / c`` its load factor: requests in flight in units of the fastest candidate's
+service time; idleness is judged on the plain count. ``f = 1`` everywhere on a homogeneous
+pool.
+
 With the defaults this is llm-d-router's ``active-request-scorer``
 (https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/scheduling/scorer/activerequest/active_request.go):
 1.0 for no requests, else ``(maxR − r) / maxR``.
@@ -26,22 +33,43 @@ from collections.abc import Sequence
 from pydantic import Field
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.framework import CycleState, LLMRequest, PluginParameters, Scorer
+from sluicegate.framework import (
+    CycleState,
+    LLMRequest,
+    PluginContext,
+    PluginParameters,
+    Scorer,
+)
+from sluicegate.scheduling.capacity import CapacityParameters
 
 
 class ActiveRequestScorer(Scorer):
     type_name = "active-request-scorer"
     category = "distribution"
 
-    class Parameters(PluginParameters):
+    class Parameters(CapacityParameters):
         idle_threshold: int = Field(0, ge=0)
         max_busy_score: float = Field(1.0, ge=0.0, le=1.0)
 
     params: Parameters
 
+    def __init__(
+        self, name: str, context: PluginContext, params: PluginParameters | None = None
+    ) -> None:
+        super().__init__(name, context, params)
+        self.capacity = self.params.capacity()
+
+    @property
+    def hardware_aware(self) -> bool:
+        """True with capacity normalisation on."""
+        return self.params.normalised
+
     def score(
         self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
     ) -> list[float]:
+        factors = self.capacity.factors(endpoints)
+        if factors is not None:
+            return self._normalised(endpoints, factors)
         idle = self.params.idle_threshold
         max_r = idle
         for e in endpoints:
@@ -56,3 +84,15 @@ class ActiveRequestScorer(Scorer):
             r = e.inflight.requests
             out.append(1.0 if r <= idle else scale * (max_r - r))
         return out
+
+    def _normalised(self, endpoints: Sequence[Endpoint], factors: Sequence[float]) -> list[float]:
+        idle = self.params.idle_threshold
+        loads = [
+            None if e.inflight.requests <= idle else e.inflight.requests * f
+            for e, f in zip(endpoints, factors, strict=True)
+        ]
+        max_r = max((r for r in loads if r is not None), default=None)
+        if max_r is None:
+            return [1.0] * len(endpoints)
+        scale = self.params.max_busy_score / (max_r - idle)
+        return [1.0 if r is None else scale * (max_r - r) for r in loads]

@@ -4,10 +4,16 @@ Type: scorer (distribution). Inputs: each endpoint's KV-cache usage as a fractio
 the last scrape's ``vllm:kv_cache_usage_perc`` plus the prompt tokens this gateway
 dispatched since that scrape divided by the KV capacity in tokens (when the capacity is
 known), capped at 1 (:meth:`~sluicegate.datalayer.endpoint.Endpoint.kv_usage`). An endpoint
-that was never scraped counts as full. Parameters: none.
+that was never scraped counts as full. Parameters: ``capacityNormalization`` (``off`` |
+``configured`` | ``measured``, default ``off``) and ``classCapacity`` (per hardware class,
+empty) — see :mod:`sluicegate.scheduling.capacity`.
 
 Formula: ``score = 1 − usage``, clamped to [0, 1] (llm-d-router,
 https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/scheduling/scorer/kvcacheutilization/kvcache_utilization.go).
+With capacity normalisation: ``score = (1 − usage) / f``, ``f = c_max / c`` the endpoint's
+load factor — free KV weighed by how fast the endpoint serves what it admits (an A100 a
+third as fast as the H100 beside it scores a third of the H100's score at the same use).
+``f = 1`` everywhere on a homogeneous pool.
 """
 
 from __future__ import annotations
@@ -15,12 +21,35 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.framework import CycleState, LLMRequest, Scorer
+from sluicegate.framework import (
+    CycleState,
+    LLMRequest,
+    PluginContext,
+    PluginParameters,
+    Scorer,
+)
+from sluicegate.scheduling.capacity import CapacityParameters
 
 
 class KVCacheUtilizationScorer(Scorer):
     type_name = "kv-cache-utilization-scorer"
     category = "distribution"
+
+    class Parameters(CapacityParameters):
+        """Capacity normalisation (module docstring)."""
+
+    params: Parameters
+
+    def __init__(
+        self, name: str, context: PluginContext, params: PluginParameters | None = None
+    ) -> None:
+        super().__init__(name, context, params)
+        self.capacity = self.params.capacity()
+
+    @property
+    def hardware_aware(self) -> bool:
+        """True with capacity normalisation on."""
+        return self.params.normalised
 
     def score(
         self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
@@ -30,4 +59,7 @@ class KVCacheUtilizationScorer(Scorer):
             s = 1.0 - e.kv_usage()
             # kv_usage() is at most 1 (never NaN); only a bogus negative scrape exceeds 1.
             out.append(s if s <= 1.0 else 1.0)
+        factors = self.capacity.factors(endpoints)
+        if factors is not None:
+            return [s / f for s, f in zip(out, factors, strict=True)]
         return out

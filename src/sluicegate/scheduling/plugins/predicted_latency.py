@@ -34,7 +34,11 @@ Parameters (reference names and defaults): ``sloBufferFactor`` (1.0), ``streamin
 (false, as the reference: every request trains one end-to-end latency and TPOT is
 neutral; true: TTFT and TPOT are learnt from streaming requests — sluicegate sees each
 request's ``stream`` flag — and TPOT SLOs bind; the ``predicted-latency`` preset sets
-it), ``predictInProduce`` (true; false = train only); six more are compatibility-only
+it), ``predictInProduce`` (true; false = train only), ``hardwareAware`` (false, as the
+reference: one model for the whole pool; true: every row and sample carries its
+endpoint's hardware class, ``Endpoint.hardware.accelerator``, and a hardware-aware
+predictor keeps one model per class — :mod:`sluicegate.latency.hardware`; on a pool of
+one class, or of none named, both predict the same); six more are compatibility-only
 (:class:`PredictedLatencyProducer.Parameters` lists them and says why).
 
 Opting out: a request with ``x-prediction-based-scheduling: false`` or an
@@ -88,7 +92,8 @@ from sluicegate.latency.features import (
 from sluicegate.latency.predictor import LatencyPredictor, PredictionQuery, Predictions
 
 _ROWS: StateKey[dict[str, FeatureRow]] = StateKey("latency-feature-rows")
-_CHOSEN: StateKey[tuple[str, FeatureRow]] = StateKey("latency-chosen-row")
+_CHOSEN: StateKey[tuple[str, FeatureRow, str | None]] = StateKey("latency-chosen-row")
+"""The chosen endpoint, its row and the hardware class its sample is filed under."""
 _SCALES: StateKey[tuple[float, float]] = StateKey("latency-calibration-scales")
 """The TTFT and TPOT scales the request's predictions were multiplied by."""
 _PREFETCHED: StateKey[tuple[dict[str, FeatureRow], Predictions | None, float]] = StateKey(
@@ -140,8 +145,8 @@ class PredictedLatencyProducer(
     requires = (PREFIX_PRODUCER_TYPE,)
 
     class Parameters(PluginParameters):
-        """``sloBufferFactor``, ``streamingMode`` and ``predictInProduce`` (module
-        docstring), then the compatibility-only ones: ``contextTTL``,
+        """``sloBufferFactor``, ``streamingMode``, ``predictInProduce`` and
+        ``hardwareAware`` (module docstring), then the compatibility-only ones: ``contextTTL``,
         ``endpointRoleLabel``, ``samplingMean``, ``maxDecodeTokenSamplesForPrediction``,
         ``prefixMatchInfoProducerName`` and ``inFlightLoadProducerName`` are validated and
         never read, so that configurations written for the reference (llm-d-router's
@@ -153,6 +158,7 @@ class PredictedLatencyProducer(
         slo_buffer_factor: float = Field(1.0, gt=0.0)
         streaming_mode: bool = False
         predict_in_produce: bool = True
+        hardware_aware: bool = False
         # Compatibility-only (see the docstring): accepted, never read.
         context_ttl: Seconds = Field(300.0, alias="contextTTL")
         endpoint_role_label: str = ""
@@ -180,6 +186,12 @@ class PredictedLatencyProducer(
         )
         self._tpot_slos: dict[str, Counter[float]] = {}
         """TPOT SLOs (ms) of the requests running on each endpoint."""
+
+    @property
+    def hardware_aware(self) -> bool:
+        """True with ``hardwareAware`` (one model per class): not reported as blind on a
+        mixed pool."""
+        return self.params.hardware_aware
 
     # ------------------------------------------------------------------ prediction
 
@@ -211,7 +223,7 @@ class PredictedLatencyProducer(
         rows = self._rows(request, state, endpoints)
         clock = self.context.clock
         started = clock.now()
-        query = PredictionQuery(request, endpoints, list(rows.values()))
+        query = PredictionQuery(request, endpoints, list(rows.values()), self._classes(endpoints))
         predictions = await predictor.predict_query_async(query)
         state.put(_PREFETCHED, (rows, predictions, clock.now() - started))
 
@@ -244,7 +256,7 @@ class PredictedLatencyProducer(
             clock = self.context.clock
             started = clock.now()
             predictions = predictor.predict_query(
-                PredictionQuery(request, endpoints, list(rows.values()))
+                PredictionQuery(request, endpoints, list(rows.values()), self._classes(endpoints))
             )
             duration = clock.now() - started
         if predictions is None:
@@ -259,6 +271,12 @@ class PredictedLatencyProducer(
         state.put(PREDICTIONS, by_endpoint)
         state.put(_SCALES, scales)
         state.put(PREDICTION_OUTCOME, PredictionOutcome("predicted", duration))
+
+    def _classes(self, endpoints: Sequence[Endpoint]) -> list[str | None] | None:
+        """The candidates' hardware classes (None when hardware-blind)."""
+        if not self.params.hardware_aware:
+            return None
+        return [e.hardware.accelerator for e in endpoints]
 
     @staticmethod
     def _prefetched(
@@ -325,7 +343,8 @@ class PredictedLatencyProducer(
         chosen = result.targets[0]
         rows = state.get(_ROWS)
         if rows is not None and chosen.name in rows:
-            state.put(_CHOSEN, (chosen.name, rows[chosen.name]))
+            cls = chosen.hardware.accelerator if self.params.hardware_aware else None
+            state.put(_CHOSEN, (chosen.name, rows[chosen.name], cls))
         if request.slo_tpot_ms:
             self._tpot_slos.setdefault(chosen.name, Counter())[request.slo_tpot_ms] += 1
 
@@ -346,7 +365,7 @@ class PredictedLatencyProducer(
                 ttft = (outcome.first_token_at - outcome.dispatched_at) * 1000.0
                 self._calibrate(self.calibration, state, chosen[0], ttft, None)
             return
-        sample = self._sample(request, chosen[1], outcome)
+        sample = self._sample(request, chosen[1], chosen[2], outcome)
         if sample is None:
             return
         if self.calibration is not None:
@@ -373,11 +392,11 @@ class PredictedLatencyProducer(
             calibration.tpot.update(predicted.tpot_ms / scales[1], tpot_ms)
 
     def _sample(
-        self, request: LLMRequest, row: FeatureRow, outcome: ResponseOutcome
+        self, request: LLMRequest, row: FeatureRow, cls: str | None, outcome: ResponseOutcome
     ) -> Sample | None:
         start = outcome.dispatched_at
         if not self.params.streaming_mode:
-            return Sample(row, ttft_ms=(outcome.finished_at - start) * 1000.0)
+            return Sample(row, ttft_ms=(outcome.finished_at - start) * 1000.0, hardware_class=cls)
         if not request.stream or outcome.first_token_at is None:
             return None
         ttft = (outcome.first_token_at - start) * 1000.0
@@ -385,7 +404,7 @@ class PredictedLatencyProducer(
         n = outcome.output_tokens
         if n is not None and n >= 2:
             tpot = (outcome.finished_at - outcome.first_token_at) * 1000.0 / (n - 1)
-        return Sample(row, ttft_ms=ttft, tpot_ms=tpot)
+        return Sample(row, ttft_ms=ttft, tpot_ms=tpot, hardware_class=cls)
 
     def forget_endpoint(self, endpoint: Endpoint) -> None:
         self._tpot_slos.pop(endpoint.name, None)

@@ -1,0 +1,135 @@
+"""Per-class serving capacity, for heuristic scorers that normalise load by it.
+
+On a mixed pool a queue of 4 on an H100 drains about three times faster than the same
+queue on an A100 (Llama-3-8B prefill: 21 against 67 µs per token of linear ops, this
+repository's ``sim/profiles`` calibration), so the ``queue-scorer``,
+``kv-cache-utilization-scorer`` and ``active-request-scorer`` can weigh load by each
+endpoint's hardware class capacity ``c`` (output tokens/s, or any unit common to all
+classes) — an opt-in parameter, ``capacityNormalization``:
+
+- ``off`` (default): no normalisation, the scorers' formulas as the reference's;
+- ``configured``: ``c`` is ``classCapacity[class]`` (e.g. ``{h100-80gb: 3, a100-80gb: 1}``);
+- ``measured``: ``c`` is learnt online per class — the output token rate an endpoint of the
+  class sustains while saturated (requests waiting at the previous scrape): from the
+  server's generation counter (``vllm:generation_tokens_total``) between two scrapes, or,
+  when the server reports none, from the gateway's own relay timing
+  (``running / token_interval_s``); an exponential average (weight
+  :data:`MEASURE_WEIGHT`) per class. A class not measured yet uses its configured value.
+
+A candidate whose capacity is unknown (no class, not configured, not measured) makes the
+normalisation neutral for the whole decision: comparing a measured rate with a guess would
+do more harm than none. Every scorer then multiplies its load count by the *load factor*
+``f = c_max / c`` (``c_max`` the largest capacity among the candidates; 1 for the fastest,
+3 for an endpoint a third as fast), so a homogeneous pool gets exactly ``f = 1`` and the
+scores it always got.
+
+Memory: one previous scrape per endpoint (at most :data:`MAX_ENDPOINTS`, dropped all at
+once beyond: an endpoint that left is not worth an observer hook on every scorer) and one
+average per class (at most :data:`MAX_CLASSES`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+from pydantic import Field
+
+from sluicegate.datalayer.endpoint import Endpoint, EngineMetrics
+from sluicegate.framework import PluginParameters
+
+CapacityMode = Literal["off", "configured", "measured"]
+MEASURE_WEIGHT = 0.1
+"""Weight of each new saturated-rate observation in a class's average."""
+MAX_ENDPOINTS = 4096
+MAX_CLASSES = 64
+
+
+class CapacityParameters(PluginParameters):
+    """The parameters of a capacity-aware scorer: ``capacityNormalization`` (``off``) and
+    ``classCapacity`` (empty; relative capacity per hardware class, any positive unit)."""
+
+    capacity_normalization: CapacityMode = "off"
+    class_capacity: dict[str, float] = Field(default_factory=dict)
+
+    def model_post_init(self, context: object, /) -> None:
+        bad = [k for k, v in self.class_capacity.items() if not (math.isfinite(v) and v > 0)]
+        if bad:
+            raise ValueError(f"classCapacity must be positive, not for {bad}")
+        if self.capacity_normalization == "configured" and not self.class_capacity:
+            raise ValueError("capacityNormalization: configured needs classCapacity")
+
+    @property
+    def normalised(self) -> bool:
+        """Whether the scorer weighs load by class capacity (its ``hardware_aware``)."""
+        return self.capacity_normalization != "off"
+
+    def capacity(self) -> ClassCapacity:
+        """The scorer's capacity state."""
+        return ClassCapacity(self.capacity_normalization, self.class_capacity)
+
+
+class ClassCapacity:
+    """Load factors of candidates by their hardware class (module docstring)."""
+
+    __slots__ = ("_last", "configured", "measured", "mode")
+
+    def __init__(self, mode: CapacityMode, configured: Mapping[str, float]) -> None:
+        self.mode: CapacityMode = mode
+        self.configured = dict(configured)
+        self.measured: dict[str, float] = {}
+        """Output tokens/s per class, learnt while saturated."""
+        self._last: dict[str, EngineMetrics] = {}
+
+    def factors(self, endpoints: Sequence[Endpoint]) -> list[float] | None:
+        """``c_max / c`` per candidate, or None when the normalisation is neutral (off,
+        all capacities equal, or one unknown). Learns from new scrapes first (measured)."""
+        if self.mode == "off" or not endpoints:
+            return None
+        if self.mode == "measured":
+            for e in endpoints:
+                self._observe(e)
+        caps: list[float] = []
+        for e in endpoints:
+            cls = e.hardware.accelerator
+            if cls is None:
+                return None
+            cap = self.measured.get(cls) if self.mode == "measured" else None
+            if cap is None:
+                cap = self.configured.get(cls)
+                if cap is None:
+                    return None
+            caps.append(cap)
+        top = max(caps)
+        if min(caps) == top:
+            return None
+        return [top / c for c in caps]
+
+    def _observe(self, e: Endpoint) -> None:
+        m = e.metrics
+        cls = e.hardware.accelerator
+        if m is None or cls is None:
+            return
+        last = self._last.get(e.name)
+        if last is m:
+            return
+        if len(self._last) >= MAX_ENDPOINTS:
+            self._last.clear()
+        self._last[e.name] = m
+        if last is None or last.waiting <= 0 or m.scraped_at <= last.scraped_at:
+            return
+        if m.generation_tokens is not None and last.generation_tokens is not None:
+            rate = (m.generation_tokens - last.generation_tokens) / (m.scraped_at - last.scraped_at)
+        else:
+            interval = e.inflight.token_interval_s
+            rate = m.running / interval if interval > 0 else 0.0
+        if not (math.isfinite(rate) and rate > 0):
+            return
+        old = self.measured.get(cls)
+        if old is None:
+            if len(self.measured) >= MAX_CLASSES:
+                return
+            self.measured[cls] = rate
+        else:
+            self.measured[cls] = old + MEASURE_WEIGHT * (rate - old)

@@ -1,0 +1,218 @@
+"""HardwareAwarePredictor: one model per hardware class, the same model as today on a pool
+of one class, donors for classes without a model, traces and files per class, metrics."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from lat_support import FAST, random_rows, samples
+from prometheus_client import CollectorRegistry, generate_latest
+
+from sluicegate.clock import ManualClock
+from sluicegate.latency.features import Sample
+from sluicegate.latency.hardware import HardwareAwarePredictor, configured_speeds
+from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings
+from sluicegate.latency.metrics import HardwarePredictorCollector
+from sluicegate.latency.trace import TraceError, TraceWriter, load_trace, read_trace
+
+H100, A100, L40S = "h100-80gb", "a100-80gb", "l40s-48gb"
+SETTINGS = PredictorSettings(min_samples=100, train=FAST)
+SLOWER = 3.0
+"""How much slower the synthetic A100 is than the H100 (both targets)."""
+
+
+def classed(items: list[Sample], cls: str | None, factor: float = 1.0) -> list[Sample]:
+    """``items`` filed under ``cls``, their times multiplied by ``factor``."""
+    return [
+        Sample(
+            s.row,
+            None if s.ttft_ms is None else s.ttft_ms * factor,
+            None if s.tpot_ms is None else s.tpot_ms * factor,
+            cls,
+        )
+        for s in items
+    ]
+
+
+def trained(items: list[Sample], settings: PredictorSettings = SETTINGS) -> HardwareAwarePredictor:
+    predictor = HardwareAwarePredictor(ManualClock(), settings)
+    for s in items:
+        predictor.observe(s)
+    predictor.maybe_retrain()
+    return predictor
+
+
+@pytest.mark.parametrize("cls", [None, H100])
+def test_a_pool_of_one_class_predicts_exactly_as_the_single_model(cls: str | None) -> None:
+    data = samples(600, seed=3, sigma=0.1)
+    single = InProcessPredictor(ManualClock(), SETTINGS)
+    for s in data:
+        single.observe(s)
+    assert single.maybe_retrain()
+    aware = trained(classed(data, cls))
+    rows = random_rows(50, seed=9)
+    expected = single.predict(rows)
+    got = aware.predict(rows, None if cls is None else [cls] * len(rows))
+    assert expected is not None
+    assert got is not None
+    np.testing.assert_array_equal(got.ttft_ms, expected.ttft_ms)
+    np.testing.assert_array_equal(got.tpot_ms, expected.tpot_ms)
+    assert aware.source_of(cls) == "model"
+    assert aware.prediction_calls == 1  # one booster call per target, as before
+
+
+def test_each_class_learns_its_own_speed_and_a_mixed_query_predicts_row_by_row() -> None:
+    aware = trained(
+        classed(samples(600, seed=1, sigma=0.05), H100)
+        + classed(samples(600, seed=2, sigma=0.05), A100, SLOWER)
+    )
+    rows = random_rows(40, seed=11)
+    fast = aware.predict(rows, [H100] * 40)
+    slow = aware.predict(rows, [A100] * 40)
+    mixed = aware.predict(rows, [H100 if i % 2 else A100 for i in range(40)])
+    assert fast is not None
+    assert slow is not None
+    assert mixed is not None
+    ratio = float(np.median(slow.ttft_ms / fast.ttft_ms))
+    assert 2.4 < ratio < 3.6
+    assert 2.4 < float(np.median(slow.tpot_ms / fast.tpot_ms)) < 3.6
+    # The mixed query is one call per target of the merged models, predicting what each
+    # class's own model does (to float32 rounding).
+    odd = np.arange(40) % 2 == 1
+    for got, one, two in (
+        (mixed.ttft_ms, fast.ttft_ms, slow.ttft_ms),
+        (mixed.tpot_ms, fast.tpot_ms, slow.tpot_ms),
+    ):
+        np.testing.assert_allclose(got[odd], one[odd], rtol=1e-5, atol=1e-3)
+        np.testing.assert_allclose(got[~odd], two[~odd], rtol=1e-5, atol=1e-3)
+    assert aware.merged_calls == 1
+    # A class whose servers all left keeps its model; queries without it are unaffected.
+    assert aware.predict(rows[:3], [H100] * 3) is not None
+
+
+def test_a_class_never_seen_is_heuristic_then_configured_then_measured() -> None:
+    base = classed(samples(400, seed=4, sigma=0.05), H100)
+    blind = trained(base)
+    rows = random_rows(10, seed=5)
+    assert blind.source_of(A100) == "heuristic"
+    assert blind.predict(rows, [H100] * 5 + [A100] * 5) is None  # → heuristic fallback
+    configured = trained(
+        base, replace(SETTINGS, class_speeds=configured_speeds({H100: 3.0, A100: 1.0}))
+    )
+    assert configured.source_of(A100) == "configured-ratio"
+    own = configured.predict(rows, [H100] * 10)
+    borrowed = configured.predict(rows, [A100] * 10)
+    assert own is not None
+    assert borrowed is not None
+    np.testing.assert_allclose(borrowed.ttft_ms, own.ttft_ms * 3.0, rtol=1e-6)
+    # 30 samples (≥ ratio_samples, < min_samples) of a class 2× slower: measured.
+    for s in classed(samples(30, seed=6), L40S, 2.0):
+        configured.observe(s)
+    configured.maybe_retrain()
+    assert configured.source_of(L40S) == "measured-ratio"
+    assert configured.lanes[L40S].bundle is None
+    got = configured.predict(rows, [L40S] * 10)
+    assert got is not None
+    assert 1.5 < float(np.median(got.ttft_ms / own.ttft_ms)) < 2.6
+
+
+def test_classes_are_bounded() -> None:
+    predictor = HardwareAwarePredictor(ManualClock(), replace(SETTINGS, max_classes=2))
+    for i, cls in enumerate((H100, A100, L40S)):
+        assert predictor.add(classed(samples(1, seed=i), cls)[0]) == (cls != L40S)
+    assert list(predictor.lanes) == [H100, A100]
+    assert predictor.refused_class_samples == 1
+
+
+def test_speeds_are_validated() -> None:
+    with pytest.raises(ValueError, match="lower-case"):
+        configured_speeds({"H100": 1.0})
+    with pytest.raises(ValueError, match="positive"):
+        configured_speeds({H100: 0.0})
+
+
+def test_a_trace_warm_starts_every_class(tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    with TraceWriter(path) as writer:
+        writer.write_all(classed(samples(200, seed=1), H100))
+        writer.write_all(classed(samples(200, seed=2), A100, SLOWER))
+        writer.write_all(samples(150, seed=3))  # no class: the unnamed one
+    assert {s.hardware_class for s in read_trace(path)} == {H100, A100, None}
+    predictor = HardwareAwarePredictor(ManualClock(), SETTINGS)
+    assert load_trace(path, predictor) == 550
+    assert predictor.maybe_retrain()
+    assert predictor.sources() == {H100: "model", A100: "model", "none": "model"}
+
+
+def test_a_bad_class_in_a_trace_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(
+        '{"kv_cache_percentage": 0.1, "input_token_length": 10, "num_request_waiting": 0,'
+        ' "num_request_running": 1, "prefix_cache_score": 0, "ttft_ms": 5,'
+        ' "hardware_class": "H100 80GB"}\n'
+    )
+    with pytest.raises(TraceError, match=r"bad.jsonl:1: hardware_class"):
+        list(read_trace(path))
+
+
+def test_models_are_saved_and_loaded_per_class(tmp_path: Path) -> None:
+    aware = trained(
+        classed(samples(300, seed=1), H100)
+        + classed(samples(300, seed=2), A100, SLOWER)
+        + samples(300, seed=3)
+    )
+    assert aware.save(tmp_path)
+    assert (tmp_path / "bundle.json").exists()  # the unnamed class: today's layout
+    assert (tmp_path / "classes" / A100 / "bundle.json").exists()
+    loaded = HardwareAwarePredictor(ManualClock(), SETTINGS)
+    assert loaded.load(tmp_path)
+    rows = random_rows(8, seed=4)
+    for cls in (H100, A100, None):
+        a = aware.predict(rows, [cls] * 8)
+        b = loaded.predict(rows, [cls] * 8)
+        assert a is not None
+        assert b is not None
+        np.testing.assert_array_equal(a.ttft_ms, b.ttft_ms)
+
+
+def test_metrics_say_what_predicts_each_class() -> None:
+    aware = trained(
+        classed(samples(300, seed=1), H100),
+        replace(SETTINGS, class_speeds=configured_speeds({H100: 2.0, A100: 1.0})),
+    )
+    aware.add(classed(samples(1, seed=5), A100)[0])  # seen, far too few to measure
+    aware.refresh_borrowing()
+    registry = CollectorRegistry()
+    registry.register(HardwarePredictorCollector(aware))
+    text = generate_latest(registry).decode()
+    line = 'sluicegate_predictor_latency_model_source{class="%s",source="%s"} 1.0'
+    assert line % (H100, "model") in text
+    assert line % (A100, "configured-ratio") in text
+    assert 'sluicegate_predictor_latency_model_source{class="a100-80gb",source="model"} 0.0' in text
+    assert 'sluicegate_predictor_class_samples{class="h100-80gb",target="ttft"}' in text
+    assert "sluicegate_predictor_ready 1.0" in text
+
+
+def test_a_borrowing_class_in_a_mixed_query_uses_the_merged_models_too() -> None:
+    settings = replace(SETTINGS, class_speeds=configured_speeds({H100: 3.0, A100: 1.0}))
+    aware = trained(
+        classed(samples(300, seed=1), H100) + classed(samples(300, seed=2), L40S, 2.0), settings
+    )
+    rows = random_rows(6, seed=3)
+    own = aware.predict(rows, [H100] * 6)
+    mixed = aware.predict(rows, [H100, A100, L40S] * 2)
+    assert own is not None
+    assert mixed is not None
+    assert aware.merged_calls == 1
+    np.testing.assert_allclose(mixed.ttft_ms[1::3], own.ttft_ms[1::3] * 3.0, rtol=1e-5)
+
+
+def test_boosters_that_cannot_be_merged_are_predicted_class_by_class() -> None:
+    aware = trained(
+        classed(samples(300, seed=1), H100) + classed(samples(300, seed=2, tpot=False), A100)
+    )  # the A100 has no TPOT model: no merged models
+    assert aware.predict(random_rows(4), [H100, A100, H100, A100]) is not None
+    assert aware.merged_calls == 0
