@@ -5,11 +5,13 @@ TPOT per candidate, and whether they meet the request's SLOs), each endpoint's c
 (``Endpoint.hardware.cost_per_hour``, currency per hour) and running requests, and the
 request's expected output length. Parameters: ``unknownCost`` (``most-expensive``): how an
 endpoint without a cost counts — ``most-expensive`` (as the dearest known cost per hour
-among the candidates) or ``free`` (0 per hour).
+among the candidates) or ``free`` (0 per hour); ``sharedBatch`` (false): whether the
+endpoint's predicted output rate counts the batch the request joins (below).
 
 Formula, for a candidate ``e`` with this request added:
 
-- ``b = running + 1`` sequences in its batch, each producing a token every ``τ`` ms —
+- ``b = running + 1`` sequences in its batch with ``sharedBatch``, else ``b = 1`` (the
+  request's own stream), each producing a token every ``τ`` ms —
   the predicted TPOT, or, when there is none (non-streaming: TTFT stands for the whole
   request), predicted TTFT / max(expected output tokens, 1);
 - predicted output rate ``T = b · 1000 / τ`` tokens/s, and
@@ -21,12 +23,14 @@ Formula, for a candidate ``e`` with this request added:
   (cost cannot tell them apart). If ``M`` is empty (no prediction, no SLO, or none meets
   it) every candidate scores 0: the other scorers decide.
 
-Why per token and with the batch: an endpoint already running many requests turns the
-next one into tokens at a marginal cost the load spreads, so the cheap hardware is packed
-first, and the SLO test moves requests to the faster hardware once the cheap one would
-miss them (the producer's predictions include the load, so packing stops where the SLO
-binds). Use it next to ``latency-scorer`` (which breaks ties by headroom) in the
-``cost-aware`` preset.
+Why per token: an endpoint's price is per hour, its output per token; the cheapest
+hardware per token is packed first and the SLO test moves requests to other hardware once
+it would miss them. ``sharedBatch`` also credits a busy endpoint with the batch the
+request shares (its cost per token falls with load), which packs harder — measured on the
+``heterogeneous-pool`` scenario (80 req/s, seed 0) it herded requests onto the busiest
+endpoint: SLO attainment 59.9 % against 71.1 % per stream, at a higher cost per 1M output
+tokens ($0.302 against $0.290, busy). Use it next to ``latency-scorer`` (which breaks ties
+by headroom) in the ``cost-aware`` preset.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class CostAwareScorer(Scorer):
 
     class Parameters(PluginParameters):
         unknown_cost: Literal["most-expensive", "free"] = "most-expensive"
+        shared_batch: bool = False
 
     params: Parameters
 
@@ -69,7 +74,8 @@ class CostAwareScorer(Scorer):
             if p is None or not p.valid:
                 continue
             tau = p.tpot_ms if p.tpot_ms > 0 else p.ttft_ms / output_tokens
-            rate = (e.running + 1) * 1000.0 / max(tau, _MIN_TAU_MS)
+            batch = e.running + 1 if self.params.shared_batch else 1
+            rate = batch * 1000.0 / max(tau, _MIN_TAU_MS)
             meeting.append((i, e, rate))
         if not meeting:
             return out
