@@ -110,6 +110,10 @@ class ProfileSpec(_Strict):
     attention_fixed_ms_per_layer: NonNegative | None = None
     step_overhead_ms: NonNegative | None = None
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] | None = None
+    accelerator: Annotated[str, Field(min_length=1, max_length=63)] | None = None
+    """The hardware class the profile's endpoints report (e.g. ``h100-80gb``)."""
+    cost_per_hour: NonNegative | None = None
+    """Their price, currency per hour (for the lab's cost per 1M output tokens)."""
     calibration: dict[str, object] | None = None
     """What ``sim calibrate`` measured (informational; not read back)."""
 

@@ -259,5 +259,9 @@ async def _limits(
         max_model_len=max_len,
         max_num_seqs=o.max_num_seqs or base.max_num_seqs,
         max_num_batched_tokens=o.max_num_batched_tokens or base.max_num_batched_tokens,
+        # the server's hardware is not the base's, and it does not say what it is: a
+        # user names it (and its price) in the written file
+        accelerator=None,
+        cost_per_hour=None,
     )
     return profile, source
