@@ -496,7 +496,7 @@ def test_a_rerun_keeps_the_hand_written_sections_of_a_report(
     [
         (
             ["multi-turn-chat", "--policies", "random,nonexistent"],
-            "unknown policy 'nonexistent'; known: default, ",
+            "unknown policy 'nonexistent'; known: cost-aware, default, ",
         ),
         (["multi-turn-chat", "--policies", "random,,default"], "empty policy name"),
         (["multi-turn-chat", "--policies", ""], "empty policy name"),

@@ -43,7 +43,7 @@ schedulingProfiles:
 {{- define "sluicegate.predictedLatencyProfile" -}}
 plugins:
 - type: predicted-latency-producer
-  parameters: {streamingMode: true}
+  parameters: {streamingMode: true, hardwareAware: true}
 - name: strict-affinity-filter
   type: prefix-cache-affinity-filter
   parameters: {affinityThreshold: 0.99, ttftSource: latencyPredictor, maxTTFTPenaltyMs: 5000}
