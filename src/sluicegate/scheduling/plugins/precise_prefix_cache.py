@@ -97,7 +97,7 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, Pre
         self.service = service
         """None when the host has no event streams (every view unknown: approximate)."""
         # the fallback: the approximate producer's own match
-        self.approximate = ApproximatePrefix.of(p)
+        self.approximate = ApproximatePrefix.of(p, context, name)
 
     def produce(
         self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
