@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -233,19 +234,28 @@ async def test_a_frozen_redis_costs_one_timeout(
 
 
 async def test_the_password_is_never_logged(
-    tmp_path: Any, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    secret = "s3cret-Pa55word-xyz"
-    url = f"redis://:{secret}@127.0.0.1:{redis_server.port}/0"
-    assert redacted(url) == f"redis://127.0.0.1:{redis_server.port}/0"
-    spec = SharedStateSettings.model_validate({"redis": {"url": url}})
-    assert secret not in repr(spec)
-    state = SharedState(spec, _datastore())
-    with caplog.at_level(logging.DEBUG):
-        state.start()
-        # The server has no password: AUTH fails, and the failure is logged.
-        await _until(lambda: bool(state.fallbacks), within_s=5.0)
+    guarded = RedisServer(redis_server.binary, tmp_path, password="the-right-Pa55word")
+    guarded.start()
+    try:
+        ok = SharedStateSettings.model_validate({"redis": {"url": guarded.url}})
+        state = SharedState(ok, _datastore())
+        assert await state.sync_inflight()  # a URL's password is used
         await state.stop()
+        secret = "s3cret-Pa55word-xyz"
+        url = f"redis://:{secret}@127.0.0.1:{guarded.port}/0"
+        assert redacted(url) == f"redis://127.0.0.1:{guarded.port}/0"
+        spec = SharedStateSettings.model_validate({"redis": {"url": url}})
+        assert secret not in repr(spec)
+        state = SharedState(spec, _datastore())
+        with caplog.at_level(logging.DEBUG):
+            state.start()
+            # A wrong password: AUTH fails, and the failure is logged.
+            await _until(lambda: bool(state.fallbacks), within_s=5.0)
+            await state.stop()
+    finally:
+        guarded.stop()
     assert any("unavailable" in r.getMessage() for r in caplog.records)
     leaked = [r.getMessage() for r in caplog.records if secret in r.getMessage()]
     assert not leaked

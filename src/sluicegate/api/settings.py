@@ -96,7 +96,7 @@ class RedisSettings(Model):
     key_prefix: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")] = "sluicegate"
     """Every key and stream this gateway uses starts with it; replicas that should share
     state use the same prefix (and the same Redis database)."""
-    timeout_ms: Annotated[float, Field(gt=0)] = 50.0
+    timeout_ms: Annotated[float, Field(gt=0)] = 100.0
     """The longest any Redis operation may take (connect included); past it the replica
     falls back to its local state until Redis answers again."""
 

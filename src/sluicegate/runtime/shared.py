@@ -33,7 +33,7 @@ import os
 import socket
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import redis.asyncio
@@ -62,6 +62,9 @@ _StreamReply = tuple[bytes, list[_Entry]]
 
 READ_BLOCK_MS = 500
 """How long one ``XREAD`` waits for new prefix batches before asking again."""
+MAX_ABANDONED = 16
+"""Timed-out calls still running at which no new call is started (each holds a
+connection until its socket timeout ends it)."""
 _READ_COUNT = 256
 _TAKE = 4096
 
@@ -143,6 +146,8 @@ class SharedState:
         """Other replicas whose in-flight lease was alive at the last sync."""
         self._failed_before = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._abandoned: set[asyncio.Future[Any]] = set()  # results of any type: dropped
+        """Calls given up on (timed out or cancelled) that have not ended yet."""
         self._writer = self._client(self.timeout_s)
         self._reader = self._client(self.timeout_s + READ_BLOCK_MS / 1000.0)
         self._sync = self._writer.register_script(_SYNC_SCRIPT)
@@ -183,8 +188,13 @@ class SharedState:
             # Leave at once rather than when the lease runs out.
             await self._call("inflight", self._leave())
         self._zero_peers()
-        for client in (self._writer, self._reader):
-            await client.aclose()
+        closing: list[asyncio.Future[Any]] = [
+            asyncio.ensure_future(c.aclose()) for c in (self._writer, self._reader)
+        ]
+        # Bounded like every call: a hung connection is left to the process's end.
+        _, pending = await asyncio.wait([*closing, *self._abandoned], timeout=self.timeout_s)
+        for left in pending:
+            left.cancel()
 
     async def _leave(self) -> None:
         pipe = self._writer.pipeline(transaction=True)
@@ -195,15 +205,32 @@ class SharedState:
     # ------------------------------------------------------------------ degrade
 
     async def _call(self, task: str, op: Awaitable[T], timeout_s: float | None = None) -> T | None:
-        """``op`` within the timeout; None (and local state) when it fails or times out."""
+        """``op`` within the timeout; None (and local state) when it fails or times out.
+
+        The call runs as a task of its own that is abandoned (cancelled, not awaited) when
+        the timeout passes or the caller is cancelled: a client call interrupted inside
+        its socket write was seen to hold its cancellation for seconds, and nothing here
+        may wait longer than the one timeout."""
+        if len(self._abandoned) >= MAX_ABANDONED:
+            if asyncio.iscoroutine(op):
+                op.close()
+            self._failed(task, TimeoutError(f"{len(self._abandoned)} earlier calls still hang"))
+            return None
+        call = asyncio.ensure_future(op)
         try:
-            async with asyncio.timeout(self.timeout_s if timeout_s is None else timeout_s):
-                result = await op
+            done, _ = await asyncio.wait([call], timeout=timeout_s or self.timeout_s)
         except asyncio.CancelledError:
+            self._abandon(call)
             raise
-        except Exception as exc:  # redis, socket and timeout errors alike: degrade
+        if not done:
+            self._abandon(call)
+            self._failed(task, TimeoutError(f"no answer within {timeout_s or self.timeout_s} s"))
+            return None
+        exc = call.exception()
+        if exc is not None:  # redis, socket and protocol errors alike: degrade
             self._failed(task, exc)
             return None
+        result = call.result()
         if not self.up:
             if self._failed_before:
                 log.warning("shared state: %s answers again; sharing resumed", self.where)
@@ -211,6 +238,16 @@ class SharedState:
             if self.share is not None:
                 self.share.enabled = True
         return result
+
+    def _abandon(self, call: asyncio.Future[Any]) -> None:
+        call.cancel()
+        self._abandoned.add(call)
+        call.add_done_callback(self._reap)
+
+    def _reap(self, call: asyncio.Future[Any]) -> None:
+        self._abandoned.discard(call)
+        if not call.cancelled():
+            call.exception()  # retrieved: an abandoned call's error is no news
 
     def _failed(self, task: str, exc: BaseException) -> None:
         self.fallbacks[task] = self.fallbacks.get(task, 0) + 1
@@ -278,7 +315,7 @@ class SharedState:
         every = self.settings.inflight_sync_ms / 1000.0
         retry = self.settings.retry_ms / 1000.0
         while True:
-            ok = await self.sync_inflight()
+            ok = await _guarded("in-flight sync", self.sync_inflight())
             await asyncio.sleep(every if ok else retry)
 
     # ------------------------------------------------------------------ prefix index
@@ -306,7 +343,7 @@ class SharedState:
         every = self.settings.prefix_flush_ms / 1000.0
         retry = self.settings.retry_ms / 1000.0
         while True:
-            ok = await self.flush_prefix()
+            ok = await _guarded("prefix write", self.flush_prefix())
             await asyncio.sleep(every if ok else retry)
 
     async def _replay_start(self) -> str | None:
@@ -369,7 +406,7 @@ class SharedState:
                 if last_id is None:
                     await asyncio.sleep(retry)
                     continue
-            after = await self.read_prefix(last_id, READ_BLOCK_MS)
+            after = await _guarded("prefix read", self.read_prefix(last_id, READ_BLOCK_MS))
             if after is None:
                 # Back after an outage: replay the stream's last TTL (inserts are
                 # idempotent: what was already applied only moves up its LRU).
@@ -377,6 +414,18 @@ class SharedState:
                 await asyncio.sleep(retry)
             else:
                 last_id = after
+
+
+async def _guarded(what: str, step: Awaitable[T]) -> T | None:
+    """One step of a loop; a bug logs and counts as a failed step instead of ending the
+    loop (and sharing) for good."""
+    try:
+        return await step
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("shared state: %s failed", what)
+        return None
 
 
 class SharedStateCollector(Collector):
