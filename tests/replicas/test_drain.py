@@ -53,9 +53,9 @@ def start_serve(config: Path, *args: str) -> tuple[subprocess.Popen[bytes], int]
     """``sluicegate serve --config CONFIG ARGS`` on a free port, once it listens."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "SLUICEGATE_API_KEYS"}
+    port_args = ["--port", str(port), *args]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sluicegate", "serve", "--config", str(config)]
-        + ["--port", str(port), *args],
+        [sys.executable, "-m", "sluicegate", "serve", "--config", str(config), *port_args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env={**env, "PYTHONPATH": SRC, "COLUMNS": "200"},

@@ -164,6 +164,11 @@ class SharedState:
         )
 
     @property
+    def client(self) -> redis.asyncio.Redis:
+        """The client the in-flight sync and prefix writes use."""
+        return self._writer
+
+    @property
     def where(self) -> str:
         return redacted(self.settings.redis.url.get_secret_value())
 
