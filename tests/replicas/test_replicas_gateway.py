@@ -10,6 +10,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+
+pytest.importorskip("redis", reason="the shared-state tests need the redis client (dev extra)")
+
 from redis_support import RedisServer
 
 from sluicegate.api.loader import build_config

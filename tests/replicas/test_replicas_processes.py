@@ -16,6 +16,9 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+
+pytest.importorskip("redis", reason="the shared-state tests need the redis client (dev extra)")
+
 import redis.asyncio
 from redis_support import RedisServer
 from serve_support import SRC, start_serve, write_config

@@ -11,6 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+pytest.importorskip("redis", reason="the shared-state tests need the redis client (dev extra)")
+
 from redis_support import RedisServer
 
 from sluicegate.api.settings import SharedStateSettings
