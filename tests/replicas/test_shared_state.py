@@ -111,7 +111,7 @@ async def test_a_dead_replicas_counts_vanish_within_its_lease(replicas: Factory)
     vanished = await _until(lambda: seen.peers.requests == 0, within_s=2.0)
     # Bound: the lease (300 ms) plus one sync interval of the reader (20 ms), with slack
     # for a loaded machine; it cannot vanish before the lease has run out either.
-    assert vanished < 0.3 + 0.02 + 0.25
+    assert vanished < 0.3 + 0.02 + 0.5
     assert vanished > 0.1
     assert alive.peer_replicas == 0
 
@@ -230,7 +230,7 @@ async def test_a_frozen_redis_costs_one_timeout(
         took = time.monotonic() - start
     finally:
         redis_server.resume()
-    assert 0.07 < took < 0.5
+    assert 0.07 < took < 1.0  # one timeout (80 ms), with slack for a loaded machine
     assert a.fallbacks["inflight"] == 1
     # Answers again: the next call succeeds (the timed-out connection was dropped).
     assert await a.sync_inflight()
