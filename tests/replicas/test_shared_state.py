@@ -4,6 +4,7 @@ degrading to local state and coming back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -263,3 +264,44 @@ async def test_the_password_is_never_logged(
     leaked = [r.getMessage() for r in caplog.records if secret in r.getMessage()]
     assert not leaked
     assert secret not in caplog.text
+
+
+def test_the_wire_round_trips_and_refuses_garbage() -> None:
+    import random
+
+    from sluicegate.runtime.shared_wire import (
+        MAX_BATCH_BYTES,
+        WireError,
+        decode_load,
+        decode_prefix,
+        encode_load,
+        encode_prefix,
+    )
+
+    records = [
+        PrefixRecord("approx/64", f"sim-{i % 3}", [(i * 7919 + k) % 2**64 for k in range(i)], i)
+        for i in range(1, 300)
+    ] + [PrefixRecord("approx/64", "sim-0", [2**64 - 1], None)]
+    batches = list(encode_prefix(records))
+    assert len(batches) > 1  # split at about MAX_BATCH_BYTES
+    assert all(len(b) < MAX_BATCH_BYTES + 8 * 300 + 64 for b in batches)
+    back = [r for b in batches for r in decode_prefix(b)]
+    assert [(r.space, r.endpoint, list(r.hashes), r.capacity) for r in back] == [
+        (r.space, r.endpoint, list(r.hashes), r.capacity) for r in records
+    ]
+    totals: dict[str, list[int]] = {}
+    decode_load(encode_load([("sim-0", 2, 30, 40), ("sim-1", 0, 0, 0)]), totals)
+    decode_load(encode_load([("sim-0", 1, 1, 1)]), totals)
+    assert totals == {"sim-0": [3, 31, 41]}
+    rng = random.Random(7)
+    for _ in range(300):
+        junk = rng.randbytes(rng.randrange(1, 200))
+        with contextlib.suppress(WireError):  # refused, or (rarely) read as records
+            decode_prefix(junk)
+        before = {k: list(v) for k, v in totals.items()}
+        try:
+            decode_load(junk, totals)
+        except WireError:
+            assert totals == before  # a bad snapshot adds nothing
+    with pytest.raises(WireError):
+        decode_prefix(batches[0][:-3])
