@@ -154,7 +154,7 @@ class Runtime:
             self.predictor.register_metrics(self.metrics.registry)
         self.metrics.registry.register(KVEventsCollector(self.kv_events))
         if self.shared is not None:
-            from sluicegate.runtime.shared import SharedStateCollector
+            from sluicegate.runtime.shared_metrics import SharedStateCollector
 
             self.metrics.registry.register(SharedStateCollector(self.shared))
         self.collector: Collector | None = None
