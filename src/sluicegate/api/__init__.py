@@ -43,6 +43,8 @@ from sluicegate.api.settings import (
     GatewaySettings,
     LatencyPredictorSettings,
     OutlierDetectionSettings,
+    RedisSettings,
+    SharedStateSettings,
 )
 from sluicegate.api.units import Seconds, parse_bytes, parse_duration_s
 
@@ -63,8 +65,10 @@ __all__ = [
     "OutlierDetectionSettings",
     "PluginSpec",
     "PriorityBandSpec",
+    "RedisSettings",
     "SchedulingProfileSpec",
     "Seconds",
+    "SharedStateSettings",
     "StaticEndpoint",
     "build_config",
     "check_keys",

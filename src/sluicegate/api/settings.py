@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import (
     ConfigDict,
     Field,
+    SecretStr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -89,6 +90,72 @@ class OutlierDetectionSettings(Model):
     (``sluicegate.datalayer.stall``). 0: off."""
 
 
+class RedisSettings(Model):
+    """The Redis server the replicas share state through. Durations in ms."""
+
+    model_config = ConfigDict(hide_input_in_errors=True)
+
+    url: SecretStr
+    """``redis://[:password@]host:port/db`` (or ``rediss://``, ``unix://``). It may carry a
+    password: it is never logged or echoed in errors (logs name host, port and db only)."""
+    key_prefix: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")] = "sluicegate"
+    """Every key and stream this gateway uses starts with it; replicas that should share
+    state use the same prefix (and the same Redis database)."""
+    timeout_ms: Annotated[float, Field(gt=0)] = 100.0
+    """The longest any Redis operation may take (connect included); past it the replica
+    falls back to its local state until Redis answers again."""
+
+    @field_validator("url")
+    @classmethod
+    def _scheme(cls, url: SecretStr) -> SecretStr:
+        value = url.get_secret_value()
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return url
+
+
+class SharedStateSettings(Model):
+    """Routing state the gateway replicas share (``docs/replicas.md``). Durations in ms;
+    fixed at start (a reload that changes them is reported and applied at the next start)."""
+
+    model_config = ConfigDict(hide_input_in_errors=True)
+
+    redis: RedisSettings
+    replica_id: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    """This replica's name in the shared state; None: host name, process id and a random
+    suffix (unique per start)."""
+    prefix_index: bool = True
+    """Share the approximate prefix index (every prefix producer's decisions)."""
+    inflight: bool = True
+    """Share in-flight counts per endpoint (summed into the load estimates)."""
+    lease_ms: Annotated[float, Field(gt=0)] = 2000.0
+    """How long a replica's published in-flight counts live without a refresh: a replica
+    that dies (or loses Redis) stops counting within this, plus one sync interval of the
+    readers."""
+    inflight_sync_ms: Annotated[float, Field(gt=0)] = 25.0
+    """How often each replica publishes its in-flight counts and reads the others'."""
+    prefix_flush_ms: Annotated[float, Field(gt=0)] = 5.0
+    """How long a prefix decision may wait before it is shipped to the other replicas (the
+    batching window)."""
+    prefix_stream_max_entries: Annotated[int, Field(ge=16)] = 4096
+    """Batches the shared prefix stream keeps (approximately; each batch at most 64 KiB):
+    what a replica that starts or reconnects replays, and the bound on Redis memory."""
+    prefix_ttl_ms: Annotated[float, Field(gt=0)] = 600_000.0
+    """Decisions older than this are not replayed, and the stream expires when no replica
+    has written to it for this long."""
+    retry_ms: Annotated[float, Field(gt=0)] = 1000.0
+    """While Redis is unreachable, how often a replica tries again."""
+
+    @model_validator(mode="after")
+    def _lease_outlives_sync(self) -> SharedStateSettings:
+        if self.lease_ms < 2 * self.inflight_sync_ms:
+            raise ValueError(
+                f"leaseMs ({self.lease_ms}) must be at least twice inflightSyncMs "
+                f"({self.inflight_sync_ms}): a live replica's counts would blink out"
+            )
+        return self
+
+
 class GatewaySettings(Model):
     """Settings of the standalone gateway. Durations are in milliseconds."""
 
@@ -133,6 +200,9 @@ class GatewaySettings(Model):
     metrics_names: Literal["gateway-api", "llm-d", "both"] = "gateway-api"
     """The names ``/metrics`` uses: the Gateway API Inference Extension's, llm-d-router's
     ``llm_d_epp_*``, or both (see docs/metrics.md)."""
+    shared_state: SharedStateSettings | None = None
+    """Share the approximate prefix index and in-flight counts with the other replicas
+    through Redis (``docs/replicas.md``); None: this replica routes on its own state."""
 
     @model_validator(mode="after")
     def _buffer_holds_a_body(self) -> GatewaySettings:
@@ -170,4 +240,6 @@ __all__ = [
     "GatewaySettings",
     "LatencyPredictorSettings",
     "OutlierDetectionSettings",
+    "RedisSettings",
+    "SharedStateSettings",
 ]

@@ -81,6 +81,22 @@ def add_parser(sub: Subparsers) -> None:
         metavar="N",
         help="embedded pool's ports: replica i listens on N+i (default 0: any free ports)",
     )
+    serve.add_argument(
+        "--drain-delay",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="on SIGTERM: seconds to keep serving with /ready failing, so load balancers "
+        "move away before the listener closes (default 2)",
+    )
+    serve.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="on SIGTERM, after the drain delay: seconds requests in progress (streams "
+        "included) may take to finish before they are cut off (default 30)",
+    )
     add_picker_flags(serve, kubernetes=False)
     serve.set_defaults(func=_cmd_serve)
 
@@ -104,6 +120,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     if args.sim_time_scale <= 0:
         return fail("--sim-time-scale must be positive")
+    if args.drain_delay < 0 or args.shutdown_grace < 0:
+        return fail("--drain-delay and --shutdown-grace must not be negative")
     if problem := _sim_ports_problem(args):
         return fail(problem)
     if problem := check_latency_flags(args):
@@ -123,7 +141,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         sim_time_scale=args.sim_time_scale,
         sim_base_port=args.sim_base_port,
         allow_empty_config=rules.allow_empty,
-        gateway=GatewayOptions(runtime, access_log=args.access_log, api_keys=api_keys),
+        gateway=GatewayOptions(
+            runtime,
+            access_log=args.access_log,
+            api_keys=api_keys,
+            shutdown_grace_s=args.shutdown_grace,
+            drain_delay_s=args.drain_delay,
+        ),
     )
     try:
         run(serve(options, console))

@@ -1,7 +1,7 @@
 """The data layer: the endpoints, what the gateway knows about each, and keeping it fresh.
 
 - :mod:`~sluicegate.datalayer.endpoint` — ``Endpoint`` and its state (``EngineMetrics``,
-  ``ServedModels``, ``InFlight``, ``Health``);
+  ``ServedModels``, ``InFlight``, ``PeerLoad``, ``Health``);
 - :mod:`~sluicegate.datalayer.datastore` — the endpoint set: ``Datastore``, ``Pool``,
   ``EndpointSpec``;
 - :mod:`~sluicegate.datalayer.pools` — from configuration to endpoint set
@@ -9,6 +9,8 @@
 - :mod:`~sluicegate.datalayer.collector` — metric scrapes, served-model lists, health
   (``Collector``);
 - :mod:`~sluicegate.datalayer.parsers` — model servers' Prometheus metrics per engine;
+- :mod:`~sluicegate.datalayer.sharing` — what the prefix producers publish to and
+  receive from other gateway replicas (``PrefixShare``, ``SHARED_PREFIX_SERVICE``);
 - :mod:`~sluicegate.datalayer.outlier`, :mod:`~sluicegate.datalayer.stall` — taking out
   endpoints whose requests fail or stall (``OutlierDetector``).
 
@@ -35,6 +37,7 @@ _EXPORTS = {
     "Hardware": "sluicegate.datalayer.endpoint",
     "Health": "sluicegate.datalayer.endpoint",
     "InFlight": "sluicegate.datalayer.endpoint",
+    "PeerLoad": "sluicegate.datalayer.endpoint",
     "ServedModels": "sluicegate.datalayer.endpoint",
     "OutlierDetector": "sluicegate.datalayer.outlier",
     "OutlierSettings": "sluicegate.datalayer.outlier",
@@ -47,6 +50,8 @@ _EXPORTS = {
     "static_endpoints": "sluicegate.datalayer.pools",
     "sync_pools": "sluicegate.datalayer.pools",
     "stalled": "sluicegate.datalayer.stall",
+    "SHARED_PREFIX_SERVICE": "sluicegate.datalayer.sharing",
+    "PrefixShare": "sluicegate.datalayer.sharing",
 }
 
 if TYPE_CHECKING:
@@ -59,6 +64,7 @@ if TYPE_CHECKING:
         Hardware,
         Health,
         InFlight,
+        PeerLoad,
         ServedModels,
     )
     from sluicegate.datalayer.outlier import (
@@ -69,6 +75,7 @@ if TYPE_CHECKING:
     )
     from sluicegate.datalayer.parsers import ENGINES, MetricsParseError, MetricsParser
     from sluicegate.datalayer.pools import EndpointsByPool, static_endpoints, sync_pools
+    from sluicegate.datalayer.sharing import SHARED_PREFIX_SERVICE, PrefixShare
     from sluicegate.datalayer.stall import stalled
 
 
@@ -78,6 +85,7 @@ __getattr__ = lazy.exports(__name__, _EXPORTS, globals())
 __all__ = [
     "ENGINES",
     "SAME_ITERATION_S",
+    "SHARED_PREFIX_SERVICE",
     "Collector",
     "CollectorSettings",
     "Datastore",
@@ -92,7 +100,9 @@ __all__ = [
     "MetricsParser",
     "OutlierDetector",
     "OutlierSettings",
+    "PeerLoad",
     "Pool",
+    "PrefixShare",
     "Result",
     "ServedModels",
     "classify_status",

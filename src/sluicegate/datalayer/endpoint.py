@@ -9,7 +9,9 @@ sources, kept apart so each can be reasoned about:
 - :class:`InFlight`: the requests and tokens this gateway dispatched to it and that have
   not finished, updated synchronously on every dispatch and completion, so load is visible
   between scrapes and a burst is never sent to one endpoint because its last scrape looked
-  idle.
+  idle;
+- :class:`PeerLoad`: the same counts of the other gateway replicas, when they share state
+  (``sharedState`` in the GatewayConfig; zero otherwise), summed into the load estimates.
 
 Health (scrape failures, request failures and the ejections they cause) lives here too:
 :class:`Health`.
@@ -176,6 +178,22 @@ class InFlight:
 
 
 @dataclass(slots=True)
+class PeerLoad:
+    """What the *other* gateway replicas dispatched to an endpoint and have not seen finish,
+    summed over the replicas whose lease is alive (see ``docs/replicas.md``).
+
+    Written whole by the shared-state synchroniser every ``inflightSyncMs``; all zero when
+    sharing is off or the store is unreachable (each replica then falls back to its own
+    counts). Never includes this replica's own :class:`InFlight`."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    """Uncached prompt tokens still to prefill."""
+    decode_tokens: int = 0
+    """Expected output tokens of running requests."""
+
+
+@dataclass(slots=True)
 class Health:
     """Whether an endpoint may take requests, and why not.
 
@@ -247,6 +265,8 @@ class Endpoint:
     metrics: EngineMetrics | None = None
     models: ServedModels = field(default_factory=ServedModels)
     inflight: InFlight = field(default_factory=InFlight)
+    peers: PeerLoad = field(default_factory=PeerLoad)
+    """The other gateway replicas' in-flight counts here (zero without shared state)."""
     health: Health = field(default_factory=Health)
     hardware: Hardware = field(default_factory=Hardware)
     """Its hardware class and cost, from discovery."""
@@ -268,24 +288,39 @@ class Endpoint:
         m = self.metrics
         return m is None or now - m.scraped_at > staleness_s
 
-    # Load estimates combine the last scrape with the gateway's own accounting. They never
-    # report less load than the gateway itself has put on the endpoint.
+    # Load estimates combine the last scrape with the gateways' own accounting (this
+    # replica's and, with shared state, the other replicas'). They never report less load
+    # than the gateways themselves have put on the endpoint.
+
+    @property
+    def dispatched_requests(self) -> int:
+        """Requests in flight here from this replica and its peers."""
+        return self.inflight.requests + self.peers.requests
+
+    @property
+    def dispatched_tokens(self) -> int:
+        """Prompt tokens to prefill plus expected decode tokens in flight here, from this
+        replica and its peers."""
+        i, p = self.inflight, self.peers
+        return i.prompt_tokens + i.decode_tokens + p.prompt_tokens + p.decode_tokens
 
     @property
     def waiting(self) -> int:
-        """Waiting requests: the scrape's count, or what our own in-flight count implies."""
+        """Waiting requests: the scrape's count, or what the in-flight counts imply."""
         m = self.metrics
+        requests = self.inflight.requests + self.peers.requests
         if m is None:
-            return self.inflight.requests  # never scraped: assume all of it waits
-        return max(m.waiting, self.inflight.requests - m.running)
+            return requests  # never scraped: assume all of it waits
+        return max(m.waiting, requests - m.running)
 
     @property
     def running(self) -> int:
-        """Running requests: the scrape's count, or what our in-flight count implies."""
+        """Running requests: the scrape's count, or what the in-flight counts imply."""
         m = self.metrics
+        requests = self.inflight.requests + self.peers.requests
         if m is None:
-            return self.inflight.requests
-        return max(m.running, self.inflight.requests - m.waiting)
+            return requests
+        return max(m.running, requests - m.waiting)
 
     def kv_usage(self, capacity_tokens: int | None = None) -> float:
         """KV usage 0..1: the scrape plus prompt tokens dispatched since it, when the

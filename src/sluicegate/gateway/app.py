@@ -127,6 +127,9 @@ class GatewayOptions:
     """Accepted bearer tokens, in addition to the configuration's ``apiKeys``."""
     shutdown_grace_s: float = 5.0
     """How long requests in progress may take to finish when the gateway stops (s)."""
+    drain_delay_s: float = 0.0
+    """On :meth:`Gateway.drain`: how long the gateway keeps serving, not ready, before it
+    stops listening (s): the time a load balancer takes to see ``/ready`` fail."""
 
 
 class Gateway:
@@ -139,6 +142,8 @@ class Gateway:
         if problems := check_keys(self.options.api_keys, "GatewayOptions.api_keys"):
             raise ValueError("; ".join(problems))  # never the keys themselves
         self.runtime = Runtime(config, self.options.runtime, clock)
+        self.draining = False
+        """Set by :meth:`drain`: ``/ready`` fails from then on."""
         self.clock = self.runtime.clock
         self.datastore = self.runtime.datastore
         self.director = self.runtime.director
@@ -266,6 +271,23 @@ class Gateway:
             endpoint.address,
             aborted,
         )
+
+    async def drain(self) -> None:
+        """Leave gracefully (SIGTERM): ``/ready`` answers 503 at once, answers close their
+        connections, and requests keep being served for ``drain_delay_s``; then
+        :meth:`stop` stops listening and gives requests in progress (streams included)
+        ``shutdown_grace_s`` to finish."""
+        self.draining = True
+        if self._server is not None:
+            self._server.drain()
+        log.info(
+            "draining: not ready; serving %.1f s more, then up to %.1f s for requests in progress",
+            self.options.drain_delay_s,
+            self.options.shutdown_grace_s,
+        )
+        if self.options.drain_delay_s > 0:
+            await asyncio.sleep(self.options.drain_delay_s)
+        await self.stop()
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -461,6 +483,9 @@ class Gateway:
         responder.send(200, [_JSON], orjson.dumps(body))
 
     async def _ready(self, request: Request, responder: Responder, request_id: str) -> None:
+        if self.draining:  # first to fail on SIGTERM: the load balancer moves away
+            responder.send(503, [_JSON], b'{"ready_endpoints":0,"draining":true}')
+            return
         ready = self.runtime.ready_endpoints()
         body = orjson.dumps({"ready_endpoints": ready})
         responder.send(200 if ready else 503, [_JSON], body)

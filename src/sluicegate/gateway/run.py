@@ -2,6 +2,9 @@
 
 With ``--config`` the gateway fronts the servers the file lists. Without it, it starts a
 simulated pool in the same process (the embedded default), so a newcomer can curl it.
+SIGTERM (or SIGINT) drains: ``/ready`` fails at once, answers carry ``Connection: close``,
+requests are served for ``--drain-delay`` seconds more, then the listener closes and requests
+in progress get ``--shutdown-grace`` seconds to finish; the process exits 0.
 The configuration file is re-read when it changes (checked every second) or on SIGHUP; an
 invalid new version, or one without any InferencePool (unless ``--allow-empty-config``),
 is reported and the running one kept (see :mod:`sluicegate.config_watch`).
@@ -117,7 +120,9 @@ async def serve(options: ServeOptions, console: Console) -> None:
         if watcher is not None:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
-        await gateway.stop()
+        # SIGTERM/SIGINT: readiness fails first, requests go on for the drain delay, then
+        # in-progress ones (streams too) get the grace period (GatewayOptions).
+        await gateway.drain()
         if cluster is not None:
             await cluster.stop()
 

@@ -10,7 +10,9 @@ however it ended.
 
 Everything here runs on one event loop; nothing blocks it. What it tells the exported
 metrics is in :mod:`~sluicegate.runtime.observe`, what it logs for requests nothing can
-serve in :mod:`~sluicegate.runtime.notices`.
+serve in :mod:`~sluicegate.runtime.notices`. With ``sharedState`` in the GatewayConfig, the
+prefix index and in-flight counts are shared with the other replicas through Redis
+(:mod:`~sluicegate.runtime.shared`, loaded only then; ``docs/replicas.md``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import logging
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sluicegate.api.loader import Config
 from sluicegate.api.settings import OutlierDetectionSettings
@@ -31,6 +34,7 @@ from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.datalayer.kvevents.service import KV_EVENTS_SERVICE
 from sluicegate.datalayer.outlier import OutlierDetector, OutlierSettings, Result, classify_status
 from sluicegate.datalayer.pools import EndpointsByPool, static_endpoints, sync_pools
+from sluicegate.datalayer.sharing import SHARED_PREFIX_SERVICE
 from sluicegate.errors import GatewayError
 from sluicegate.flowcontrol.config import FlowControlSetup, build_flow_control
 from sluicegate.framework import PREDICTION_OUTCOME, PREDICTOR_SERVICE, PluginContext, QueueItem
@@ -48,6 +52,9 @@ from sluicegate.runtime.tokenization import TokenizerCollector, TokenizersHost
 from sluicegate.scheduling.config import BuiltScheduler, build_scheduler
 from sluicegate.tokenization.base import TOKENIZER_SERVICE, TokenizerService
 from sluicegate.upstream import UpstreamPool
+
+if TYPE_CHECKING:
+    from sluicegate.runtime.shared import SharedState
 
 log = logging.getLogger("sluicegate.runtime")
 
@@ -119,6 +126,12 @@ class Runtime:
         self._services.setdefault(TOKENIZER_SERVICE, self.tokenizers.service)
         self.staleness_s = config.gateway.metrics_staleness_ms / 1000.0
         self.datastore = Datastore()
+        self.shared: SharedState | None = None
+        """The link to the other replicas' state (``sharedState``; None: off)."""
+        if config.gateway.shared_state is not None:
+            self.shared = _shared_state(config, self.datastore)
+            if self.shared.share is not None:
+                self._services.setdefault(SHARED_PREFIX_SERVICE, self.shared.share)
         self.built = self._build_scheduler(config)
         self.director = Director(
             self.datastore,
@@ -146,6 +159,10 @@ class Runtime:
             self.predictor.register_metrics(self.metrics.registry)
         self.metrics.registry.register(KVEventsCollector(self.kv_events))
         self.metrics.registry.register(TokenizerCollector(self.tokenizers.service))
+        if self.shared is not None:
+            from sluicegate.runtime.shared_metrics import SharedStateCollector
+
+            self.metrics.registry.register(SharedStateCollector(self.shared))
         self.collector: Collector | None = None
         self.outlier: OutlierDetector | None = None
         """Ejects endpoints whose requests fail (None when ``outlierDetection`` is off)."""
@@ -192,6 +209,8 @@ class Runtime:
         self.collector.on_models.append(self._on_models)
         self.collector.on_eject.append(self.metrics.endpoint_ejected)
         self.collector.start()
+        if self.shared is not None:
+            self.shared.start()
         if settings.outlier_detection.enabled:
             self.outlier = OutlierDetector(
                 self.datastore, self.clock, outlier_settings(settings.outlier_detection)
@@ -237,6 +256,8 @@ class Runtime:
             await self.predictor.stop()
         await self.kv_events.stop()
         await self.tokenizers.stop()
+        if self.shared is not None:
+            await self.shared.stop()
 
     def apply_config(self, config: Config, endpoints: EndpointsByPool | None = None) -> None:
         """Switch to ``config`` (and, from discovery, ``endpoints`` by pool) without dropping
@@ -271,6 +292,8 @@ class Runtime:
         old_predictor = self.config.gateway.latency_predictor
         if new_predictor.model_dump(exclude=live) != old_predictor.model_dump(exclude=live):
             log.warning("latencyPredictor changes take effect at the next restart")
+        if config.gateway.shared_state != self.config.gateway.shared_state:
+            log.warning("sharedState changes take effect at the next restart")
         if endpoints is not None:
             self._discovered = endpoints
         if self.outlier is not None:  # thresholds apply now; turning it on or off: restart
@@ -439,6 +462,20 @@ class Runtime:
         """Fresh metrics may show room for waiting requests."""
         if self.director.controllers():
             self.director.pump()
+
+
+def _shared_state(config: Config, datastore: Datastore) -> SharedState:
+    """The shared-state link ``config`` asks for; a clear error without the Redis client."""
+    settings = config.gateway.shared_state
+    assert settings is not None
+    try:
+        from sluicegate.runtime.shared import SharedState
+    except ImportError as exc:
+        raise RuntimeError(
+            "sharedState needs the Redis client: install sluicegate[redis] (the 'redis' "
+            f"package): {exc}"
+        ) from exc
+    return SharedState(settings, datastore)
 
 
 def outlier_settings(spec: OutlierDetectionSettings) -> OutlierSettings:

@@ -5,16 +5,22 @@ up in what the gateway remembers sending where.
 falls back to it for endpoints whose KV-event stream it cannot trust. Plugins do not import
 each other, so the logic lives here, once. See the producer's module docstring
 (:mod:`sluicegate.scheduling.plugins.prefix_cache`) for the hashing and the parameters.
+
+With shared state (the host offers a :class:`~sluicegate.datalayer.sharing.PrefixShare`
+under ``SHARED_PREFIX_SERVICE``), each decision is also queued for the other gateway
+replicas and their decisions are inserted here as they arrive, so N replicas match against
+one index (``docs/replicas.md``). Lookups read only the local index.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from pydantic import Field
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.framework import LLMRequest, PluginParameters, PrefixMatch
+from sluicegate.datalayer.sharing import SHARED_PREFIX_SERVICE, PrefixShare
+from sluicegate.framework import LLMRequest, PluginContext, PluginParameters, PrefixMatch
 from sluicegate.scheduling.prefix_index import PrefixIndex
 from sluicegate.tokens import block_hashes, hash_seed
 
@@ -40,7 +46,7 @@ class ApproximatePrefix:
     endpoint whose capacity is unknown; ``auto_tune``: size each endpoint's memory from its
     scraped KV capacity."""
 
-    __slots__ = ("_max_blocks", "auto_tune", "block_size_tokens", "index")
+    __slots__ = ("_max_blocks", "_share", "_space", "auto_tune", "block_size_tokens", "index")
 
     def __init__(
         self,
@@ -53,15 +59,43 @@ class ApproximatePrefix:
         self.auto_tune = auto_tune
         self.index = PrefixIndex(max(1, lru_capacity_per_server * 16 // block_size_tokens))
         self._max_blocks = -(-max_prefix_tokens // block_size_tokens)
+        self._share: PrefixShare | None = None
+        self._space = ""
 
     @classmethod
-    def of(cls, params: ApproximatePrefixParameters) -> ApproximatePrefix:
-        return cls(
+    def of(
+        cls,
+        params: ApproximatePrefixParameters,
+        context: PluginContext | None = None,
+        name: str = "",
+    ) -> ApproximatePrefix:
+        """The match of producer ``name``; shared with the other gateway replicas when
+        ``context`` offers a :class:`PrefixShare`."""
+        matcher = cls(
             params.block_size_tokens,
             params.max_prefix_tokens_to_match,
             params.lru_capacity_per_server,
             params.auto_tune,
         )
+        share = context.services.get(SHARED_PREFIX_SERVICE) if context is not None else None
+        if share is not None:
+            if not isinstance(share, PrefixShare):
+                raise TypeError(
+                    f"the {SHARED_PREFIX_SERVICE!r} service ({type(share).__name__}) is not "
+                    "a PrefixShare"
+                )
+            matcher.share(share, f"{name}/{params.block_size_tokens}")
+        return matcher
+
+    def share(self, share: PrefixShare, space: str) -> None:
+        """Publish this index's decisions to ``share`` and take the other replicas' for
+        the same ``space`` (producer name and block size: the same on every replica)."""
+        self._share = share
+        self._space = space
+        share.register(space, self._insert_remote)
+
+    def _insert_remote(self, endpoint: str, hashes: Sequence[int], capacity: int | None) -> None:
+        self.index.insert(endpoint, hashes, capacity)
 
     def match(self, request: LLMRequest, endpoints: Iterable[Endpoint]) -> PrefixMatch:
         """The request's block hashes and how many of them each of ``endpoints`` holds."""
@@ -77,7 +111,10 @@ class ApproximatePrefix:
     def remember(self, target: Endpoint, match: PrefixMatch) -> None:
         """``target`` was chosen for the request of ``match``: it holds its blocks now."""
         if match.hashes:
-            self.index.insert(target.name, match.hashes, self.capacity_blocks(target))
+            capacity = self.capacity_blocks(target)
+            self.index.insert(target.name, match.hashes, capacity)
+            if self._share is not None:
+                self._share.publish(self._space, target.name, match.hashes, capacity)
 
     def capacity_blocks(self, endpoint: Endpoint) -> int | None:
         """Blocks to remember for ``endpoint``: its KV capacity when known and auto-tuned."""

@@ -89,10 +89,12 @@ class ConcurrencyDetector(SaturationDetector):
         return self.params.headroom
 
     def _load_and_limit(self, endpoint: Endpoint) -> tuple[float, float]:
-        p, inflight = self.params, endpoint.inflight
+        # This replica's in-flight work plus its peers' (shared state): the limit is the
+        # endpoint's, not one gateway's share of it.
+        p = self.params
         if p.concurrency_mode == "requests":
-            return inflight.requests, p.max_concurrency
-        return inflight.prompt_tokens + inflight.decode_tokens, p.max_token_concurrency
+            return endpoint.dispatched_requests, p.max_concurrency
+        return endpoint.dispatched_tokens, p.max_token_concurrency
 
     def endpoint_saturation(self, endpoint: Endpoint, now: float) -> float:
         load, limit = self._load_and_limit(endpoint)

@@ -121,6 +121,12 @@ class HttpServer:
                     else:
                         conn.close_after_write()
 
+    def drain(self) -> None:
+        """From now on every answer closes its connection (``Connection: close``): clients
+        and load balancers reconnect, elsewhere once this server is out of their rotation.
+        Requests keep being served until :meth:`stop`."""
+        self.stopping = True
+
     async def stop(self, grace_s: float = 5.0) -> None:
         """Stop listening, close idle connections, give requests in progress ``grace_s``
         seconds to finish, then cut them off."""

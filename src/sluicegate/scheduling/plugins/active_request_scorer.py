@@ -1,8 +1,9 @@
-"""``active-request-scorer``: prefer endpoints with fewer requests in flight from this gateway.
+"""``active-request-scorer``: prefer endpoints with fewer requests in flight from the gateway.
 
 Type: scorer (distribution). Inputs: each endpoint's in-flight requests r (count) — those
 this gateway dispatched and that have not completed (``inflight.requests``, updated at
-dispatch and completion, so it needs no scrape).
+dispatch and completion, so it needs no scrape), plus, with shared state, the other
+replicas' (``peers.requests``; ``Endpoint.dispatched_requests`` is the sum).
 Parameters (names and defaults as in llm-d-router; the formula below is sluicegate's):
 
 - ``idleThreshold`` T (0): an endpoint with at most T requests in flight is idle.
@@ -73,7 +74,7 @@ class ActiveRequestScorer(Scorer):
         idle = self.params.idle_threshold
         max_r = idle
         for e in endpoints:
-            r = e.inflight.requests
+            r = e.dispatched_requests
             if r > max_r:
                 max_r = r
         if max_r == idle:  # every candidate is idle
@@ -81,7 +82,7 @@ class ActiveRequestScorer(Scorer):
         scale = self.params.max_busy_score / (max_r - idle)
         out: list[float] = []
         for e in endpoints:
-            r = e.inflight.requests
+            r = e.dispatched_requests
             out.append(1.0 if r <= idle else scale * (max_r - r))
         return out
 

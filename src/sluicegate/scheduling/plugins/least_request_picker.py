@@ -3,7 +3,8 @@
 Type: picker (a baseline: a "least connections" load balancer, blind to scores; not a
 plugin of the reference endpoint picker — sluicegate's ``least-request`` preset uses it).
 Inputs: each endpoint's in-flight requests (count) — dispatched by this gateway and not yet
-completed (``inflight.requests``). Parameters: ``maxNumOfEndpoints`` (1) — how many
+completed (``inflight.requests``), plus the other replicas' with shared state
+(``Endpoint.dispatched_requests``). Parameters: ``maxNumOfEndpoints`` (1) — how many
 endpoints to return, fewest first.
 
 Algorithm: the minimum count wins; ties are broken uniformly at random with the context's
@@ -20,7 +21,7 @@ from sluicegate.framework import CycleState, LLMRequest, Picker, PickerParameter
 
 
 def _requests(s: ScoredEndpoint) -> int:
-    return s.endpoint.inflight.requests
+    return s.endpoint.dispatched_requests
 
 
 class LeastRequestPicker(Picker):
@@ -41,17 +42,17 @@ class LeastRequestPicker(Picker):
         if not scored:
             return []
         # Two passes and at most one random draw: the minimum and its ties, then the chosen tie.
-        best_r = scored[0].endpoint.inflight.requests
+        best_r = scored[0].endpoint.dispatched_requests
         ties = 0
         for s in scored:
-            r = s.endpoint.inflight.requests
+            r = s.endpoint.dispatched_requests
             if r < best_r:
                 best_r, ties = r, 1
             elif r == best_r:
                 ties += 1
         nth = rng.randrange(ties) if ties > 1 else 0
         for s in scored:
-            if s.endpoint.inflight.requests == best_r:
+            if s.endpoint.dispatched_requests == best_r:
                 if nth == 0:
                     return [s.endpoint]
                 nth -= 1

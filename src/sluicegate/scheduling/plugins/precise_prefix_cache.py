@@ -150,7 +150,7 @@ class PrecisePrefixCacheProducer(
         self.tokenizers = tokenizers
         """The pools' tokenizers; None or a pool absent: the built-in tokenizer."""
         # the fallback: the approximate producer's own match
-        self.approximate = ApproximatePrefix.of(p)
+        self.approximate = ApproximatePrefix.of(p, context, name)
         self.speculative = (
             SpeculativeEntries(p.speculative_ttl_seconds, p.max_speculative_entries)
             if p.speculative_indexing

@@ -63,7 +63,7 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest, EndpointObserver, Pref
     def __init__(self, name: str, context: PluginContext, params: PluginParameters | None = None):
         super().__init__(name, context, params)
         p = self.params
-        self.matcher = ApproximatePrefix.of(p)
+        self.matcher = ApproximatePrefix.of(p, context, name)
 
     @property
     def index(self) -> PrefixIndex:

@@ -3,7 +3,8 @@
 Type: scorer (distribution). Inputs: each endpoint's in-flight tokens (built-in tokens) —
 uncached prompt tokens still to prefill plus the expected output tokens of its running
 requests, as the gateway accounted them at dispatch
-(``inflight.prompt_tokens + inflight.decode_tokens``).
+(``inflight.prompt_tokens + inflight.decode_tokens``), plus the other replicas' with shared
+state (``Endpoint.dispatched_tokens`` is the sum).
 Parameters: ``queueThresholdTokens`` T (4,194,304 tokens = 128 requests × 32K) — in-flight
 tokens at which an endpoint scores 0.
 
@@ -36,6 +37,6 @@ class TokenLoadScorer(Scorer):
         t = self.params.queue_threshold_tokens
         out: list[float] = []
         for e in endpoints:
-            tokens = e.inflight.prompt_tokens + e.inflight.decode_tokens
+            tokens = e.dispatched_tokens
             out.append(1.0 if tokens <= 0 else 0.0 if tokens >= t else 1.0 - tokens / t)
         return out

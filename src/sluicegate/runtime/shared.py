@@ -1,0 +1,434 @@
+"""Routing state shared between gateway replicas through Redis (``docs/replicas.md``).
+
+:class:`SharedState` runs three background tasks on the host's event loop; none is on the
+request path, which only reads local state (the prefix index, ``Endpoint.peers``) and
+appends its prefix decisions to the :class:`~sluicegate.datalayer.sharing.PrefixShare`
+outbox:
+
+- **prefix writer** — every ``prefixFlushMs`` it packs the outbox into batches
+  (:mod:`~sluicegate.runtime.shared_wire`) and appends them to one Redis stream
+  (``XADD … MAXLEN ~ prefixStreamMaxEntries``; the stream's TTL is renewed to
+  ``prefixTtlMs`` on every write);
+- **prefix reader** — follows that stream (``XREAD BLOCK``), skipping its own batches, and
+  inserts the other replicas' records into the local indexes. At start it replays what the
+  stream holds from the last ``prefixTtlMs``, so a replica that starts late agrees at once;
+- **in-flight sync** — every ``inflightSyncMs`` one script call stores this replica's
+  in-flight counts per endpoint under a key that expires after ``leaseMs`` (its lease),
+  lists the replicas alive (a sorted set scored by lease end, in Redis's own clock) and
+  returns their snapshots; their sum becomes each endpoint's :class:`PeerLoad`. A replica
+  that dies stops being counted once its lease runs out; a snapshot replaces the previous
+  one whole, so no count can leak.
+
+Degrade, never fail: every Redis call has one timeout (``redis.timeoutMs``). The first that
+fails or times out switches the replica to local state — peers' counts zeroed, prefix
+decisions kept local — logs one warning, and counts the fallback; it tries again every
+``retryMs`` and logs once more when Redis answers. The password in the URL is never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Awaitable
+from typing import Any, TypeVar, cast
+from urllib.parse import urlsplit
+
+import redis.asyncio
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from sluicegate.api.settings import SharedStateSettings
+from sluicegate.datalayer.datastore import Datastore
+from sluicegate.datalayer.endpoint import PeerLoad
+from sluicegate.datalayer.sharing import PrefixShare
+from sluicegate.runtime.shared_wire import (
+    WireError,
+    decode_load,
+    decode_prefix,
+    encode_load,
+    encode_prefix,
+)
+
+log = logging.getLogger("sluicegate.shared")
+
+T = TypeVar("T")
+_Entry = tuple[bytes, dict[bytes, bytes]]
+_StreamReply = tuple[bytes, list[_Entry]]
+
+READ_BLOCK_MS = 500
+"""How long one ``XREAD`` waits for new prefix batches before asking again."""
+MAX_ABANDONED = 16
+"""Timed-out calls still running at which no new call is started (each holds a
+connection until its socket timeout ends it)."""
+_READ_COUNT = 256
+_TAKE = 4096
+
+# KEYS[1]: the replicas' sorted set; KEYS[2]: this replica's snapshot key.
+# ARGV: replica id, lease (ms), snapshot, snapshot key prefix.
+# Lease ends are Redis's own clock (TIME), so replicas need no synchronised clocks.
+_SYNC_SCRIPT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = tonumber(ARGV[2])
+if ARGV[3] == '' then
+  redis.call('SET', KEYS[2], '', 'PX', lease)
+else
+  redis.call('SET', KEYS[2], ARGV[3], 'PX', lease)
+end
+redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('PEXPIRE', KEYS[1], lease * 4)
+local ids = redis.call('ZRANGE', KEYS[1], 0, -1)
+local out = {}
+for _, id in ipairs(ids) do
+  if id ~= ARGV[1] then
+    local v = redis.call('GET', ARGV[4] .. id)
+    if v then out[#out + 1] = v end
+  end
+end
+return out
+"""
+
+
+def redacted(url: str) -> str:
+    """``url`` without its user name and password: what logs may show."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
+def default_replica_id() -> str:
+    """Host name, process id and a random suffix: unique for each start."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class SharedState:
+    """This replica's link to the shared state: the tasks above and their counters.
+
+    ``datastore`` holds the endpoints whose :class:`PeerLoad` it writes; ``share`` (when
+    ``prefixIndex`` is on) the prefix producers' outbox and sinks. :meth:`start` starts the
+    tasks; :meth:`stop` removes this replica's counts from Redis at once (a clean exit
+    does not wait for its lease) and closes the connections.
+    """
+
+    def __init__(self, settings: SharedStateSettings, datastore: Datastore) -> None:
+        self.settings = settings
+        self.datastore = datastore
+        self.replica_id = settings.replica_id or default_replica_id()
+        r = settings.redis
+        self.timeout_s = r.timeout_ms / 1000.0
+        p = r.key_prefix
+        self.replicas_key = f"{p}:replicas"
+        self.snapshot_prefix = f"{p}:inflight:"
+        self.stream_key = f"{p}:prefix"
+        self._names: frozenset[str] = frozenset()
+        """This replica's endpoint names, refreshed before each batch is applied."""
+        self.share: PrefixShare | None = (
+            PrefixShare(lambda name: name in self._names) if settings.prefix_index else None
+        )
+        self.up = False
+        """Whether the last Redis call succeeded."""
+        self.fallbacks: dict[str, int] = {}
+        """Redis calls that failed or timed out, by task (``inflight``, ``prefix-write``,
+        ``prefix-read``): each made the replica route on local state."""
+        self.batches_written = 0
+        self.batches_read = 0
+        self.bad_batches = 0
+        self.lost_records = 0
+        """Prefix decisions not shipped (their write failed)."""
+        self.peer_replicas = 0
+        """Other replicas whose in-flight lease was alive at the last sync."""
+        self._failed_before = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._abandoned: set[asyncio.Future[Any]] = set()  # results of any type: dropped
+        """Calls given up on (timed out or cancelled) that have not ended yet."""
+        self._writer = self._client(self.timeout_s)
+        self._reader = self._client(self.timeout_s + READ_BLOCK_MS / 1000.0)
+        self._sync = self._writer.register_script(_SYNC_SCRIPT)
+
+    def _client(self, socket_timeout_s: float) -> redis.asyncio.Redis:
+        # One immediate retry: a pooled connection the server closed (it restarted) fails
+        # once and reconnects. The caller's one timeout bounds the whole, retry included.
+        return redis.asyncio.Redis.from_url(
+            self.settings.redis.url.get_secret_value(),
+            socket_timeout=socket_timeout_s,
+            socket_connect_timeout=self.timeout_s,
+            retry=Retry(NoBackoff(), 1),
+            client_name=None,
+        )
+
+    @property
+    def client(self) -> redis.asyncio.Redis:
+        """The client the in-flight sync and prefix writes use."""
+        return self._writer
+
+    @property
+    def where(self) -> str:
+        return redacted(self.settings.redis.url.get_secret_value())
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        if self._tasks:
+            return
+        if self.settings.inflight:
+            self._tasks.append(asyncio.create_task(self._inflight_loop(), name="shared-inflight"))
+        if self.share is not None:
+            self._tasks.append(asyncio.create_task(self._write_loop(), name="shared-prefix-w"))
+            self._tasks.append(asyncio.create_task(self._read_loop(), name="shared-prefix-r"))
+        log.info("shared state via %s as replica %s", self.where, self.replica_id)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self.settings.inflight and self.up:
+            # Leave at once rather than when the lease runs out.
+            await self._call("inflight", self._leave())
+        self._zero_peers()
+        closing: list[asyncio.Future[Any]] = [
+            asyncio.ensure_future(c.aclose()) for c in (self._writer, self._reader)
+        ]
+        # Bounded like every call: a hung connection is left to the process's end.
+        _, pending = await asyncio.wait([*closing, *self._abandoned], timeout=self.timeout_s)
+        for left in pending:
+            left.cancel()
+
+    async def _leave(self) -> None:
+        pipe = self._writer.pipeline(transaction=True)
+        pipe.delete(self.snapshot_prefix + self.replica_id)
+        pipe.zrem(self.replicas_key, self.replica_id)
+        await pipe.execute()
+
+    # ------------------------------------------------------------------ degrade
+
+    async def _call(self, task: str, op: Awaitable[T], timeout_s: float | None = None) -> T | None:
+        """``op`` within the timeout; None (and local state) when it fails or times out.
+
+        The call runs as a task of its own that is abandoned (cancelled, not awaited) when
+        the timeout passes or the caller is cancelled: a client call interrupted inside
+        its socket write was seen to hold its cancellation for seconds, and nothing here
+        may wait longer than the one timeout."""
+        if len(self._abandoned) >= MAX_ABANDONED:
+            if asyncio.iscoroutine(op):
+                op.close()
+            self._failed(task, TimeoutError(f"{len(self._abandoned)} earlier calls still hang"))
+            return None
+        call = asyncio.ensure_future(op)
+        try:
+            done, _ = await asyncio.wait([call], timeout=timeout_s or self.timeout_s)
+        except asyncio.CancelledError:
+            self._abandon(call)
+            raise
+        if not done:
+            self._abandon(call)
+            self._failed(task, TimeoutError(f"no answer within {timeout_s or self.timeout_s} s"))
+            return None
+        exc = call.exception()
+        if exc is not None:  # redis, socket and protocol errors alike: degrade
+            self._failed(task, exc)
+            return None
+        result = call.result()
+        if not self.up:
+            if self._failed_before:
+                log.warning("shared state: %s answers again; sharing resumed", self.where)
+            self.up = True
+            if self.share is not None:
+                self.share.enabled = True
+        return result
+
+    def _abandon(self, call: asyncio.Future[Any]) -> None:
+        call.cancel()
+        self._abandoned.add(call)
+        call.add_done_callback(self._reap)
+
+    def _reap(self, call: asyncio.Future[Any]) -> None:
+        self._abandoned.discard(call)
+        if not call.cancelled():
+            call.exception()  # retrieved: an abandoned call's error is no news
+
+    def _failed(self, task: str, exc: BaseException) -> None:
+        self.fallbacks[task] = self.fallbacks.get(task, 0) + 1
+        if self.up or not self._failed_before:
+            log.warning(
+                "shared state: %s unavailable (%s: %s); routing on local state until it answers",
+                self.where,
+                type(exc).__name__,
+                exc,
+            )
+        self._failed_before = True
+        self.up = False
+        self._zero_peers()
+        if self.share is not None:
+            self.share.enabled = False
+            self.lost_records += len(self.share.outbox)
+            self.share.outbox.clear()
+
+    def _zero_peers(self) -> None:
+        for e in self.datastore.all_endpoints():
+            p = e.peers
+            p.requests = p.prompt_tokens = p.decode_tokens = 0
+        self.peer_replicas = 0
+
+    # ------------------------------------------------------------------ in-flight
+
+    def _snapshot(self) -> bytes:
+        return encode_load(
+            (e.name, e.inflight.requests, e.inflight.prompt_tokens, e.inflight.decode_tokens)
+            for e in self.datastore.all_endpoints()
+        )
+
+    async def sync_inflight(self) -> bool:
+        """Publish this replica's counts and read the others' once; False on fallback."""
+        lease = int(self.settings.lease_ms)
+        keys = [self.replicas_key, self.snapshot_prefix + self.replica_id]
+        args: list[bytes | str | int] = [
+            self.replica_id,
+            lease,
+            self._snapshot(),
+            self.snapshot_prefix,
+        ]
+        result = await self._call("inflight", self._sync(keys=keys, args=args))
+        if result is None:
+            return False
+        totals: dict[str, list[int]] = {}
+        peers = 0
+        for blob in result:
+            try:
+                decode_load(blob, totals)
+            except WireError:
+                continue
+            peers += 1
+        self.peer_replicas = peers
+        for e in self.datastore.all_endpoints():
+            t = totals.get(e.name)
+            p: PeerLoad = e.peers
+            if t is None:
+                p.requests = p.prompt_tokens = p.decode_tokens = 0
+            else:
+                p.requests, p.prompt_tokens, p.decode_tokens = t
+        return True
+
+    async def _inflight_loop(self) -> None:
+        every = self.settings.inflight_sync_ms / 1000.0
+        retry = self.settings.retry_ms / 1000.0
+        while True:
+            ok = await _guarded("in-flight sync", self.sync_inflight())
+            await asyncio.sleep(every if ok else retry)
+
+    # ------------------------------------------------------------------ prefix index
+
+    async def flush_prefix(self) -> bool:
+        """Ship what the outbox holds; False on fallback (the records are lost)."""
+        share = self.share
+        if share is None or not share.outbox:
+            return True
+        records = share.take(_TAKE)
+        pipe = self._writer.pipeline(transaction=False)
+        maxlen = self.settings.prefix_stream_max_entries
+        n = 0
+        for batch in encode_prefix(records):
+            pipe.xadd(self.stream_key, {"r": self.replica_id, "d": batch}, maxlen=maxlen)
+            n += 1
+        pipe.pexpire(self.stream_key, int(self.settings.prefix_ttl_ms))
+        if await self._call("prefix-write", pipe.execute()) is None:
+            self.lost_records += len(records)
+            return False
+        self.batches_written += n
+        return True
+
+    async def _write_loop(self) -> None:
+        every = self.settings.prefix_flush_ms / 1000.0
+        retry = self.settings.retry_ms / 1000.0
+        while True:
+            ok = await _guarded("prefix write", self.flush_prefix())
+            await asyncio.sleep(every if ok else retry)
+
+    async def _replay_start(self) -> str | None:
+        """The stream id to replay from: ``prefixTtlMs`` before Redis's clock now."""
+        now = await self._call("prefix-read", self._reader.time())
+        if now is None:
+            return None
+        seconds, micros = now
+        start_ms = int(seconds) * 1000 + int(micros) // 1000 - int(self.settings.prefix_ttl_ms)
+        return f"{max(0, start_ms)}-0"
+
+    def _apply(self, entries: list[_Entry]) -> str | None:
+        share = self.share
+        assert share is not None
+        last: str | None = None
+        me = self.replica_id.encode()
+        self._names = frozenset(e.name for e in self.datastore.all_endpoints())
+        for entry_id, fields in entries:
+            last = entry_id.decode()
+            if fields.get(b"r") == me:
+                continue
+            try:
+                records = decode_prefix(fields.get(b"d", b""))
+            except WireError:
+                self.bad_batches += 1
+                continue
+            self.batches_read += 1
+            for record in records:
+                share.deliver(record)
+        return last
+
+    async def read_prefix(self, last_id: str, block_ms: int | None) -> str | None:
+        """Apply the batches after ``last_id`` (waiting up to ``block_ms`` for some);
+        the id to read on from, or None on fallback."""
+        timeout = self.timeout_s + (block_ms or 0) / 1000.0
+        got = await self._call(
+            "prefix-read",
+            self._xread(last_id, block_ms),
+            timeout,
+        )
+        if got is None:
+            return None
+        for _stream, entries in got:
+            last_id = self._apply(entries) or last_id
+        return last_id
+
+    async def _xread(self, last_id: str, block_ms: int | None) -> list[_StreamReply]:
+        reply = await self._reader.xread(
+            {self.stream_key: last_id}, count=_READ_COUNT, block=block_ms
+        )
+        # RESP2 (the client's default protocol): [[stream, [(id, {field: value})]]].
+        return cast("list[_StreamReply] | None", reply) or []
+
+    async def _read_loop(self) -> None:
+        retry = self.settings.retry_ms / 1000.0
+        last_id: str | None = None
+        while True:
+            if last_id is None:
+                last_id = await self._replay_start()
+                if last_id is None:
+                    await asyncio.sleep(retry)
+                    continue
+            after = await _guarded("prefix read", self.read_prefix(last_id, READ_BLOCK_MS))
+            if after is None:
+                # Back after an outage: replay the stream's last TTL (inserts are
+                # idempotent: what was already applied only moves up its LRU).
+                last_id = None
+                await asyncio.sleep(retry)
+            else:
+                last_id = after
+
+
+async def _guarded(what: str, step: Awaitable[T]) -> T | None:
+    """One step of a loop; a bug logs and counts as a failed step instead of ending the
+    loop (and sharing) for good."""
+    try:
+        return await step
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("shared state: %s failed", what)
+        return None
+
+
+__all__ = ["READ_BLOCK_MS", "SharedState", "default_replica_id", "redacted"]

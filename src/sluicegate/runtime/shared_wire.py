@@ -1,0 +1,141 @@
+"""The bytes gateway replicas exchange through Redis: prefix batches and in-flight snapshots.
+
+Both are little-endian binary, built with :mod:`struct` and :mod:`array` (one copy per
+batch, no per-field objects), and decoded defensively: a replica of another version, or any
+other writer, can only make a batch be skipped (:class:`WireError`), never crash the reader.
+
+Prefix batch (one Redis stream entry; a batch holds whole records and is closed once it
+reaches :data:`MAX_BATCH_BYTES`): records, each
+``u16 space_len, u16 endpoint_len, u32 blocks, i32 capacity (-1: none)``, then the space and
+endpoint names (UTF-8), then ``blocks`` × u64 block hashes, head first.
+
+In-flight snapshot (one Redis string per replica): records, each
+``u16 endpoint_len, u32 requests, u32 prompt_tokens, u32 decode_tokens``, then the name.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from array import array
+from collections.abc import Iterable, Iterator
+
+from sluicegate.datalayer.sharing import PrefixRecord
+
+MAX_BATCH_BYTES = 64 * 1024
+"""A prefix batch is closed once it holds this many bytes (one record may exceed it alone)."""
+
+_PREFIX_HEAD = struct.Struct("<HHIi")
+_LOAD_HEAD = struct.Struct("<HIII")
+_U32 = 0xFFFF_FFFF
+_BIG = sys.byteorder == "big"
+
+
+class WireError(ValueError):
+    """A batch or snapshot that is not in this layout."""
+
+
+def _hashes_bytes(hashes: Iterable[int]) -> bytes:
+    arr = array("Q", hashes)
+    if _BIG:
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def encode_prefix(records: Iterable[PrefixRecord]) -> Iterator[bytes]:
+    """``records`` packed into batches of about :data:`MAX_BATCH_BYTES` each."""
+    parts: list[bytes] = []
+    size = 0
+    for r in records:
+        space = r.space.encode()
+        endpoint = r.endpoint.encode()
+        if len(space) > 0xFFFF or len(endpoint) > 0xFFFF:
+            continue  # not a name any configuration produces
+        cap = -1 if r.capacity is None else min(r.capacity, 0x7FFF_FFFF)
+        head = _PREFIX_HEAD.pack(len(space), len(endpoint), len(r.hashes), cap)
+        body = _hashes_bytes(r.hashes)
+        parts += (head, space, endpoint, body)
+        size += len(head) + len(space) + len(endpoint) + len(body)
+        if size >= MAX_BATCH_BYTES:
+            yield b"".join(parts)
+            parts, size = [], 0
+    if parts:
+        yield b"".join(parts)
+
+
+def decode_prefix(data: bytes) -> list[PrefixRecord]:
+    """The records of one batch; :class:`WireError` when it is not one."""
+    out: list[PrefixRecord] = []
+    view = memoryview(data)
+    at, end = 0, len(data)
+    try:
+        while at < end:
+            space_len, endpoint_len, blocks, cap = _PREFIX_HEAD.unpack_from(view, at)
+            at += _PREFIX_HEAD.size
+            space = bytes(view[at : at + space_len]).decode()
+            at += space_len
+            endpoint = bytes(view[at : at + endpoint_len]).decode()
+            at += endpoint_len
+            stop = at + 8 * blocks
+            if stop > end:
+                raise WireError("prefix batch cut short")
+            arr = array("Q")
+            arr.frombytes(view[at:stop])
+            if _BIG:
+                arr.byteswap()
+            at = stop
+            out.append(PrefixRecord(space, endpoint, arr.tolist(), None if cap < 0 else cap))
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise WireError(f"not a prefix batch: {exc}") from exc
+    return out
+
+
+def encode_load(counts: Iterable[tuple[str, int, int, int]]) -> bytes:
+    """One replica's in-flight snapshot: (endpoint, requests, prompt tokens, decode tokens);
+    endpoints with nothing in flight are left out (absent reads as zero)."""
+    parts: list[bytes] = []
+    for name, requests, prompt, decode in counts:
+        if not (requests or prompt or decode):
+            continue
+        raw = name.encode()
+        if len(raw) > 0xFFFF:
+            continue
+        head = _LOAD_HEAD.pack(len(raw), min(requests, _U32), min(prompt, _U32), min(decode, _U32))
+        parts += (head, raw)
+    return b"".join(parts)
+
+
+def decode_load(data: bytes, into: dict[str, list[int]]) -> None:
+    """Add one snapshot's counts into ``into`` (endpoint → [requests, prompt, decode])."""
+    view = memoryview(data)
+    at, end = 0, len(data)
+    rows: list[tuple[str, int, int, int]] = []
+    try:
+        while at < end:
+            n, requests, prompt, decode = _LOAD_HEAD.unpack_from(view, at)
+            at += _LOAD_HEAD.size
+            if at + n > end:
+                raise WireError("in-flight snapshot cut short")
+            rows.append((bytes(view[at : at + n]).decode(), requests, prompt, decode))
+            at += n
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise WireError(f"not an in-flight snapshot: {exc}") from exc
+    # Added only once the whole snapshot decoded: a bad one adds nothing.
+    for name, requests, prompt, decode in rows:
+        total = into.get(name)
+        if total is None:
+            into[name] = [requests, prompt, decode]
+        else:
+            total[0] += requests
+            total[1] += prompt
+            total[2] += decode
+
+
+__all__ = [
+    "MAX_BATCH_BYTES",
+    "WireError",
+    "decode_load",
+    "decode_prefix",
+    "encode_load",
+    "encode_prefix",
+]

