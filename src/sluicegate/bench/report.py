@@ -168,8 +168,13 @@ def _itl_table(results: dict[str, Any]) -> list[str]:
         "",
         "Gaps between consecutive streamed tokens as the client saw them; the engines' own "
         "mean TTFT and TPOT (their clocks: no transport, no router); send lag: how late the "
-        "load generator sent requests. All in simulated ms. Sim CPU: share of a core the "
-        "simulator process used (near 100 %, its engines ran late).",
+        "load generator sent requests. "
+        + (
+            "All in wall ms (real vLLM servers; their CPU is not measured)."
+            if results.get("backend") == "vllm"
+            else "All in simulated ms. Sim CPU: share of a core the simulator process used "
+            "(near 100 %, its engines ran late)."
+        ),
         "",
         f"| {unit} | policy | router | ITL mean | ITL p50 | ITL p90 | ITL p99 | "
         "engine TTFT mean | engine TPOT mean | send lag mean | send lag max | sim CPU |",
