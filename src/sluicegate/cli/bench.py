@@ -73,6 +73,26 @@ def add_parser(sub: Subparsers) -> None:
         help="engine profile of every replica from a YAML file (e.g. written by `sluicegate "
         "sim calibrate`) instead of the scenario's",
     )
+    run.add_argument(
+        "--backend",
+        choices=["sim", "vllm"],
+        default="sim",
+        help="--mode http: the model servers, `sluicegate sim` (default) or real vLLM "
+        "servers with a tiny model (reduced scenarios: shared-prefix, multi-turn-chat)",
+    )
+    run.add_argument(
+        "--vllm-python",
+        default=None,
+        metavar="PATH",
+        help="--backend vllm: the vLLM environment's python (default $SLUICEGATE_VLLM_PYTHON)",
+    )
+    run.add_argument(
+        "--vllm-model-dir",
+        default=None,
+        metavar="DIR",
+        help="--backend vllm: where the tiny model is built once (default "
+        "~/.cache/sluicegate/vllm-tiny-llama)",
+    )
     run.add_argument("--out", required=True, help="output folder")
     run.set_defaults(func=_cmd_bench_run)
     tok = bench_sub.add_parser(
@@ -139,6 +159,7 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
     import shlex
     from dataclasses import replace
     from pathlib import Path
+    from subprocess import SubprocessError
 
     from rich.progress import Progress
 
@@ -147,8 +168,18 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
     from sluicegate.bench.runner import RunPlan, run_plan
     from sluicegate.bench.scenarios import check_policies, get_scenario
 
+    if args.backend == "vllm" and args.mode != "http":
+        return fail("--backend vllm needs --mode http")
+    if args.backend != "vllm" and (args.vllm_python or args.vllm_model_dir):
+        return fail("--vllm-python and --vllm-model-dir apply to --backend vllm only")
     try:
-        scenario = get_scenario(args.scenario)
+        if args.backend == "vllm":
+            from sluicegate.bench.http.vllm import small_scenario, vllm_python
+
+            scenario = small_scenario(args.scenario)
+            python = vllm_python(args.vllm_python)
+        else:
+            scenario = get_scenario(args.scenario)
     except ValueError as exc:
         return fail(str(exc))
     if args.quick:
@@ -190,7 +221,16 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
         return fail(str(exc))
     if args.mode == "http" and scenario.mix:
         return fail(f"scenario {scenario.name} mixes engine profiles: run it with --mode des")
-    if args.mode == "http":
+    if args.backend == "vllm" and args.time_scale is not None:
+        return fail("--backend vllm runs in real time: no --time-scale")
+    if args.backend == "vllm":
+        from sluicegate.bench.http.plan import plan_policies
+
+        runnable, notes = plan_policies(policies, scenario)
+        for note in notes:
+            console.print(note)
+        policies = tuple(runnable)
+    elif args.mode == "http":
         from sluicegate.bench.http.plan import check_time_scale, plan_policies, sim_profile_args
         from sluicegate.bench.http.run import HttpOptions, run_plan_http
 
@@ -228,7 +268,17 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
             done.append(label)
             progress(label)
 
-        if args.mode == "http":
+        if args.backend == "vllm":
+            from sluicegate.bench.http.vllm import VllmOptions, default_model_dir, run_plan_vllm
+
+            model_dir = Path(args.vllm_model_dir) if args.vllm_model_dir else default_model_dir()
+            try:
+                results = run_plan_vllm(
+                    plan, VllmOptions(python, model_dir, Path(args.out) / "logs"), step
+                )
+            except (RuntimeError, TimeoutError, OSError, SubprocessError) as exc:  # no server
+                return fail(str(exc), status=1)
+        elif args.mode == "http":
             try:
                 results = run_plan_http(plan, http_options, step)
             except RuntimeError as exc:  # a process that would not start or died
