@@ -21,7 +21,7 @@ from sluicegate.bench.metrics import (
     replica_loads,
     summarize,
 )
-from sluicegate.bench.scenarios import Scenario, policy_config
+from sluicegate.bench.scenarios import Scenario, client_connections, policy_config
 
 Progress = Callable[[str], None]
 
@@ -61,6 +61,7 @@ def run_level(
         extra_docs=list(scenario.extra_docs),
         seed=seed,
         flow_control=flow_control,
+        connections=client_connections(policy),
     )
     sim = ClusterSimulation(spec)
     workload = scenario.workload(level, duration_s, seed)
@@ -72,7 +73,7 @@ def run_entry(
 ) -> dict[str, Any]:
     """The ``runs[]`` entry for one run."""
     engines = result.engines
-    return entry_from_records(
+    entry = entry_from_records(
         scenario,
         policy,
         level,
@@ -84,6 +85,19 @@ def run_entry(
         prefix_hits=sum(e.counters.prefix_cache_hits for e in engines),
         preemptions=sum(e.counters.preemptions for e in engines),
     )
+    pool = result.connections
+    if pool is not None:
+        carried = pool.carried
+        closed = sum(carried.values())
+        entry["metrics"]["connections"] = {
+            "opened": pool.opened,
+            "per_backend": list(pool.connections_per_backend),
+            "mean_requests_per_connection": (
+                sum(k * n for k, n in carried.items()) / closed if closed else 0.0
+            ),
+            "max_requests_per_connection": max(carried, default=0),
+        }
+    return entry
 
 
 def entry_from_records(

@@ -4,9 +4,12 @@ Each scenario fixes a pool (engine profile × replicas), a workload, the load le
 sweeps, how long each level runs, and the policies it compares by default. A ``quick``
 variant of each runs in well under a minute (CI smoke tests).
 
-Policies are scheduling configurations by name: the shipped presets (``round-robin`` —
-what a Kubernetes Service gives —, ``random``, ``least-request``, ``default``) plus those
-added by later layers (``predicted-latency``, ``predicted-latency-oracle``).
+Policies are scheduling configurations by name: the shipped presets (``round-robin``,
+``random``, ``least-request``, ``default``, ``gie-v0.3``...) plus those added by later layers
+(``predicted-latency``, ``predicted-latency-oracle``) and the lab-only baselines that are
+not a gateway at all: ``kube-service``, a Kubernetes Service in front of the pool, which
+balances the client's *connections* (:mod:`~sluicegate.bench.connections`; discrete-event
+runs only).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pydantic import ValidationError
 
 from sluicegate.api.resources import EndpointPickerConfig
 from sluicegate.bench import sharegpt
+from sluicegate.bench.connections import ClientConnections
 from sluicegate.bench.workloads import (
     ClosedLoop,
     OpenLoop,
@@ -51,6 +55,55 @@ _PREDICTOR_POLICIES: dict[str, tuple[str, PredictorKind]] = {
 }
 
 
+# Lab-only baselines: no gateway decides; each request goes to the backend its client
+# connection was given (through a one-address subset hint, so any picker does: ``random``).
+# Their parameters, as overrides of the pseudo-plugin ``client``: ``maxConnections`` (0: no
+# limit), ``idleTimeoutS``, ``keepAlive`` — e.g.
+# ``kube-service:client.keepAlive=true&client.maxConnections=1000``.
+_CONNECTION_BASELINES: dict[str, tuple[str, ClientConnections]] = {
+    "kube-service": ("random", ClientConnections()),
+}
+_CLIENT = "client"
+_CLIENT_PARAMETERS = {
+    "maxConnections": "max_connections",
+    "idleTimeoutS": "idle_timeout_s",
+    "keepAlive": "keep_alive",
+}
+
+
+def client_connections(name: str) -> ClientConnections | None:
+    """The client connections policy ``name`` routes through (a lab-only per-connection
+    baseline, with its ``client.*`` overrides), or None for a gateway policy."""
+    base, _, overrides = name.partition(":")
+    if base not in _CONNECTION_BASELINES:
+        return None
+    settings = _CONNECTION_BASELINES[base][1]
+    values: dict[str, Any] = {}  # YAML values, type-checked by ClientConnections
+    for item in _client_overrides(overrides, name):
+        target, _, raw = item.partition("=")
+        param = target.partition(".")[2]
+        if param not in _CLIENT_PARAMETERS:
+            raise UnknownPolicyError(
+                f"policy {name!r}: {_CLIENT} has no parameter {param!r}; "
+                f"parameters: {', '.join(_CLIENT_PARAMETERS)}"
+            )
+        values[_CLIENT_PARAMETERS[param]] = yaml.safe_load(raw)
+    try:
+        return replace(settings, **values)
+    except (TypeError, ValueError) as exc:
+        raise UnknownPolicyError(f"policy {name!r}: {exc}") from None
+
+
+def _client_overrides(overrides: str, name: str) -> list[str]:
+    items = [item for item in overrides.split("&") if item] if overrides else []
+    return [item for item in items if item.partition(".")[0] == _CLIENT]
+
+
+def is_lab_only(name: str) -> bool:
+    """Whether ``name`` is a baseline the discrete-event lab alone runs (no gateway)."""
+    return name.partition(":")[0] in _CONNECTION_BASELINES
+
+
 def policy_config(name: str) -> tuple[EndpointPickerConfig, PredictorKind]:
     """The scheduling configuration a policy name stands for, and the latency predictor
     it runs with (``model``: trained online on the run's own traffic).
@@ -61,7 +114,14 @@ def policy_config(name: str) -> tuple[EndpointPickerConfig, PredictorKind]:
     ``predicted-latency:latency-scorer.headroomSelectionStrategy=least`` — so that two arms
     of a measurement differ in one setting and nothing else."""
     base, _, overrides = name.partition(":")
-    if base in _PREDICTOR_POLICIES:
+    if base in _CONNECTION_BASELINES:
+        client_connections(name)  # its client.* overrides, checked now
+        preset = _CONNECTION_BASELINES[base][0]
+        config = load_preset(preset)
+        predictor: PredictorKind = "none"
+        rest = [item for item in overrides.split("&") if item.partition(".")[0] != _CLIENT]
+        overrides = "&".join(rest) if overrides else ""
+    elif base in _PREDICTOR_POLICIES:
         preset, predictor = _PREDICTOR_POLICIES[base]
         config = load_preset(preset)
     elif base in preset_names():
@@ -146,7 +206,7 @@ def is_available(name: str) -> bool:
 
 
 def available_policies() -> list[str]:
-    return sorted({*preset_names(), *_PREDICTOR_POLICIES})
+    return sorted({*preset_names(), *_PREDICTOR_POLICIES, *_CONNECTION_BASELINES})
 
 
 WorkloadFactory = Callable[[float, float, int], Workload]
