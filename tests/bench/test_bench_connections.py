@@ -145,6 +145,10 @@ def test_kube_service_names_and_overrides() -> None:
     assert client_connections("round-robin") is None
     assert is_lab_only("kube-service:client.keepAlive=true")
     assert not is_lab_only("random")
+    assert client_connections("gie-v0.3:client.maxConnections=9") == ClientConnections(
+        max_connections=9, pinned=False
+    )
+    assert is_lab_only("round-robin:client.keepAlive=true")
     with pytest.raises(UnknownPolicyError, match="no parameter 'maxConns'"):
         client_connections("kube-service:client.maxConns=3")
     with pytest.raises(UnknownPolicyError, match="max_connections must be an integer"):
@@ -219,3 +223,22 @@ def test_the_baseline_runs_des_only() -> None:
 
     with pytest.raises(UnknownPolicyError, match="lab-only baseline"):
         plan_policies(["round-robin", "kube-service"], get_scenario("multi-turn-chat"))
+
+
+def test_a_client_in_front_of_the_gateway_bounds_concurrency_not_routing() -> None:
+    """``round-robin`` behind 2 keep-alive connections: never more than 2 requests in
+    flight, but the gateway still spreads them over every backend in turn."""
+    rng = random.Random(7)
+    arrivals = [
+        (0.0, RequestSpec("completions", MODEL, 30, f"{i} " + random_text(rng, 200)))
+        for i in range(9)
+    ]
+    name = "round-robin:client.keepAlive=true&client.maxConnections=2"
+    result = kube_service(name).run(Scripted(arrivals), horizon_s=300.0)
+    records = result.records
+    assert all(r.completed for r in records)
+    spans = sorted((r.first_token, r.finish) for r in records)
+    for first, _ in spans:
+        assert sum(1 for f, e in spans if f <= first < e) <= 2
+    assert collections.Counter(r.endpoint for r in records) == {0: 3, 1: 3, 2: 3}
+    assert pool_of(result).opened == 2

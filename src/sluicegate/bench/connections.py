@@ -48,6 +48,9 @@ class ClientConnections:
     """An idle connection is closed after this many seconds."""
     keep_alive: bool = False
     """Reuse a finished request's connection; false: one connection per request."""
+    pinned: bool = True
+    """The connections end at backends (a Service); false: at the gateway, which routes
+    each request (the same client in front of a gateway arm)."""
 
     def __post_init__(self) -> None:
         # Checked here: the values come from YAML overrides on the command line.

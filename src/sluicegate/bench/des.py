@@ -253,7 +253,8 @@ class ClusterSimulation:
         if spec.connections is not None:
             # Its own stream, so that the policy's draws do not shift the backends'.
             rng = random.Random(f"connections-{spec.seed}")
-            self.client = ConnectionPool(spec.connections, spec.replicas, rng)
+            backends = spec.replicas if spec.connections.pinned else 1  # 1: the gateway
+            self.client = ConnectionPool(spec.connections, backends, rng)
         self._on_connection: dict[RequestRecord, Connection] = {}
         self._waiting_clients: deque[tuple[RequestSpec, float]] = deque()
         """Requests (and when they were sent) waiting for a connection, oldest first."""
@@ -395,7 +396,8 @@ class ClusterSimulation:
             subset = None
             if connection is not None:
                 self._on_connection[record] = connection
-                subset = (self.endpoints[connection.backend].address,)
+                if self.client is not None and self.client.settings.pinned:
+                    subset = (self.endpoints[connection.backend].address,)
             admitted = self.director.admit(parsed, request_id, headers, subset)
             result = self.director.submit(admitted, _Queued(self, record, raw))
         except GatewayError as exc:

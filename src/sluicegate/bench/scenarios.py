@@ -59,7 +59,9 @@ _PREDICTOR_POLICIES: dict[str, tuple[str, PredictorKind]] = {
 # connection was given (through a one-address subset hint, so any picker does: ``random``).
 # Their parameters, as overrides of the pseudo-plugin ``client``: ``maxConnections`` (0: no
 # limit), ``idleTimeoutS``, ``keepAlive`` — e.g.
-# ``kube-service:client.keepAlive=true&client.maxConnections=1000``.
+# ``kube-service:client.keepAlive=true&client.maxConnections=1000``. The same overrides on a
+# gateway policy put that client in front of the gateway (its connections end there and the
+# gateway routes each request), so that both arms of a comparison have one client.
 _CONNECTION_BASELINES: dict[str, tuple[str, ClientConnections]] = {
     "kube-service": ("random", ClientConnections()),
 }
@@ -72,14 +74,20 @@ _CLIENT_PARAMETERS = {
 
 
 def client_connections(name: str) -> ClientConnections | None:
-    """The client connections policy ``name`` routes through (a lab-only per-connection
-    baseline, with its ``client.*`` overrides), or None for a gateway policy."""
+    """The client connections policy ``name`` runs with: a lab-only per-connection
+    baseline's (pinned to backends), those its ``client.*`` overrides set on a gateway
+    policy (to the gateway, which routes each request: the same client in front of both
+    arms), or None (one connection per request to the gateway, never waiting)."""
     base, _, overrides = name.partition(":")
-    if base not in _CONNECTION_BASELINES:
+    items = _client_overrides(overrides, name)
+    if base in _CONNECTION_BASELINES:
+        settings = _CONNECTION_BASELINES[base][1]
+    elif items:
+        settings = ClientConnections(pinned=False)
+    else:
         return None
-    settings = _CONNECTION_BASELINES[base][1]
     values: dict[str, Any] = {}  # YAML values, type-checked by ClientConnections
-    for item in _client_overrides(overrides, name):
+    for item in items:
         target, _, raw = item.partition("=")
         param = target.partition(".")[2]
         if param not in _CLIENT_PARAMETERS:
@@ -100,8 +108,10 @@ def _client_overrides(overrides: str, name: str) -> list[str]:
 
 
 def is_lab_only(name: str) -> bool:
-    """Whether ``name`` is a baseline the discrete-event lab alone runs (no gateway)."""
-    return name.partition(":")[0] in _CONNECTION_BASELINES
+    """Whether the discrete-event lab alone runs ``name``: a baseline that is no gateway,
+    or a policy with a modelled client (``client.*`` overrides)."""
+    base, _, overrides = name.partition(":")
+    return base in _CONNECTION_BASELINES or bool(_client_overrides(overrides, name))
 
 
 def policy_config(name: str) -> tuple[EndpointPickerConfig, PredictorKind]:
@@ -115,12 +125,9 @@ def policy_config(name: str) -> tuple[EndpointPickerConfig, PredictorKind]:
     of a measurement differ in one setting and nothing else."""
     base, _, overrides = name.partition(":")
     if base in _CONNECTION_BASELINES:
-        client_connections(name)  # its client.* overrides, checked now
         preset = _CONNECTION_BASELINES[base][0]
         config = load_preset(preset)
         predictor: PredictorKind = "none"
-        rest = [item for item in overrides.split("&") if item.partition(".")[0] != _CLIENT]
-        overrides = "&".join(rest) if overrides else ""
     elif base in _PREDICTOR_POLICIES:
         preset, predictor = _PREDICTOR_POLICIES[base]
         config = load_preset(preset)
@@ -131,8 +138,10 @@ def policy_config(name: str) -> tuple[EndpointPickerConfig, PredictorKind]:
         raise UnknownPolicyError(
             f"policy {base!r} is not available; available: {', '.join(available_policies())}"
         )
-    if overrides:
-        config = _with_overrides(config, overrides, name)
+    client_connections(name)  # any client.* overrides, checked now
+    rest = [i for i in overrides.split("&") if i and i.partition(".")[0] != _CLIENT]
+    if rest:
+        config = _with_overrides(config, "&".join(rest), name)
     return config, predictor
 
 
