@@ -26,9 +26,10 @@ keeps: ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` in ``vllm/envs.py``, default 5, passed a
 ``timeout_keep_alive`` by ``vllm/entrypoints/openai/api_server.py``), ``keep_alive``
 false — the published GIE benchmark's client (the Latency Profile Generator image of
 ``config/manifests/benchmark/benchmark.yaml`` at GIE v0.3.0; its ``benchmark_serving.py``
-in AI-Hypercomputer/inference-benchmark opens ``aiohttp.ClientSession`` inside
-``send_request``, so each request has a connection of its own). See
-``docs/benchmarks/sharegpt-sweep/gie-v0.3.md``.
+in AI-Hypercomputer/inference-benchmark, at commit 01f99115, opens ``aiohttp.ClientSession`` inside
+``send_request``, so each request has a connection of its own); ``pinned`` true (false: the
+connections end at the gateway, which routes each request — the same client in front of a
+gateway arm). See ``docs/benchmarks/sharegpt-sweep/gie-v0.3.md``.
 """
 
 from __future__ import annotations
