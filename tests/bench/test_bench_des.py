@@ -16,7 +16,12 @@ import pytest
 from sluicegate.bench import sharegpt
 from sluicegate.bench.des import ClusterSimulation, ClusterSpec, RequestRecord, RunResult
 from sluicegate.bench.metrics import ideal_prefix_hit_rate, summarize
-from sluicegate.bench.scenarios import OBJECTIVES, available_policies, policy_config
+from sluicegate.bench.scenarios import (
+    OBJECTIVES,
+    available_policies,
+    client_connections,
+    policy_config,
+)
 from sluicegate.bench.workloads import (
     OpenLoop,
     PriorityClass,
@@ -42,6 +47,7 @@ BLOCK = TINY.block_size
 def simulation(policy: str, replicas: int = 3, seed: int = 0, **options: Any) -> ClusterSimulation:
     picker, predictor = policy_config(policy)
     options.setdefault("predictor", predictor)
+    options.setdefault("connections", client_connections(policy))
     return ClusterSimulation(ClusterSpec(TINY, replicas, picker, model=MODEL, seed=seed, **options))
 
 

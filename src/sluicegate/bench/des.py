@@ -7,9 +7,12 @@ does: every routing decision is made by :class:`~sluicegate.requestcontrol.direc
 
 Events, in time order (ties in insertion order, so a run is deterministic for a seed):
 
-- **arrival**: the client's request is serialised as the HTTP body it would send, parsed
-  and routed by the director, then the chosen engine receives it exactly as the simulated
-  HTTP server would turn that body into a sequence;
+- **arrival**: the client's request (on its connection, when the run models the client's
+  connections to a per-connection balancer: :mod:`~sluicegate.bench.connections`; a request
+  finding every connection busy at the pool's limit is sent when one frees up) is
+  serialised as the HTTP body it would send, parsed and routed by the director, then the
+  chosen engine receives it exactly as the simulated HTTP server would turn that body into
+  a sequence;
 - **engine step**: an engine delivers the previous iteration's tokens (first token →
   the gateway marks its first byte; finish → the request completes, the workload may send a
   follow-up) and starts the next iteration, which ends ``duration`` later;
@@ -24,6 +27,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import random
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -32,6 +37,7 @@ import orjson
 
 from sluicegate.api.loader import Config, build_config
 from sluicegate.api.resources import EndpointPickerConfig
+from sluicegate.bench.connections import ClientConnections, Connection, ConnectionPool
 from sluicegate.bench.des_kvevents import DEFAULT_DELAY_S, KVEventDelivery
 from sluicegate.bench.oracle import OraclePredictor
 from sluicegate.bench.workloads import RequestSpec, Timed, Workload
@@ -156,6 +162,11 @@ class ClusterSpec:
     kv_event_delay_s: float = DEFAULT_DELAY_S
     """Seconds from the end of the engine step that produced a batch of KV events to
     its application to the index (see :mod:`sluicegate.bench.des_kvevents`)."""
+    connections: ClientConnections | None = None
+    """The client's connections to a per-connection balancer (the lab-only ``kube-service``
+    baseline): every request goes to its connection's backend, drawn uniformly at random
+    per new connection, through a one-address subset hint. None: the gateway routes each
+    request."""
 
 
 @dataclass(slots=True)
@@ -166,6 +177,8 @@ class RunResult:
     endpoint_names: list[str]
     kv_events: bool = False
     """The engines' KV events fed a precise index."""
+    connections: ConnectionPool | None = None
+    """The client's connections, when the run modelled them."""
 
 
 def replica_profiles(spec: ClusterSpec) -> list[EngineProfile]:
@@ -281,6 +294,16 @@ class ClusterSimulation:
         self._inflight: dict[str, tuple[Dispatch, RequestRecord]] = {}
         self._ids = itertools.count()
         self.records: list[RequestRecord] = []
+        self.client: ConnectionPool | None = None
+        """The client's connections (``spec.connections``); None: per-request routing."""
+        if spec.connections is not None:
+            # Its own stream, so that the policy's draws do not shift the backends'.
+            rng = random.Random(f"connections-{spec.seed}")
+            backends = spec.replicas if spec.connections.pinned else 1  # 1: the gateway
+            self.client = ConnectionPool(spec.connections, backends, rng)
+        self._on_connection: dict[RequestRecord, Connection] = {}
+        self._waiting_clients: deque[tuple[RequestSpec, float]] = deque()
+        """Requests (and when they were sent) waiting for a connection, oldest first."""
         self.on_complete: list[Callable[[RequestRecord, Dispatch], None]] = []
         """Hooks called when a request completes (e.g. latency-model training)."""
 
@@ -335,7 +358,7 @@ class ClusterSimulation:
 
     # ------------------------------------------------------------------ events
 
-    _ARRIVAL, _STEP, _SCRAPE, _EXPIRE, _KV_EVENTS = 0, 1, 2, 3, 4
+    _ARRIVAL, _STEP, _SCRAPE, _EXPIRE, _KV_EVENTS, _SEND = 0, 1, 2, 3, 4, 5
 
     def _push(self, t: float, kind: int, payload: Any) -> None:
         if kind not in (self._SCRAPE, self._KV_EVENTS):  # these start no further work
@@ -368,6 +391,8 @@ class ClusterSimulation:
             elif kind == self._KV_EVENTS:
                 assert self.kv_events is not None
                 self.kv_events.deliver(*payload)
+            elif kind == self._SEND:
+                self._send(*payload)
             elif kind == self._SCRAPE:
                 self._scrape(payload, t)
                 if payload == 0 and self.predictor is not None:
@@ -382,8 +407,17 @@ class ClusterSimulation:
         end = horizon_s if cut else self.clock.now()
         if self.kv_events is not None:
             self.kv_events.close()
+        if self.client is not None:
+            self.client.close_all()
         names = [e.name for e in self.endpoints]
-        return RunResult(self.records, self.engines, end, names, self.kv_events is not None)
+        return RunResult(
+            self.records,
+            self.engines,
+            end,
+            names,
+            kv_events=self.kv_events is not None,
+            connections=self.client,
+        )
 
     def _busy(self) -> bool:
         """Scrapes continue while anything can still happen."""
@@ -392,6 +426,36 @@ class ClusterSimulation:
     # ------------------------------------------------------------------ handlers
 
     def _arrive(self, spec: RequestSpec, now: float) -> None:
+        if self.client is None:
+            self._send(spec, now, None)
+            return
+        connection = self.client.acquire(now)
+        if connection is None:
+            self._waiting_clients.append((spec, now))
+        else:
+            self._send(spec, now, connection)
+
+    def _hang_up(self, connection: Connection, now: float) -> None:
+        """``connection``'s response is complete: it serves the longest-waiting request,
+        or goes idle (closes, without keep-alive)."""
+        assert self.client is not None
+        if not self._waiting_clients:
+            self.client.release(connection, now)
+            return
+        spec, sent = self._waiting_clients.popleft()
+        if self.client.settings.keep_alive:
+            self.client.handover(connection)
+        else:
+            self.client.release(connection, now)
+            fresh = self.client.acquire(now)
+            assert fresh is not None  # one was just closed
+            connection = fresh
+        # An event, not a call: a refused request would otherwise recurse through here.
+        self._push(now, self._SEND, (spec, sent, connection))
+
+    def _send(self, spec: RequestSpec, now: float, connection: Connection | None) -> None:
+        """The request the client sent at ``now`` (on ``connection``) reaches the gateway
+        (the clock may be later: it waited for the connection)."""
         record = RequestRecord(spec, now)
         self.records.append(record)
         raw = orjson.dumps(spec.body())
@@ -400,17 +464,22 @@ class ClusterSimulation:
         self._bodies[request_id] = (raw, spec.kind == "chat")
         try:
             parsed = parse_request(spec.kind, raw, headers)
-            admitted = self.director.admit(parsed, request_id, headers)
+            subset = None
+            if connection is not None:
+                self._on_connection[record] = connection
+                if self.client is not None and self.client.settings.pinned:
+                    subset = (self.endpoints[connection.backend].address,)
+            admitted = self.director.admit(parsed, request_id, headers, subset)
             result = self.director.submit(admitted, _Queued(self, record, raw))
         except GatewayError as exc:
             self._bodies.pop(request_id, None)
-            self._refused(record, exc, now)
+            self._refused(record, exc, self.clock.now())
             return
         if isinstance(result, QueueItem):
             self._queued += 1
             self._arm_expiry()
         else:
-            self._start(record, raw, result, now)
+            self._start(record, raw, result, self.clock.now())
 
     def _refused(self, record: RequestRecord, error: GatewayError, now: float) -> None:
         record.status, record.reason = error.status, error.reason
@@ -564,6 +633,9 @@ class ClusterSimulation:
             self._release(now)  # their places may be someone else's now
 
     def _follow(self, record: RequestRecord, now: float, reply: str | None) -> None:
+        connection = self._on_connection.pop(record, None)
+        if connection is not None:
+            self._hang_up(connection, now)
         for t, spec in self._workload.follow_up(record.spec, now, reply):
             self._push(t, self._ARRIVAL, spec)
 

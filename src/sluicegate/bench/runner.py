@@ -24,7 +24,7 @@ from sluicegate.bench.metrics import (
     replica_loads,
     summarize,
 )
-from sluicegate.bench.scenarios import Scenario, policy_config
+from sluicegate.bench.scenarios import Scenario, client_connections, policy_config
 
 Progress = Callable[[str], None]
 
@@ -69,6 +69,7 @@ def run_level(
         seed=seed,
         flow_control=flow_control,
         kv_event_delay_s=kv_event_delay_s,
+        connections=client_connections(policy),
     )
     sim = ClusterSimulation(spec)
     workload = scenario.workload(level, duration_s, seed)
@@ -80,7 +81,7 @@ def run_entry(
 ) -> dict[str, Any]:
     """The ``runs[]`` entry for one run."""
     engines = result.engines
-    return entry_from_records(
+    entry = entry_from_records(
         scenario,
         policy,
         level,
@@ -94,7 +95,21 @@ def run_entry(
         accelerators=[e.profile.accelerator or "unknown" for e in engines],
         costs=[e.profile.cost_per_hour for e in engines],
         busy_s=[e.counters.busy_s for e in engines],
-    ) | {"kv_events": result.kv_events}
+    )
+    entry["kv_events"] = result.kv_events
+    pool = result.connections
+    if pool is not None:
+        carried = pool.carried
+        closed = sum(carried.values())
+        entry["metrics"]["connections"] = {
+            "opened": pool.opened,
+            "per_backend": list(pool.connections_per_backend),
+            "mean_requests_per_connection": (
+                sum(k * n for k, n in carried.items()) / closed if closed else 0.0
+            ),
+            "max_requests_per_connection": max(carried, default=0),
+        }
+    return entry
 
 
 def entry_from_records(

@@ -5,9 +5,12 @@ pool), a workload, the load levels it
 sweeps, how long each level runs, and the policies it compares by default. A ``quick``
 variant of each runs in well under a minute (CI smoke tests).
 
-Policies are scheduling configurations by name: the shipped presets (``round-robin`` —
-what a Kubernetes Service gives —, ``random``, ``least-request``, ``default``) plus those
-added by later layers (``predicted-latency``, ``predicted-latency-oracle``).
+Policies are scheduling configurations by name: the shipped presets (``round-robin``,
+``random``, ``least-request``, ``default``, ``gie-v0.3``...) plus those added by later layers
+(``predicted-latency``, ``predicted-latency-oracle``) and the lab-only baselines that are
+not a gateway at all: ``kube-service``, a Kubernetes Service in front of the pool, which
+balances the client's *connections* (:mod:`~sluicegate.bench.connections`; discrete-event
+runs only).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pydantic import ValidationError
 from sluicegate.api.resources import EndpointPickerConfig
 from sluicegate.bench import sharegpt
 from sluicegate.bench.cache_pressure import TenantChats
+from sluicegate.bench.connections import ClientConnections
 from sluicegate.bench.workloads import (
     ClosedLoop,
     OpenLoop,
@@ -54,6 +58,65 @@ _PREDICTOR_POLICIES: dict[str, tuple[str, PredictorKind]] = {
 }
 
 
+# Lab-only baselines: no gateway decides; each request goes to the backend its client
+# connection was given (through a one-address subset hint, so any picker does: ``random``).
+# Their parameters, as overrides of the pseudo-plugin ``client``: ``maxConnections`` (0: no
+# limit), ``idleTimeoutS``, ``keepAlive`` — e.g.
+# ``kube-service:client.keepAlive=true&client.maxConnections=1000``. The same overrides on a
+# gateway policy put that client in front of the gateway (its connections end there and the
+# gateway routes each request), so that both arms of a comparison have one client.
+_CONNECTION_BASELINES: dict[str, tuple[str, ClientConnections]] = {
+    "kube-service": ("random", ClientConnections()),
+}
+_CLIENT = "client"
+_CLIENT_PARAMETERS = {
+    "maxConnections": "max_connections",
+    "idleTimeoutS": "idle_timeout_s",
+    "keepAlive": "keep_alive",
+}
+
+
+def client_connections(name: str) -> ClientConnections | None:
+    """The client connections policy ``name`` runs with: a lab-only per-connection
+    baseline's (pinned to backends), those its ``client.*`` overrides set on a gateway
+    policy (to the gateway, which routes each request: the same client in front of both
+    arms), or None (one connection per request to the gateway, never waiting)."""
+    base, _, overrides = name.partition(":")
+    items = _client_overrides(overrides, name)
+    if base in _CONNECTION_BASELINES:
+        settings = _CONNECTION_BASELINES[base][1]
+    elif items:
+        settings = ClientConnections(pinned=False)
+    else:
+        return None
+    values: dict[str, Any] = {}  # YAML values, type-checked by ClientConnections
+    for item in items:
+        target, _, raw = item.partition("=")
+        param = target.partition(".")[2]
+        if param not in _CLIENT_PARAMETERS:
+            raise UnknownPolicyError(
+                f"policy {name!r}: {_CLIENT} has no parameter {param!r}; "
+                f"parameters: {', '.join(_CLIENT_PARAMETERS)}"
+            )
+        values[_CLIENT_PARAMETERS[param]] = yaml.safe_load(raw)
+    try:
+        return replace(settings, **values)
+    except (TypeError, ValueError) as exc:
+        raise UnknownPolicyError(f"policy {name!r}: {exc}") from None
+
+
+def _client_overrides(overrides: str, name: str) -> list[str]:
+    items = [item for item in overrides.split("&") if item] if overrides else []
+    return [item for item in items if item.partition(".")[0] == _CLIENT]
+
+
+def is_lab_only(name: str) -> bool:
+    """Whether the discrete-event lab alone runs ``name``: a baseline that is no gateway,
+    or a policy with a modelled client (``client.*`` overrides)."""
+    base, _, overrides = name.partition(":")
+    return base in _CONNECTION_BASELINES or bool(_client_overrides(overrides, name))
+
+
 def policy_config(name: str) -> tuple[EndpointPickerConfig, PredictorKind]:
     """The scheduling configuration a policy name stands for, and the latency predictor
     it runs with (``model``: trained online on the run's own traffic).
@@ -64,7 +127,11 @@ def policy_config(name: str) -> tuple[EndpointPickerConfig, PredictorKind]:
     ``predicted-latency:latency-scorer.headroomSelectionStrategy=least`` — so that two arms
     of a measurement differ in one setting and nothing else."""
     base, _, overrides = name.partition(":")
-    if base in _PREDICTOR_POLICIES:
+    if base in _CONNECTION_BASELINES:
+        preset = _CONNECTION_BASELINES[base][0]
+        config = load_preset(preset)
+        predictor: PredictorKind = "none"
+    elif base in _PREDICTOR_POLICIES:
         preset, predictor = _PREDICTOR_POLICIES[base]
         config = load_preset(preset)
     elif base in preset_names():
@@ -79,8 +146,10 @@ def policy_config(name: str) -> tuple[EndpointPickerConfig, PredictorKind]:
         raise UnknownPolicyError(
             f"policy {base!r} is not available; available: {', '.join(available_policies())}"
         )
-    if overrides:
-        config = _with_overrides(config, overrides, name)
+    client_connections(name)  # any client.* overrides, checked now
+    rest = [i for i in overrides.split("&") if i and i.partition(".")[0] != _CLIENT]
+    if rest:
+        config = _with_overrides(config, "&".join(rest), name)
     return config, predictor
 
 
@@ -154,7 +223,7 @@ def is_available(name: str) -> bool:
 
 
 def available_policies() -> list[str]:
-    return sorted({*preset_names(), *_PREDICTOR_POLICIES})
+    return sorted({*preset_names(), *_PREDICTOR_POLICIES, *_CONNECTION_BASELINES})
 
 
 WorkloadFactory = Callable[[float, float, int], Workload]

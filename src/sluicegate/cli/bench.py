@@ -166,7 +166,7 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
     from sluicegate.bench.extras import PLOTS, SHAREGPT, MissingExtraError, require_extra
     from sluicegate.bench.report import write
     from sluicegate.bench.runner import RunPlan, run_plan
-    from sluicegate.bench.scenarios import check_policies, get_scenario
+    from sluicegate.bench.scenarios import check_policies, get_scenario, is_lab_only
 
     if args.backend == "vllm" and args.mode != "http":
         return fail("--backend vllm needs --mode http")
@@ -215,6 +215,9 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
         peers = [p for p in policies if p in ROUTER_POLICIES]
         if peers and args.mode != "http":
             raise ValueError(f"{', '.join(peers)}: peer routers run in --mode http only")
+        lab_only = [p for p in policies if is_lab_only(p)]
+        if lab_only and args.mode == "http":
+            raise ValueError(f"{', '.join(lab_only)}: lab-only baselines run in --mode des only")
         levels = _levels(args.qps) if args.qps is not None else scenario.levels
         duration = _positive("--duration", args.duration, scenario.duration_s)
     except ValueError as exc:  # UnknownPolicyError, a bad --qps or --duration

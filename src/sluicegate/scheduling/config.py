@@ -9,8 +9,9 @@ configuration at all the ``default`` preset applies: ``queue-scorer`` ×2,
 ``kv-cache-utilization-scorer`` ×2, ``prefix-cache-scorer`` ×3, ``max-score-picker``.
 
 Presets (``presets/*.yaml``) are named configurations shipped with sluicegate: ``default``,
-``round-robin`` (what a Kubernetes Service does), ``random``, ``least-request`` and more;
-``sluicegate serve --policy NAME`` and the benchmark lab select them by name.
+``round-robin`` (per request; a Kubernetes Service balances connections), ``random``,
+``least-request`` and more; ``sluicegate serve --policy NAME`` and the benchmark lab select
+them by name.
 """
 
 from __future__ import annotations

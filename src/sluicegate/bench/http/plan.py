@@ -35,7 +35,12 @@ from sluicegate.bench.des import POOL, ClusterSpec
 from sluicegate.bench.gateway.routers import vllm_router_binary
 from sluicegate.bench.metrics import summarize
 from sluicegate.bench.runner import RunPlan, run_level
-from sluicegate.bench.scenarios import Scenario, UnknownPolicyError, available_policies
+from sluicegate.bench.scenarios import (
+    Scenario,
+    UnknownPolicyError,
+    available_policies,
+    is_lab_only,
+)
 from sluicegate.flowcontrol.config import POOL_ANNOTATION
 from sluicegate.sim.profile_file import materialise
 from sluicegate.sim.profiles import PROFILES, EngineProfile
@@ -181,6 +186,8 @@ def plan_policies(policies: Sequence[str], scenario: Scenario) -> tuple[list[str
                 )
             else:
                 runnable.append(policy)
+        elif is_lab_only(policy):  # not a gateway: the lab's client connections model it
+            raise UnknownPolicyError(f"{policy}: a lab-only baseline, --mode des only")
         elif policy.partition(":")[0] in presets:
             runnable.append(policy)
         else:  # a typo must not shrink the comparison unnoticed
