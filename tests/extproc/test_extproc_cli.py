@@ -32,6 +32,8 @@ from ep_support import (
     pool_doc,
     request_body,
     request_headers,
+    response_body,
+    response_headers,
     set_headers,
 )
 from ep_support import Exchange as _Exchange
@@ -42,6 +44,7 @@ from k8s_fake_apiserver import FakeApiServer, pod, pool_v1
 from k8s_fake_apiserver import model as k8s_model
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -141,10 +144,10 @@ def extproc_process(tmp_path: Path) -> Iterator[Any]:
                 running.proc.wait()
 
 
-async def readiness(port: int) -> int:
+async def readiness(port: int, service: str = "readiness") -> int:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         reply = await health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service="readiness"), timeout=5
+            health_pb2.HealthCheckRequest(service=service), timeout=5
         )
         return int(reply.status)
 
@@ -194,6 +197,45 @@ async def test_config_file_reloaded_and_sigterm_stops(
     running.proc.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(running.proc.wait, 15) == 0
     assert "draining" in running.output()
+
+
+async def test_sigterm_drains_streams_in_flight_then_exits(
+    sim_cluster: Any, extproc_process: Any, tmp_path: Path
+) -> None:
+    cluster = await sim_cluster(replicas=1)
+    path = tmp_path / "pool.yaml"
+    path.write_text(yaml.safe_dump_all([pool_doc(cluster.urls)]))
+    running = extproc_process(
+        *("--config", str(path), "--drain-delay", "1.5", "--grace-period", "20")
+    )
+    await wait_ready(running.health_port)
+    assert await readiness(running.health_port, "accepting") == SERVING
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.grpc_port}") as channel:
+        ex = _Exchange(new_stub(channel))  # a request whose response is still streaming
+        await ex.send(request_headers(), request_body(completion()))
+        await ex.recv(2)
+        await ex.send(response_headers())
+        await ex.recv()
+        sent = time.monotonic()
+        running.proc.send_signal(signal.SIGTERM)
+        # At once: not ready, not accepting; alive.
+        for service in ("readiness", "accepting"):
+            assert await readiness(running.health_port, service) == NOT_SERVING
+        assert await readiness(running.health_port, "liveness") == SERVING
+        assert time.monotonic() - sent < 1.5
+        # Within the drain delay new streams are still routed...
+        assert kind(await ask(running.grpc_port, completion())) == "request_headers"
+        await asyncio.sleep(max(0.0, sent + 2.0 - time.monotonic()))
+        # ...after it they are refused, while the health port still answers.
+        with pytest.raises(grpc.aio.AioRpcError):
+            await ask(running.grpc_port, completion())
+        assert await readiness(running.health_port) == NOT_SERVING
+        assert running.proc.poll() is None  # the stream in flight holds the exit
+        await ex.send(response_body(b'{"choices": []}'))
+        await ex.recv()
+        await ex.finish()
+    assert await asyncio.to_thread(running.proc.wait, 15) == 0
+    assert time.monotonic() - sent < 10  # it did not wait out the 20 s grace period
 
 
 async def test_kubernetes_discovery(sim_cluster: Any, extproc_process: Any, tmp_path: Path) -> None:

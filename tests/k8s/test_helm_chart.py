@@ -277,9 +277,33 @@ def test_ports_and_policy_become_flags(tools: Path) -> None:
     assert {"--grpc-port=9502", "--metrics-port=9590", "--policy=least-request"} <= set(args)
     assert "--pool-name=other" in args
     assert not any(a.startswith("--grpc-health-port") for a in args)  # default kept
-    service = next(d for d in docs if d["kind"] == "Service")
-    assert service["metadata"]["name"] == "other-epp"
-    assert {p["port"] for p in service["spec"]["ports"]} == {9502, 9003, 9590}
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    assert set(services) == {"other-epp", "other-epp-replicas"}
+    assert {p["port"] for p in services["other-epp"]["spec"]["ports"]} == {9502, 9003, 9590}
+    assert [p["port"] for p in services["other-epp-replicas"]["spec"]["ports"]] == [9502]
+
+
+def test_replicas_budget_and_spread(tools: Path) -> None:
+    docs = render(tools)
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == 3
+    assert "--drain-delay=5" in _containers(docs)["epp"]["args"]
+    spread = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    (term,) = spread["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == {"app": "llama3-8b-epp"}
+    (pdb,) = (d for d in docs if d["kind"] == "PodDisruptionBudget")
+    assert pdb["spec"] == {
+        "maxUnavailable": 1,
+        "selector": {"matchLabels": {"app": "llama3-8b-epp"}},
+    }
+    docs = render(
+        tools,
+        "inferenceExtension.podDisruptionBudget.enabled=false",
+        "inferenceExtension.podAntiAffinity=false",
+    )
+    assert not any(d["kind"] == "PodDisruptionBudget" for d in docs)
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert "affinity" not in deployment["spec"]["template"]["spec"]
 
 
 @pytest.mark.parametrize(
@@ -291,6 +315,7 @@ def test_ports_and_policy_become_flags(tools: Path) -> None:
         ("inferenceExtension.extProcPort=70000", "extProcPort"),
         ("inferenceExtension.latencyPredictor.predictionServer.count=2", "predictionServer"),
         ("inferencePool.name=Not_A_Name", "name"),
+        ("inferenceExtension.podDisruptionBudget.maxUnavailable=0", "maxUnavailable"),
     ],
 )
 def test_bad_values_are_refused_with_the_field_named(

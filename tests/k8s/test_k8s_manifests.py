@@ -40,7 +40,13 @@ from sluicegate.scheduling.config import build_scheduler
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 K8S_VERSIONS = ("1.30.0", latest_version())
-BUILTIN_API_VERSIONS = {"v1", "apps/v1", "rbac.authorization.k8s.io/v1", "apiextensions.k8s.io/v1"}
+BUILTIN_API_VERSIONS = {
+    "v1",
+    "apps/v1",
+    "policy/v1",
+    "rbac.authorization.k8s.io/v1",
+    "apiextensions.k8s.io/v1",
+}
 OUR_GROUPS = ("inference.networking.k8s.io/", "inference.networking.x-k8s.io/")
 GATEWAY_GROUPS = ("gateway.networking.k8s.io/", "gateway.envoyproxy.io/")
 MONITORING_GROUPS = ("monitoring.coreos.com/",)

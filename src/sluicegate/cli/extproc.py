@@ -77,6 +77,15 @@ def add_parser(sub: Subparsers) -> None:
         metavar="S",
         help="seconds streams in flight may take to finish on SIGTERM (default 120)",
     )
+    extproc.add_argument(
+        "--drain-delay",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="on SIGTERM, seconds readiness reports NOT_SERVING while new streams are still "
+        "served, before they are refused (default 0; under Kubernetes a few seconds, so the "
+        "Service and Envoy's health checks drop the pod first)",
+    )
     add_picker_flags(extproc, kubernetes=True)
     extproc.set_defaults(func=_cmd_extproc)
 
@@ -105,6 +114,8 @@ def _cmd_extproc(args: argparse.Namespace) -> int:
         return fail("--fallback-endpoints must be 0 or more")
     if args.grace_period < 0:
         return fail("--grace-period must be 0 or more")
+    if args.drain_delay < 0:
+        return fail("--drain-delay must be 0 or more")
     if problem := check_latency_flags(args):
         return fail(problem)
     try:
@@ -121,6 +132,7 @@ def _cmd_extproc(args: argparse.Namespace) -> int:
             metrics_port=args.metrics_port,
             stream=StreamSettings(fallback_endpoints=args.fallback_endpoints),
             grace_period_s=args.grace_period,
+            drain_delay_s=args.drain_delay,
         ),
         runtime=runtime_options(args),
         kubernetes=args.kubernetes,

@@ -4,6 +4,10 @@ Services, as the reference endpoint picker serves them (GIE
 https://github.com/kubernetes-sigs/gateway-api-inference-extension/blob/1748e829/cmd/epp/runner/health.go):
 
 - ``liveness`` — SERVING while the process runs;
+- ``accepting`` — SERVING from start until the drain begins (SIGTERM), whatever the sync
+  state: what a proxy in front of several picker replicas health checks, so that it moves
+  new streams off a replica that is draining while a picker that has not synced yet still
+  answers (503) rather than vanishing;
 - ``readiness``, ``envoy.service.ext_proc.v3.ExternalProcessor`` and ``""`` (the whole
   server) — SERVING once the picker can route: with Kubernetes discovery, once it has
   synced and the pool exists (as the reference reports it); with a configuration file,
@@ -20,6 +24,7 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
 LIVENESS = "liveness"
+ACCEPTING = "accepting"
 READINESS = "readiness"
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 _READY_SERVICES = (READINESS, EXT_PROC_SERVICE, "")
@@ -39,6 +44,7 @@ class PickerHealth:
     async def start(self) -> None:
         """Alive, not ready yet."""
         await self.servicer.set(LIVENESS, SERVING)
+        await self.servicer.set(ACCEPTING, SERVING)
         await self.set_ready(False)
 
     async def set_ready(self, ready: bool) -> None:
@@ -50,6 +56,8 @@ class PickerHealth:
             await self.servicer.set(service, SERVING if ready else NOT_SERVING)
 
     async def shutting_down(self) -> None:
-        """Not ready from now on (the process is draining); ``liveness`` stays SERVING."""
+        """Not ready nor accepting from now on (the process is draining); ``liveness``
+        stays SERVING."""
+        await self.servicer.set(ACCEPTING, NOT_SERVING)
         await self.set_ready(False)
         self.draining = True

@@ -8,8 +8,15 @@ the cluster network, or put TLS in front.
 
 :class:`ExtProcServer` owns the runtime's lifecycle (metric scraping starts and stops with
 it) and refreshes readiness every ``readiness_interval_s`` seconds. :meth:`stop` drains:
-readiness goes NOT_SERVING, new streams are refused, streams in flight get
-``grace_period_s`` seconds to finish, then are cancelled (which releases their requests).
+
+1. readiness (and ``accepting``) go NOT_SERVING at once; the health servers keep answering
+   until the very end, so probes see NOT_SERVING rather than a refused connection;
+2. for ``drain_delay_s`` seconds new streams are still served: the time a Kubernetes
+   Service needs to drop the pod from its endpoints and a proxy's health checks need to see
+   NOT_SERVING (Envoy: ``unhealthy_threshold`` × ``interval``), so that no stream is sent
+   to a port that already refuses;
+3. new streams are refused, streams in flight get ``grace_period_s`` seconds to finish,
+   then are cancelled (which releases their requests).
 
 Ports: https://github.com/kubernetes-sigs/gateway-api-inference-extension/blob/1748e829/pkg/epp/server/options.go
 """
@@ -53,6 +60,8 @@ class ExtProcOptions:
     readiness_interval_s: float = 0.5
     grace_period_s: float = 120.0
     """Seconds streams in flight may take to finish at shutdown."""
+    drain_delay_s: float = 0.0
+    """Seconds between readiness going NOT_SERVING and new streams being refused."""
 
 
 class ExtProcServer:
@@ -80,6 +89,7 @@ class ExtProcServer:
         self.metrics_port = 0
         self._upstream: UpstreamPool | None = None
         self._servers: list[grpc.aio.Server] = []
+        self._health_server: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
         self._readiness: asyncio.Task[None] | None = None
 
@@ -112,9 +122,11 @@ class ExtProcServer:
             health = grpc.aio.server()
             health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, health)
             self.health_port = _listen(health, options.host, options.health_port, "health")
-            self._servers.append(health)
+            self._health_server = health
         for server in self._servers:
             await server.start()
+        if self._health_server is not None:
+            await self._health_server.start()
         if options.metrics_port is not None:
             await self._start_http(options.host, options.metrics_port)
         await self.refresh_readiness()
@@ -129,8 +141,14 @@ class ExtProcServer:
                 await self._readiness
             self._readiness = None
         await self.health.shutting_down()
+        if self.options.drain_delay_s > 0:
+            log.info("draining: serving new streams %.1f s more", self.options.drain_delay_s)
+            await asyncio.sleep(self.options.drain_delay_s)
         servers, self._servers = self._servers, []
         await asyncio.gather(*(s.stop(grace) for s in servers))
+        if self._health_server is not None:  # last: probes saw NOT_SERVING until now
+            await self._health_server.stop(0)
+            self._health_server = None
         if self._http is not None:
             await self._http.cleanup()
             self._http = None
