@@ -49,6 +49,59 @@ def test_bad_files_name_the_field(text: str, message: str) -> None:
         parse_profile(text)
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "linear_ops: {points: [[1, 2]], tail_intercept_ms: .nan}",
+            "tail_intercept_ms: Input should be a finite",
+        ),
+        ("linear_ops: {points: [[1, .inf]]}", "linear_ops.points.0.1: Input should be a finite"),
+        ("linear_ops: {points: [[.nan, 1]]}", "linear_ops.points.0.0: Input should be a finite"),
+        (
+            "linear_ops: {points: [[1, -1]]}",
+            "linear_ops.points.0.1: Input should be greater than or equal to 0",
+        ),
+        (
+            "linear_ops: {points: [[1, 2]], tail_slope_ms_per_token: .inf}",
+            "tail_slope_ms_per_token: Input should be a finite",
+        ),
+        (
+            "linear_ops: {points: [[1, 2]], tail_intercept_ms: -100}",
+            "tail line is negative at 1 tokens",
+        ),
+        (
+            "linear_ops: {tail_intercept_ms: -1, tail_slope_ms_per_token: 1}",
+            "tail line is negative at 0 tokens",
+        ),
+        (
+            "memory_bandwidth_bytes_per_s: .inf",
+            "memory_bandwidth_bytes_per_s: Input should be a finite",
+        ),
+        (
+            "memory_bandwidth_bytes_per_s: 0",
+            "memory_bandwidth_bytes_per_s: Input should be greater than 0",
+        ),
+        ("attention_flops_per_s: .nan", "attention_flops_per_s: Input should be a finite"),
+        ("step_overhead_ms: -1", "step_overhead_ms: Input should be greater than or equal to 0"),
+        ("lora_load_ms: .inf", "lora_load_ms: Input should be a finite"),
+        ("cost_per_hour: .nan", "cost_per_hour: Input should be a finite"),
+    ],
+)
+def test_non_finite_and_negative_numbers_are_refused(text: str, message: str) -> None:
+    """NaN, infinity or a negative time would make the simulator's clock NaN or go back."""
+    with pytest.raises(ProfileFileError, match=message):
+        parse_profile("base: tiny\n" + text)
+
+
+def test_a_negative_intercept_is_accepted_when_the_tail_starts_above_zero() -> None:
+    p = parse_profile(
+        "base: tiny\nlinear_ops: {points: [[1, 2], [10, 3]], tail_intercept_ms: -1,"
+        " tail_slope_ms_per_token: 1}"
+    )
+    assert p.linear_ops(4096) == 4095.0
+
+
 def test_a_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ProfileFileError, match="cannot read"):
         load_profile_file(tmp_path / "none.yaml")

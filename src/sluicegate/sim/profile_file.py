@@ -43,7 +43,9 @@ class ProfileFileError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and infinity are refused everywhere: one in a step time or a bandwidth would make
+    # the simulator's clock NaN or never advance.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class LinearOpsSpec(_Strict):
@@ -74,6 +76,15 @@ class LinearOpsSpec(_Strict):
             if not xs:
                 raise ValueError("linear_ops needs points or tail_intercept_ms")
             intercept = ys[-1] - slope * xs[-1]
+        # The tail is increasing (slope >= 0), so it is non-negative everywhere it is used
+        # when it is at its start: the last point (0 tokens without points). A negative
+        # intercept is fine as long as the line is above 0 there.
+        start = xs[-1] if xs else 0.0
+        if intercept + slope * start < 0:
+            raise ValueError(
+                f"the tail line is negative at {start:g} tokens "
+                f"({intercept:g} + {slope:g} * {start:g} ms); step times must be >= 0"
+            )
         return LinearOpsCurve(xs, ys, intercept, slope)
 
     @classmethod
