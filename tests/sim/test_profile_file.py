@@ -3,8 +3,12 @@ field, and ``sluicegate sim --profile-file`` refuses a bad one at start."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +17,7 @@ from sluicegate.sim.profile_file import (
     ProfileFileError,
     dump_profile,
     load_profile_file,
+    materialise,
     parse_profile,
 )
 from sluicegate.sim.profiles import PROFILES
@@ -118,3 +123,40 @@ def test_sim_refuses_a_bad_profile_file_at_start(tmp_path: Path) -> None:
     )
     assert run.returncode == 2
     assert "block_size" in run.stderr
+
+
+def test_materialise_writes_a_private_file_and_follows_no_planted_symlink(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Someone who can write the temporary folder plants symlinks at every name a
+    predictable scheme would use; materialise must neither write through them nor reuse them."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr("sluicegate.sim.profile_file._private_dir", None)
+    profile = dataclasses.replace(PROFILES["tiny"], name="custom", num_layers=3)
+    text = dump_profile(profile)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    for name in (
+        f"sluicegate-profile-{digest}.yaml",
+        f"sluicegate-profile-{digest}.{digest}.tmp",
+        f"profile-{digest}.yaml",
+    ):
+        (tmp_path / name).symlink_to(victim)
+    path = materialise(profile)
+    assert victim.read_text() == "precious"
+    assert not path.is_symlink()
+    assert path.read_text() == text
+    assert load_profile_file(path) == profile
+    folder = path.parent
+    assert folder.parent == tmp_path
+    assert folder.name.startswith("sluicegate-profiles-")
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    # the same profile reuses its file; a file swapped for a symlink is replaced, not followed
+    assert materialise(profile) == path
+    path.unlink()
+    path.symlink_to(victim)
+    assert materialise(profile) == path
+    assert victim.read_text() == "precious"
+    assert not path.is_symlink()

@@ -21,9 +21,12 @@ fields and out-of-range values are errors naming the field (:class:`ProfileFileE
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import hashlib
 import itertools
+import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Annotated
@@ -217,17 +220,35 @@ def dump_profile(profile: EngineProfile, calibration: dict[str, object] | None =
     return yaml.safe_dump(profile_document(profile, calibration), sort_keys=False)
 
 
+_private_dir: Path | None = None
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # absent on Windows; O_EXCL alone still refuses
+
+
+def _private_folder() -> Path:
+    """This process's own folder for profile files: made by :func:`tempfile.mkdtemp` (mode
+    0700, a fresh unpredictable name, so nobody else can plant a file or symlink in it) and
+    removed with everything in it when the process exits."""
+    global _private_dir
+    if _private_dir is None or not _private_dir.is_dir():
+        _private_dir = Path(tempfile.mkdtemp(prefix="sluicegate-profiles-"))
+        atexit.register(shutil.rmtree, _private_dir, ignore_errors=True)
+    return _private_dir
+
+
 def materialise(profile: EngineProfile) -> Path:
-    """A profile file holding ``profile`` in the temporary folder, named by its content, so
-    a process (``sluicegate sim --profile-file``) can load it; the same profile reuses
-    the same file, so repeated runs leave one file per distinct profile."""
+    """A profile file holding ``profile``, so a child process (``sluicegate sim
+    --profile-file``) can load it. It lives in this process's private temporary folder
+    (removed at exit), named by its content, so the same profile reuses the same file.
+    The file is created with ``O_EXCL`` and never through a symlink."""
     text = dump_profile(profile)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    path = Path(tempfile.gettempdir()) / f"sluicegate-profile-{digest}.yaml"
-    if not path.exists() or path.read_text() != text:
-        tmp = path.with_suffix(f".{digest}.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+    path = _private_folder() / f"profile-{digest}.yaml"
+    if path.is_file() and not path.is_symlink() and path.read_text() == text:
+        return path
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
     return path
 
 
