@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 from test_sim_cli import free_port_pair, sluicegate_command, wait_until_serving
 
+from sluicegate.cli import main
 from sluicegate.sim.calibrate import CalibrateOptions, calibrate, fit_profile, predict
 from sluicegate.sim.calibrate.client import Target
 from sluicegate.sim.calibrate.probes import Point, Prober
@@ -149,6 +150,29 @@ def test_bench_run_uses_the_profile_file(tmp_path: Path) -> None:
     bad = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2
     assert "max_num_seqs" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--max-num-seqs", "0"),
+        ("--max-num-batched-tokens", "0"),
+        ("--max-num-seqs", "-3"),
+        ("--budget-s", "nan"),
+        ("--time-scale", "0"),
+    ],
+)
+def test_calibrate_refuses_a_non_positive_option(
+    flag: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refused before any probe (the target does not exist), with exit status 2."""
+    out = tmp_path / "p.yaml"
+    argv = ["sim", "calibrate", "--target", "http://127.0.0.1:9", "--out", str(out)]
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, flag, value])
+    assert exit_.value.code == 2
+    assert f"{flag} must be a positive number, got" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def _synthetic(profile_points: Callable[[Point], float], points: list[Point]) -> list[Point]:

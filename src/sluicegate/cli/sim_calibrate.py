@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from sluicegate.cli.common import Subparsers, console, fail
 
@@ -87,17 +88,19 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
     if args.base not in PROFILES:
         return fail(f"--base: unknown profile {args.base!r}; known: {', '.join(sorted(PROFILES))}")
+    # Each must be a positive finite number; the two server limits may be left out (None:
+    # the base profile's), but 0 or less is refused like any other.
     for flag, value in (
         ("--budget-s", args.budget_s),
         ("--time-scale", args.time_scale),
         ("--decode-tokens", args.decode_tokens),
         ("--repeats", args.repeats),
         ("--passes", args.passes),
-        ("--max-num-seqs", args.max_num_seqs or 1),
-        ("--max-num-batched-tokens", args.max_num_batched_tokens or 1),
+        ("--max-num-seqs", args.max_num_seqs),
+        ("--max-num-batched-tokens", args.max_num_batched_tokens),
     ):
-        if value <= 0:
-            return fail(f"{flag} must be positive")
+        if value is not None and not (math.isfinite(value) and value > 0):
+            return fail(f"{flag} must be a positive number, got {value}")
     options = CalibrateOptions(
         target=args.target,
         model=args.model,
