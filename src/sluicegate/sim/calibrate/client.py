@@ -30,7 +30,24 @@ _JSON = {"content-type": "application/json"}
 
 
 class ServerError(RuntimeError):
-    """The server refused a probe or could not be reached."""
+    """The server refused a probe, could not be reached or answered what cannot be read."""
+
+
+def _clip(value: object) -> str:
+    """``value`` for an error message: its repr, at most 120 characters."""
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _count(usage: dict[str, object], key: str) -> int | None:
+    """A token count of a usage object: None when absent or null, a :class:`ServerError`
+    when it is not a non-negative integer."""
+    value = usage.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ServerError(f"usage.{key} is not a token count: {_clip(value)}")
+    return value
 
 
 @dataclass(slots=True)
@@ -151,7 +168,7 @@ class Target:
             ) as r:
                 if r.status != 200:
                     text = (await r.text())[:300]
-                    raise ServerError(f"POST {url}: HTTP {r.status}: {text}")
+                    raise ServerError(f"HTTP {r.status}: {text}")  # prefixed below
                 if not stream:
                     whole = orjson.loads(await r.read())
                     self._chunk(whole, loop.time(), out, on_token)
@@ -164,24 +181,42 @@ class Target:
                     self._chunk(orjson.loads(line[5:]), now, out, on_token)
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
             raise ServerError(f"POST {url}: {type(exc).__name__}: {exc}") from None
+        except ServerError as exc:
+            raise ServerError(f"POST {url}: {exc}") from None
         if not out.times:
             raise ServerError(f"POST {url}: the stream carried no token")
         return out
 
     @staticmethod
-    def _chunk(
-        chunk: dict[str, object], now: float, out: Stream, on_token: asyncio.Event | None
-    ) -> None:
+    def _chunk(chunk: object, now: float, out: Stream, on_token: asyncio.Event | None) -> None:
+        """Record one streamed chunk (or the whole answer); a body the calibrator cannot
+        read is a :class:`ServerError` saying what was wrong with it."""
+        if not isinstance(chunk, dict):
+            raise ServerError(f"a completion chunk is not a JSON object: {_clip(chunk)}")
         usage = chunk.get("usage")
         choices = chunk.get("choices")
-        if isinstance(usage, dict):
-            out.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        if usage is not None and not isinstance(usage, dict):
+            raise ServerError(f"a completion chunk's usage is not an object: {_clip(usage)}")
+        if usage is not None:
+            prompt = _count(usage, "prompt_tokens")
+            out.prompt_tokens = prompt if prompt is not None else 0
             details = usage.get("prompt_tokens_details")
-            if isinstance(details, dict) and details.get("cached_tokens") is not None:
-                out.cached_tokens = int(details["cached_tokens"])
+            if isinstance(details, dict):
+                cached = _count(details, "cached_tokens")
+                if cached is not None:
+                    out.cached_tokens = cached
         if not isinstance(choices, list) or not choices:
             return  # the closing usage chunk
-        done = int(usage["completion_tokens"]) if isinstance(usage, dict) else len(out.times) + 1
+        if usage is None:
+            done = len(out.times) + 1
+        else:
+            count = _count(usage, "completion_tokens")
+            if count is None:
+                raise ServerError(
+                    "a completion chunk's usage has no completion_tokens "
+                    "(continuous_usage_stats asks for it in every chunk)"
+                )
+            done = count
         if out.tokens and done <= out.tokens[-1]:
             return  # a chunk without a new token (a finish reason on its own)
         out.times.append(now)
