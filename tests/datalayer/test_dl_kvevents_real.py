@@ -33,8 +33,7 @@ from sluicegate.datalayer.kvevents.wire import (
     extra_key_bytes,
 )
 from sluicegate.kv_wire import WireMapEvent
-from sluicegate.sim.kvevents import KVEventLog
-from sluicegate.sim.kvpublisher import encode_payload
+from sluicegate.sim.kvevents import KVEventLog, encode_payload
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "kvevents" / "vllm-0.32.0-cpu.json"
 ENDPOINT = "vllm-0"

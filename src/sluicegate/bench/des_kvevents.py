@@ -7,7 +7,8 @@ the step's results are out (``vllm/v1/engine/core.py`` takes the scheduler's eve
 applies it (:mod:`sluicegate.datalayer.kvevents.subscriber`). Here the engines log the
 same events (:class:`~sluicegate.sim.kvevents.KVEventLog`, the simulator's own), a batch
 is *published* at the end of the step that produced it and *applied* ``delay_s`` later:
-encoded with the simulator's wire structs and read back by the gateway's decoder
+encoded as the simulator's publisher encodes it (:func:`~sluicegate.sim.kvevents.encode_payload`,
+vLLM 0.32's array layout) and read back by the gateway's decoder
 (:func:`~sluicegate.datalayer.kvevents.wire.decode_batch`), so the lab exercises the same
 bytes as the sockets would carry, without sockets. Delivery keeps publication order per
 engine (a fixed delay cannot reorder), so every view stays *synced*: the lab measures what
@@ -29,9 +30,8 @@ from sluicegate.datalayer.kvevents.index import PreciseIndex
 from sluicegate.datalayer.kvevents.service import KVEventsService
 from sluicegate.datalayer.kvevents.subscriber import EndpointStream, KVEventSubscribers, View
 from sluicegate.datalayer.kvevents.wire import decode_batch
-from sluicegate.kv_wire import WireBatchMap
 from sluicegate.sim.engine import Engine
-from sluicegate.sim.kvevents import KVEventLog
+from sluicegate.sim.kvevents import KVEventLog, encode_payload
 
 DEFAULT_DELAY_S: Final = 0.005
 """5 ms: a step's events reach the index this long after the step ends. vLLM hands the
@@ -85,10 +85,8 @@ class KVEventDelivery:
         events = self._logs[engine].take()
         if not events:
             return None
-        encode = self._encoder.encode
-        batch = WireBatchMap(published_at, [msgspec.Raw(encode(e)) for e in events], 0)
         self.seq[engine] += 1
-        return self._encoder.encode(batch)
+        return encode_payload(events, published_at, self._encoder)
 
     def deliver(self, engine: int, payload: bytes) -> None:
         """Apply one published batch of engine ``engine`` to the index."""

@@ -29,8 +29,10 @@ Faults (``/admin/faults``): ``kv_events_drop_rate`` loses that share of batches 
 socket (they stay buffered, so a replay finds them), ``kv_events_reorder_rate`` holds that
 share back and sends each after the batch that follows it.
 
-This module holds the configuration and the log and imports no ZeroMQ, so the engine and
-the discrete-event lab can use it without loading sockets.
+:func:`encode_payload` is the batch's bytes (the publisher's and the discrete-event lab's).
+
+This module holds the configuration, the log and the encoding and imports no ZeroMQ, so the
+engine and the discrete-event lab can use it without loading sockets.
 """
 
 from __future__ import annotations
@@ -39,8 +41,11 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
+import msgspec
+
 from sluicegate.kv_wire import (
     BlockHash,
+    WireBatchArray,
     WireClearedMap,
     WireMapEvent,
     WireRemovedMap,
@@ -204,9 +209,23 @@ class KVEventLog:
         return events
 
 
+_ENCODER = msgspec.msgpack.Encoder()
+
+
+def encode_payload(
+    events: list[WireMapEvent], ts: float, encoder: msgspec.msgpack.Encoder | None = None
+) -> bytes:
+    """One batch's payload frame in vLLM 0.32's shape: the batch a msgpack array ``[ts
+    (s since the epoch), events, data_parallel_rank 0]``, its events maps tagged
+    ``"type"`` (what ``tests/fixtures/kvevents/`` recorded from a real server)."""
+    batch = WireBatchArray(ts, events, 0)  # type: ignore[arg-type]  # Raw or struct: same bytes
+    return (encoder or _ENCODER).encode(batch)
+
+
 __all__ = [
     "KVEventLog",
     "KVEventsConfig",
     "connect_address",
+    "encode_payload",
     "replica_endpoint",
 ]

@@ -18,24 +18,16 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from sluicegate.kv_wire import WireBatchArray, WireMapEvent, encode_seq
+from sluicegate.kv_wire import WireMapEvent, encode_seq
 from sluicegate.sim.faults import Faults
-from sluicegate.sim.kvevents import KVEventsConfig, connect_address, replica_endpoint
+from sluicegate.sim.kvevents import (
+    KVEventsConfig,
+    connect_address,
+    encode_payload,
+    replica_endpoint,
+)
 
 log = logging.getLogger("sluicegate.sim")
-
-
-def encode_payload(
-    events: list[WireMapEvent], ts: float, encoder: msgspec.msgpack.Encoder | None = None
-) -> bytes:
-    """One batch's payload frame in vLLM 0.32's shape: the batch a msgpack array ``[ts
-    (s since the epoch), events, data_parallel_rank 0]``, its events maps tagged
-    ``"type"`` (what ``tests/fixtures/kvevents/`` recorded from a real server)."""
-    batch = WireBatchArray(ts, events, 0)  # type: ignore[arg-type]  # Raw or struct: same bytes
-    return (encoder or _ENCODER).encode(batch)
-
-
-_ENCODER = msgspec.msgpack.Encoder()
 
 
 class KVEventPublisher:
