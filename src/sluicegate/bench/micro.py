@@ -168,7 +168,16 @@ def tokenization_report(quick: bool, console: Console) -> str:
     return report(quick, machine())
 
 
-SECTIONS: dict[str, str] = {"tokenization": "scheduling"}
+def sim_kv_events_report(quick: bool, console: Console) -> str:
+    """KV-cache events' cost on the simulator's engine loop (see
+    :mod:`sluicegate.bench.sim_kvevents_cost`)."""
+    from sluicegate.bench.sim_kvevents_cost import report
+
+    console.print("sim KV events: churn with events off and on ...")
+    return report(quick, machine())
+
+
+SECTIONS: dict[str, str] = {"tokenization": "scheduling", "sim-kv-events": "sim"}
 """Reports that are a section of another report's file (written between markers there,
 and kept when that file is written again)."""
 
@@ -203,6 +212,7 @@ REPORTS: dict[str, Callable[[bool, Console], str]] = {
     "scheduling": scheduling_report,
     "tokenization": tokenization_report,
     "sim": sim_report,
+    "sim-kv-events": sim_kv_events_report,
     "gateway": gateway_report,
     "latency": latency_report,
     "extproc": extproc_report,

@@ -18,6 +18,7 @@ def add_parser(sub: Subparsers) -> None:
             "scheduling",
             "tokenization",
             "sim",
+            "sim-kv-events",
             "gateway",
             "latency",
             "extproc",
