@@ -12,7 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pytest
 
-from sluicegate.bench.report import _metric, _panel, _short_window_note
+from sluicegate.bench.report import _short_window_note
+from sluicegate.bench.report_plots import _metric, _panel
 
 POLICIES = ("random", "round-robin", "default")
 
