@@ -4,7 +4,7 @@
   (``load_config``, ``parse_config``, ``build_config`` → ``Config``; ``ConfigError``);
 - :mod:`~sluicegate.api.resources` — the resource models: ``InferencePool``,
   ``InferenceModel``, ``InferenceModelRewrite``, ``InferenceObjective``,
-  ``EndpointPickerConfig`` and their parts;
+  ``EndpointPickerConfig`` and their parts (the picker's in :mod:`~sluicegate.api.picker`);
 - :mod:`~sluicegate.api.settings` — ``GatewayConfig``: the gateway's own settings;
 - :mod:`~sluicegate.api.base` — what every model shares (strict camelCase, metadata);
 - :mod:`~sluicegate.api.units` — durations (``Seconds``, ``parse_duration_s``) and sizes
