@@ -58,6 +58,11 @@ class UnrenderableError(ValueError):
     messages hold what this renderer does not handle)."""
 
 
+class TemplateRejectedError(UnrenderableError):
+    """The chat template itself raised on the messages (the ``template`` fallback; any
+    other :class:`UnrenderableError` is ``unsupported``)."""
+
+
 class _Generation(jinja2.ext.Extension):
     """``{% generation %}…{% endgeneration %}``: transformers marks assistant text with it
     for its token masks; the text renders unchanged."""
@@ -180,7 +185,7 @@ class ChatTemplate:
                 **kwargs,
             )
         except Exception as exc:  # a template rejects input by raising anything
-            raise UnrenderableError(f"the chat template rejected the messages: {exc}") from None
+            raise TemplateRejectedError(f"the chat template rejected the messages: {exc}") from None
 
     def _message(self, message: object) -> dict[str, object]:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
@@ -278,4 +283,11 @@ def _is_content(node: jinja2.nodes.Node) -> bool:
     return False
 
 
-__all__ = ["ChatTemplate", "ContentFormat", "UnrenderableError", "environment", "template_source"]
+__all__ = [
+    "ChatTemplate",
+    "ContentFormat",
+    "TemplateRejectedError",
+    "UnrenderableError",
+    "environment",
+    "template_source",
+]

@@ -56,11 +56,14 @@ class ServerTokenizer(PoolTokenizer):
         self._turn = itertools.count()
         self._session: aiohttp.ClientSession | None = None
 
-    def token_ids(self, request: LLMRequest) -> array[int] | None:
+    def token_ids(self, request: LLMRequest, max_tokens: int = 0) -> array[int] | None:
         """Without a call only a prompt of token ids has ids (see :meth:`fetch`)."""
         return prompt_token_ids(request)
 
-    async def fetch(self, request: LLMRequest, endpoints: Sequence[Endpoint]) -> array[int] | None:
+    async def fetch(
+        self, request: LLMRequest, endpoints: Sequence[Endpoint], max_tokens: int = 0
+    ) -> array[int] | None:
+        """The server tokenizes the whole prompt (``max_tokens`` is not passed on)."""
         given = prompt_token_ids(request)
         if given is not None:
             self.counters.tokenized += 1
