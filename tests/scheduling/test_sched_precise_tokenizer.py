@@ -209,3 +209,22 @@ async def test_server_timeouts_and_busy_slots_route_approximately(kv: KVEventsSe
     finally:
         await tok.close()
         await runner.cleanup()
+
+
+async def test_server_source_does_not_forward_images_to_tokenize(kv: KVEventsService) -> None:
+    route = SlowTokenize([1, 2, 3])
+    runner, port = await serve(route)
+    tok = ServerTokenizer(TokenizerSettings(source="server", timeout=1.0))
+    try:
+        eps = [Endpoint("ep-0", "127.0.0.1", port, metrics=EngineMetrics(0.0))]
+        image = {"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/cat.png"}}
+        parts = [{"type": "text", "text": "What is it?"}, image]
+        assert await tok.fetch(chat([{"role": "user", "content": parts}]), eps) is None
+        assert tok.counters.fallbacks["unsupported"] == 1
+        assert route.bodies == []  # never sent: the server would fetch the image again
+        text = [{"type": "text", "text": "What is it?"}, "plain"]
+        assert await tok.fetch(chat([{"role": "user", "content": text}]), eps) is not None
+        assert len(route.bodies) == 1
+    finally:
+        await tok.close()
+        await runner.cleanup()
