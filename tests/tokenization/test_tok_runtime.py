@@ -82,3 +82,17 @@ async def test_a_chat_request_is_tokenized_and_counted(tiny_dir: Path) -> None:
     )
     assert 'sluicegate_tokenizer_cache_lookups_total{pool="p",result="miss"} 1.0' in text
     await runtime.stop()
+
+
+async def test_the_prefetch_pass_runs_only_for_requests_that_fetch(tiny_dir: Path) -> None:
+    runtime = Runtime(config({"source": "local", "path": str(tiny_dir)}))
+    assert runtime.built.fetchers  # long prompts are tokenized in the prefetch
+    tok = runtime.tokenizers.service.pools["p"]
+    small = {"model": "m", "messages": [{"role": "user", "content": "Kalo mine ru sa " * 10}]}
+    admitted = runtime.director.admit(parse_request("chat", orjson.dumps(small), {}), "r1")
+    assert await runtime.director.prefetch(admitted) is None  # nothing runs twice
+    assert tok.counters.tokenized == 0
+    large = {"model": "m", "messages": [{"role": "user", "content": "Kalo mine ru sa " * 1000}]}
+    admitted = runtime.director.admit(parse_request("chat", orjson.dumps(large), {}), "r2")
+    assert await runtime.director.prefetch(admitted) is not None
+    await runtime.stop()

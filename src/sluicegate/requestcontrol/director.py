@@ -267,8 +267,10 @@ class Director:
         """Await the I/O-bound data producers (e.g. a remote latency predictor) for
         ``admitted``; the state to pass to :meth:`submit`, or None when there are none.
 
-        The synchronous producers run first so the fetchers see their output (the
-        prefix-cache match), and run again in :meth:`submit`: they are pure.
+        Only the fetchers that fetch for this request and pool run (none: None, and
+        nothing runs twice). The synchronous producers run first, with
+        :data:`~sluicegate.framework.PREFETCH_PASS` set, so the fetchers see their output
+        (the prefix-cache match), and run again in :meth:`submit`, the pass that counts.
         """
         request = admitted.request
         pool = admitted.pool.name

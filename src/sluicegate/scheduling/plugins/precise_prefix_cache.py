@@ -16,7 +16,11 @@ Inputs: the request's prompt bytes, its target model when that is a LoRA adapter
 simulator, which publishes the same ids; ``local``, the model's own ``tokenizer.json``
 and chat template, rendered and encoded as vLLM does (with a prefix cache, so a new turn
 encodes only what is new); ``server``, the servers' ``/tokenize``, awaited in this
-producer's prefetch (it is then an I/O-bound producer). A request the pool's tokenizer
+producer's prefetch (it is then an I/O-bound producer); ``local`` prompts over 8 KiB are
+tokenized in that prefetch too, in a worker thread. The prefetch runs per request only
+when the pool's tokenizer wants it (else the host skips the pass), before the fetchers
+that read the prefix match (a remote latency predictor), and sets the precise match for
+them; lookups are counted only in the pass in ``submit``. A request the pool's tokenizer
 cannot tokenize (the template rejects it, ``/tokenize`` times out) is matched
 approximately on every candidate, and counted by the tokenizer.
 
