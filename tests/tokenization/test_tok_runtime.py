@@ -4,6 +4,8 @@ model's own token ids end to end through the director."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -95,4 +97,27 @@ async def test_the_prefetch_pass_runs_only_for_requests_that_fetch(tiny_dir: Pat
     large = {"model": "m", "messages": [{"role": "user", "content": "Kalo mine ru sa " * 1000}]}
     admitted = runtime.director.admit(parse_request("chat", orjson.dumps(large), {}), "r2")
     assert await runtime.director.prefetch(admitted) is not None
+    await runtime.stop()
+
+
+async def test_a_dropped_tokenizer_is_closed_and_a_failure_logged(
+    tiny_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    runtime = Runtime(config({"source": "server"}))
+    old = runtime.tokenizers.service.pools["p"]
+    closed: list[bool] = []
+
+    async def failing_close() -> None:
+        closed.append(True)
+        raise OSError("socket already gone")
+
+    old.close = failing_close  # type: ignore[method-assign]
+    runtime.apply_config(config({"source": "local", "path": str(tiny_dir)}))
+    assert len(runtime.tokenizers._closing) == 1  # held until it finishes
+    with caplog.at_level(logging.WARNING, logger="sluicegate.runtime.tokenization"):
+        await asyncio.wait(set(runtime.tokenizers._closing))
+        await asyncio.sleep(0)  # the done callback
+    assert closed == [True]
+    assert not runtime.tokenizers._closing
+    assert "closing a replaced tokenizer failed: socket already gone" in caplog.text
     await runtime.stop()
