@@ -97,6 +97,11 @@ class PoolTokenizer(abc.ABC):
         ``endpoints`` when it needs I/O."""
         return self.token_ids(request, max_tokens)
 
+    def files_unchanged(self) -> bool:
+        """Whether the files it was loaded from are as they were (a reload with the same
+        settings keeps it then); true for one that reads none."""
+        return True
+
     async def close(self) -> None:  # noqa: B027 - optional: most hold nothing open
         """Release what the tokenizer holds open (at shutdown, on the event loop)."""
 

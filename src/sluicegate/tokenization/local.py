@@ -112,6 +112,8 @@ class LocalTokenizer(PoolTokenizer):
             self.cache.continuation = False
         self.config = config
         self._lock = threading.Lock()
+        self.stamp: tuple[tuple[int, int] | None, ...] = ()
+        """The files' (mtime_ns, size) when loaded (see :func:`_stamp`)."""
         # A prompt may be encoded only up to a word boundary when the tokenizer's added
         # tokens cannot straddle or swallow the space it is cut before.
         added = content.get_added_tokens_decoder().values()
@@ -126,6 +128,7 @@ class LocalTokenizer(PoolTokenizer):
     def load(cls, settings: TokenizerSettings) -> LocalTokenizer:
         """Read and compile everything ``settings`` names; raises TokenizerLoadError."""
         assert settings.path is not None  # the settings model requires it for local
+        stamp = _stamp(settings)  # before reading: a file changed meanwhile reloads next time
         path = Path(settings.path)
         file = path / "tokenizer.json" if path.is_dir() else path
         directory = file.parent
@@ -169,7 +172,12 @@ class LocalTokenizer(PoolTokenizer):
             log.warning(
                 "tokenizer %s has no chat template: chat requests route approximately", file
             )
-        return cls(tokenizer, config, template, settings)
+        made = cls(tokenizer, config, template, settings)
+        made.stamp = stamp
+        return made
+
+    def files_unchanged(self) -> bool:
+        return _stamp(self.settings) == self.stamp
 
     def _encode(self, text: str) -> Encoding:
         if len(text) >= _GIL_FREE_CHARS:
@@ -286,6 +294,29 @@ def _safe_cut(text: str, chars: int) -> int:
             return max(at, 0)
         at = text.rfind(" ", 0, at - 1)
     return 0
+
+
+def _stamp(settings: TokenizerSettings) -> tuple[tuple[int, int] | None, ...]:
+    """(mtime_ns, size) of each file a local tokenizer is read from (None: absent)."""
+    assert settings.path is not None
+    path = Path(settings.path)
+    directory = path if path.is_dir() else path.parent
+    files = [
+        directory / "tokenizer.json" if path.is_dir() else path,
+        directory / "tokenizer_config.json",
+        directory / "chat_template.jinja",
+    ]
+    if settings.chat_template is not None:
+        files.append(Path(settings.chat_template))
+    out: list[tuple[int, int] | None] = []
+    for file in files:
+        try:
+            st = file.stat()
+        except OSError:
+            out.append(None)
+            continue
+        out.append((st.st_mtime_ns, st.st_size))
+    return tuple(out)
 
 
 def _special_around(full: Tokenizer, content: Tokenizer) -> tuple[list[int], list[int]]:
