@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -120,4 +121,23 @@ async def test_a_dropped_tokenizer_is_closed_and_a_failure_logged(
     assert closed == [True]
     assert not runtime.tokenizers._closing
     assert "closing a replaced tokenizer failed: socket already gone" in caplog.text
+    await runtime.stop()
+
+
+async def test_a_reload_loads_tokenizers_in_a_worker_thread(tiny_dir: Path) -> None:
+    runtime = Runtime(config({}))
+    host = runtime.tokenizers
+    prepare = host.prepare
+    threads: list[int] = []
+
+    def spy(cfg: Config) -> dict[str, Any]:
+        threads.append(threading.get_ident())
+        return prepare(cfg)
+
+    host.prepare = spy  # type: ignore[method-assign]
+    await runtime.reload(config({"source": "local", "path": str(tiny_dir)}))
+    assert threads
+    assert threading.get_ident() not in threads
+    assert isinstance(host.service.pools["p"], LocalTokenizer)  # applied
+    assert runtime.built.fetchers
     await runtime.stop()
