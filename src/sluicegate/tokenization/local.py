@@ -53,11 +53,12 @@ from sluicegate.tokenization.prefix_cache import CHUNK_BYTES, PrefixTokenCache
 
 log = logging.getLogger(__name__)
 
-CHARS_PER_TOKEN = 6
+CHARS_PER_TOKEN = 4
 """Characters of text encoded per token wanted, at first, when only a prefix of the
-prompt's tokens is needed (``maxPrefixTokensToMatch``): above what BPE vocabularies
-average on text and code (3–5); a text whose first cut holds too few tokens is cut again
-twice as long, so this bounds the work, not the result."""
+prompt's tokens is needed (``maxPrefixTokensToMatch``): about what BPE vocabularies
+average on English text and code. A text whose cut holds too few tokens is cut again twice
+as long, continuing the cached encoding of the shorter cut (only the rest is encoded), so
+this bounds the work, not the result."""
 THREAD_PROMPT_BYTES = 8192
 """Prompts longer than this (bytes) are tokenized in a worker thread, off the event loop
 (the producer's prefetch); shorter ones on it, where a thread hop would cost more than
