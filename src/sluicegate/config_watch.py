@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,7 +93,7 @@ def install_signal_handlers(stop: asyncio.Event, reload_now: asyncio.Event | Non
 async def watch_config(
     path: Path,
     rules: ConfigRules,
-    apply: Callable[[Config], None],
+    apply: Callable[[Config], Awaitable[None] | None],
     reload_now: asyncio.Event,
     interval_s: float = 1.0,
     settle_s: float = 0.1,
@@ -134,7 +135,9 @@ async def watch_config(
             continue
         last, data = settled
         try:
-            apply(config_from_bytes(data, path, rules))
+            result = apply(config_from_bytes(data, path, rules))
+            if inspect.isawaitable(result):  # e.g. tokenizers loaded in a worker thread
+                await result
         except (ConfigError, PluginConfigError) as exc:
             log.error("configuration %s not applied; keeping the running one:\n%s", path, exc)
         except Exception:

@@ -27,7 +27,15 @@ from sluicegate.datalayer.kvevents import (
     View,
     block_keys,
 )
-from sluicegate.framework import PREFIX_MATCH, CycleState, LLMRequest, PluginContext
+from sluicegate.framework import (
+    PREFETCH_PASS,
+    PREFIX_MATCH,
+    AsyncDataProducer,
+    CycleState,
+    LLMRequest,
+    PluginContext,
+)
+from sluicegate.scheduling.config import _fetch_order
 from sluicegate.scheduling.plugins.precise_prefix_cache import PrecisePrefixCacheProducer
 from sluicegate.tokenization.base import TOKENIZER_SERVICE, TokenizerService
 from sluicegate.tokenization.local import LocalTokenizer
@@ -209,3 +217,90 @@ async def test_server_timeouts_and_busy_slots_route_approximately(kv: KVEventsSe
     finally:
         await tok.close()
         await runner.cleanup()
+
+
+async def test_server_source_does_not_forward_images_to_tokenize(kv: KVEventsService) -> None:
+    route = SlowTokenize([1, 2, 3])
+    runner, port = await serve(route)
+    tok = ServerTokenizer(TokenizerSettings(source="server", timeout=1.0))
+    try:
+        eps = [Endpoint("ep-0", "127.0.0.1", port, metrics=EngineMetrics(0.0))]
+        image = {"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/cat.png"}}
+        parts = [{"type": "text", "text": "What is it?"}, image]
+        assert await tok.fetch(chat([{"role": "user", "content": parts}]), eps) is None
+        assert tok.counters.fallbacks["unsupported"] == 1
+        assert route.bodies == []  # never sent: the server would fetch the image again
+        text = [{"type": "text", "text": "What is it?"}, "plain"]
+        assert await tok.fetch(chat([{"role": "user", "content": text}]), eps) is not None
+        assert len(route.bodies) == 1
+    finally:
+        await tok.close()
+        await runner.cleanup()
+
+
+async def test_the_pass_ahead_of_the_prefetch_counts_nothing(
+    kv: KVEventsService, tiny_dir: Path
+) -> None:
+    tok = LocalTokenizer.load(TokenizerSettings(source="local", path=str(tiny_dir)))
+    plugin = producer(kv, TokenizerService({"default": tok}))
+    eps = endpoints(2)
+    kv.pools["default"].streams["ep-0"] = EndpointStream(view=View.SYNCED)
+    request = chat(MESSAGES)
+    assert not plugin.fetches_for(request, "default")  # a short prompt: no prefetch
+    # another fetcher (a remote predictor) makes the host run the producers ahead
+    state = CycleState()
+    state.put(PREFETCH_PASS, True)
+    plugin.produce(request, state, eps)
+    await plugin.prefetch(request, state, eps)
+    assert state.get(PREFIX_MATCH) is not None  # the fetchers see a match
+    assert kv.lookups.requests == 0
+    assert kv.lookups.fallbacks == 0
+    state.discard(PREFETCH_PASS)
+    plugin.produce(request, state, eps)  # submit's pass: counted once, ids reused
+    assert kv.lookups.requests == 1
+    assert kv.lookups.fallbacks == 1  # ep-1 has no synced view
+    assert tok.counters.tokenized == 1
+    assert tok.cache.counters.misses + tok.cache.counters.hits == 1
+
+
+async def test_a_long_prompt_is_tokenized_in_the_prefetch(
+    kv: KVEventsService, tiny_dir: Path
+) -> None:
+    tok = LocalTokenizer.load(TokenizerSettings(source="local", path=str(tiny_dir)))
+    plugin = producer(kv, TokenizerService({"default": tok}))
+    eps = endpoints(1)
+    kv.pools["default"].streams["ep-0"] = EndpointStream(view=View.SYNCED)
+    long = [{"role": "user", "content": "Kalo mine ru sa ti vo. " * 1000}]
+    request = chat(long)
+    request.prompt = str(long).encode()
+    assert plugin.fetches_for(request, "default")
+    state = CycleState()
+    state.put(PREFETCH_PASS, True)
+    plugin.produce(request, state, eps)  # ahead of the prefetch: not tokenized here
+    assert tok.counters.tokenized == 0
+    await plugin.prefetch(request, state, eps)
+    assert tok.counters.tokenized == 1
+    ahead = state.get(PREFIX_MATCH)  # what fetchers after this one see: the precise match
+    assert ahead is not None
+    assert ahead.block_tokens == BS
+    assert kv.lookups.requests == 0
+    state.discard(PREFETCH_PASS)
+    plugin.produce(request, state, eps)
+    match = state.get(PREFIX_MATCH)
+    assert match is not None
+    assert match.block_tokens == BS  # the precise match, from the fetched ids
+    assert tok.counters.tokenized == 1
+    assert kv.lookups.requests == 1
+
+
+def test_the_precise_prefetch_runs_before_the_fetchers_that_read_its_match(
+    kv: KVEventsService,
+) -> None:
+    ctx = PluginContext(ManualClock(), services={KV_EVENTS_SERVICE: kv})
+    registry = default_registry()
+    latency = registry.create("predicted-latency-producer", "l", {}, ctx)
+    precise = registry.create("precise-prefix-cache-producer", "p", {}, ctx)
+    assert isinstance(latency, AsyncDataProducer)
+    assert isinstance(precise, AsyncDataProducer)
+    assert _fetch_order([latency, precise]) == [precise, latency]
+    assert _fetch_order([precise, latency]) == [precise, latency]

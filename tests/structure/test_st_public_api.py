@@ -34,6 +34,7 @@ FRAMEWORK = [
     "PREDICTOR_SERVICE",
     "PREFIX_MATCH",
     "PREFIX_PRODUCER_TYPE",
+    "PREFETCH_PASS",
     "RESPONSE_HEADERS",
     "Admitter",
     "AsyncDataProducer",

@@ -4,6 +4,7 @@ vLLM adds them, and the requests it routes approximately."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from array import array
 from pathlib import Path
@@ -148,6 +149,34 @@ spec:
     first = build_tokenizers(good_only)
     again = build_tokenizers(good_only, first)
     assert again["good"] is first["good"]  # unchanged settings: kept, with its cache
+
+
+def test_a_tokenizer_whose_files_changed_is_reloaded(tiny_dir: Path, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dir, model)
+    text = f"""
+apiVersion: inference.networking.k8s.io/v1
+kind: InferencePool
+metadata: {{name: p}}
+spec:
+  endpoints: [{{address: "127.0.0.1:8000"}}]
+  tokenizer: {{source: local, path: "{model}"}}
+"""
+    config = parse_config(text)
+    first = build_tokenizers(config)
+    assert build_tokenizers(config, first)["p"] is first["p"]
+    template = model / "chat_template.jinja"  # a new template beside the tokenizer
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    second = build_tokenizers(config, first)
+    assert second["p"] is not first["p"]
+    tok = second["p"]
+    assert isinstance(tok, LocalTokenizer)
+    assert tok.template is not None
+    assert tok.template.render({"messages": [{"role": "user", "content": "hi"}]}) == "hi"
+    assert build_tokenizers(config, second)["p"] is tok
+    config_file = model / "tokenizer_config.json"
+    config_file.write_text(config_file.read_text() + " ")  # same mtime second, new size
+    assert build_tokenizers(config, second)["p"] is not tok
 
 
 @pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="needs the vLLM environment's transformers")

@@ -94,6 +94,27 @@ def test_a_new_turn_encodes_only_what_is_new(tiny_dir: Path) -> None:
     assert len(cache) == 1  # the first turn's entry is superseded by the second's
 
 
+def test_a_continuation_supersedes_exactly_its_base_among_many(tiny_dir: Path) -> None:
+    encode = _tiny(tiny_dir)
+    cache = PrefixTokenCache(encode, 1 << 26, 64)
+    others = [f"{i} zepa qu de fi go, sol pre tra ox.\n" * 60 for i in range(20)]
+    for text in others[:10]:
+        cache.encode(text)
+    conversation = "<|user|>\nkalo mine ru sa, don't 123 ti vo!</s>\n" * 100
+    cache.encode(conversation)
+    for text in others[10:]:  # the conversation's entry is neither oldest nor newest
+        cache.encode(text)
+    longer = conversation + "<|assistant|>\nnu ox.\n" * 5
+    assert cache.encode(longer) == _whole(encode, longer)
+    assert cache.counters.prefix_hits == 1
+    assert len(cache) == 21  # the base gave its place to the longer text
+    hits = cache.counters.hits
+    for text in [*others, longer]:  # every other entry is still there, whole
+        cache.encode(text)
+    assert cache.counters.hits == hits + 21
+    assert cache.counters.misses == 21
+
+
 def test_the_cache_is_bounded_by_entries_and_bytes(tiny_dir: Path) -> None:
     encode = _tiny(tiny_dir)
     cache = PrefixTokenCache(encode, 1 << 26, 3)

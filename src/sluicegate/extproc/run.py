@@ -24,7 +24,7 @@ import asyncio
 import dataclasses
 import gc
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -101,7 +101,7 @@ async def run_extproc(options: RunOptions, console: Console) -> None:
             api,
             options.namespace or default_namespace(),
             options.pool_name,
-            on_change=runtime.apply_config,
+            on_change=runtime.reload,
             base=base,
             seed=options.runtime.seed,
         )
@@ -147,17 +147,17 @@ async def run_extproc(options: RunOptions, console: Console) -> None:
 
 def _file_applier(
     runtime: Runtime, discovery: KubernetesDiscovery | None
-) -> Callable[[Config], None]:
+) -> Callable[[Config], Awaitable[None]]:
     """How a new version of the file takes effect."""
     if discovery is None:
-        return runtime.apply_config
+        return runtime.reload
 
-    def apply(config: Config) -> None:
+    async def apply(config: Config) -> None:
         # Only the picker and gateway settings come from the file here.
         discovery.base = _settings_only(config)
         if discovery.synced:
             snapshot = discovery.assemble()
-            runtime.apply_config(snapshot.config, snapshot.endpoints)
+            await runtime.reload(snapshot.config, snapshot.endpoints)
 
     return apply
 

@@ -25,6 +25,7 @@ from sluicegate.framework.plugin import Plugin, PluginConfigError, PluginContext
 from sluicegate.framework.queues import Band, BandLimits, FlowQueue, ItemState, QueueItem
 from sluicegate.framework.registry import ENTRY_POINT_GROUP, PluginRegistry
 from sluicegate.framework.scheduling import (
+    PREFETCH_PASS,
     RESPONSE_HEADERS,
     Admitter,
     AsyncDataProducer,
@@ -66,6 +67,7 @@ __all__ = [
     "PREDICTIONS",
     "PREDICTION_OUTCOME",
     "PREDICTOR_SERVICE",
+    "PREFETCH_PASS",
     "PREFIX_MATCH",
     "PREFIX_PRODUCER_TYPE",
     "RESPONSE_HEADERS",

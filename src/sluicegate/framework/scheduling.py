@@ -68,6 +68,10 @@ class CycleState:
 
 RESPONSE_HEADERS: StateKey[dict[str, str]] = StateKey("response-headers")
 """Headers plugins want added to the client's response (e.g. a session token)."""
+PREFETCH_PASS: StateKey[bool] = StateKey("prefetch-pass")
+"""Set while the host runs the producers ahead of the prefetch (their output then feeds
+the fetchers only; the pass in ``submit`` is the one that counts)."""
+"""Headers plugins want added to the client's response (e.g. a session token)."""
 
 
 @dataclass(slots=True)
@@ -151,6 +155,11 @@ class AsyncDataProducer(Plugin):
     def fetches(self) -> bool:
         """Whether :meth:`prefetch` does anything here; when no fetcher does, the host
         skips the prefetch pass (and its extra run of the synchronous producers)."""
+        return True
+
+    def fetches_for(self, request: LLMRequest, pool: str) -> bool:
+        """Whether :meth:`prefetch` does anything for ``request`` in ``pool`` (the host
+        skips the prefetch pass when no fetcher does)."""
         return True
 
     @abc.abstractmethod
@@ -317,6 +326,7 @@ class SchedulingError(Exception):
 
 
 __all__ = [
+    "PREFETCH_PASS",
     "RESPONSE_HEADERS",
     "Admitter",
     "AsyncDataProducer",

@@ -300,11 +300,20 @@ class Gateway:
     def apply_config(self, config: Config) -> None:
         """Switch to ``config`` without dropping requests in flight (see
         :meth:`Runtime.apply_config <sluicegate.runtime.Runtime.apply_config>`)."""
+        self._warn_restart(config)
+        self.runtime.apply_config(config)
+
+    async def reload(self, config: Config) -> None:
+        """:meth:`apply_config`, the pools' tokenizers loaded in a worker thread first
+        (:meth:`Runtime.reload <sluicegate.runtime.Runtime.reload>`)."""
+        self._warn_restart(config)
+        await self.runtime.reload(config)
+
+    def _warn_restart(self, config: Config) -> None:
         new_limits = _server_limits(config)
         for name, old, new in zip(_SERVER_LIMITS, self._server_limits, new_limits, strict=True):
             if old != new:
                 log.warning("%s changes take effect at the next restart", name)
-        self.runtime.apply_config(config)
 
     # ------------------------------------------------------------------ HTTP
 

@@ -112,7 +112,7 @@ async def serve(options: ServeOptions, console: Console) -> None:
     watcher = None
     if options.config_path is not None:
         watcher = asyncio.create_task(
-            watch_config(options.config_path, rules, gateway.apply_config, reload_now, since=since)
+            watch_config(options.config_path, rules, gateway.reload, reload_now, since=since)
         )
     try:
         await stop.wait()

@@ -42,6 +42,7 @@ from sluicegate.errors import GatewayError, bad_request, no_endpoint, shed, unkn
 from sluicegate.flowcontrol.config import FlowControlSetup, build_flow_control
 from sluicegate.flowcontrol.controller import FlowController
 from sluicegate.framework import (
+    PREFETCH_PASS,
     RESPONSE_HEADERS,
     Admitter,
     CycleState,
@@ -266,19 +267,24 @@ class Director:
         """Await the I/O-bound data producers (e.g. a remote latency predictor) for
         ``admitted``; the state to pass to :meth:`submit`, or None when there are none.
 
-        The synchronous producers run first so the fetchers see their output (the
-        prefix-cache match), and run again in :meth:`submit`: they are pure.
+        Only the fetchers that fetch for this request and pool run (none: None, and
+        nothing runs twice). The synchronous producers run first, with
+        :data:`~sluicegate.framework.PREFETCH_PASS` set, so the fetchers see their output
+        (the prefix-cache match), and run again in :meth:`submit`, the pass that counts.
         """
-        fetchers = self.built.fetchers
+        request = admitted.request
+        pool = admitted.pool.name
+        fetchers = [f for f in self.built.fetchers if f.fetches_for(request, pool)]
         if not fetchers:
             return None
-        request = admitted.request
         candidates = self.candidates(admitted, self.clock.now())
         state = CycleState()
         if candidates:
+            state.put(PREFETCH_PASS, True)
             self.built.scheduler.prepare(request, state, candidates)
             for fetcher in fetchers:
                 await fetcher.prefetch(request, state, candidates)
+            state.discard(PREFETCH_PASS)
         return state
 
     def route(

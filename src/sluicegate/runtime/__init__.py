@@ -50,7 +50,7 @@ from sluicegate.runtime.notices import Notices, mixed_hardware_pools
 from sluicegate.runtime.observe import RequestMetrics, flow_state, prefix_index_size, time_plugins
 from sluicegate.runtime.tokenization import TokenizerCollector, TokenizersHost
 from sluicegate.scheduling.config import BuiltScheduler, build_scheduler
-from sluicegate.tokenization.base import TOKENIZER_SERVICE, TokenizerService
+from sluicegate.tokenization.base import TOKENIZER_SERVICE, PoolTokenizer, TokenizerService
 from sluicegate.upstream import UpstreamPool
 
 if TYPE_CHECKING:
@@ -259,7 +259,19 @@ class Runtime:
         if self.shared is not None:
             await self.shared.stop()
 
-    def apply_config(self, config: Config, endpoints: EndpointsByPool | None = None) -> None:
+    async def reload(self, config: Config, endpoints: EndpointsByPool | None = None) -> None:
+        """:meth:`apply_config` with the pools' tokenizers built first in a worker thread
+        (reading ``tokenizer.json`` and checking it takes up to seconds): the event loop
+        keeps serving meanwhile. Raises as :meth:`apply_config`."""
+        tokenizers = await asyncio.to_thread(self.tokenizers.prepare, config)
+        self.apply_config(config, endpoints, tokenizers)
+
+    def apply_config(
+        self,
+        config: Config,
+        endpoints: EndpointsByPool | None = None,
+        tokenizers: dict[str, PoolTokenizer] | None = None,
+    ) -> None:
         """Switch to ``config`` (and, from discovery, ``endpoints`` by pool) without dropping
         requests in flight.
 
@@ -267,7 +279,8 @@ class Runtime:
         the last ones discovery delivered. Endpoints that stay keep their state; the
         scheduler is rebuilt only when the EndpointPickerConfig changed (rebuilding starts
         its prefix index afresh). Raises (changing nothing) when the new scheduler cannot
-        be built.
+        be built. ``tokenizers``: the pools' tokenizers already built for ``config``
+        (:meth:`reload`); else they are built here, on the caller's thread.
         """
         old_picker, new_picker = self.config.picker, config.picker
         same = (old_picker.model_dump() if old_picker else None) == (
@@ -276,7 +289,8 @@ class Runtime:
         # Build everything that can fail before changing anything. The scheduler is
         # rebuilt too when a pool's tokenizer starts or stops needing I/O (which
         # producers prefetch is decided when it is built).
-        tokenizers = self.tokenizers.prepare(config)
+        if tokenizers is None:
+            tokenizers = self.tokenizers.prepare(config)
         service = self.tokenizers.service
         old_tokenizers = service.pools
         service.pools = tokenizers

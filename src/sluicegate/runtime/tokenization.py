@@ -37,6 +37,8 @@ class TokenizersHost:
     def __init__(self, config: Config) -> None:
         """Build every pool's tokenizer; raises ConfigError when one cannot be loaded."""
         self.service = TokenizerService(_build(config, {}))
+        self._closing: set[asyncio.Task[None]] = set()
+        """Close tasks of tokenizers a reload dropped, until they finish."""
 
     def prepare(self, config: Config) -> dict[str, PoolTokenizer]:
         """The tokenizers ``config`` wants (unchanged ones reused), without applying them;
@@ -57,7 +59,16 @@ class TokenizersHost:
         except RuntimeError:  # not started: nothing was opened
             return
         task = loop.create_task(tokenizer.close(), name="tokenizer-close")
-        task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+        self._closing.add(task)  # the loop keeps only a weak reference to a task
+        task.add_done_callback(self._closed)
+
+    def _closed(self, task: asyncio.Task[None]) -> None:
+        self._closing.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.warning("closing a replaced tokenizer failed: %s", exc)
 
     async def stop(self) -> None:
         for tokenizer in self.service.pools.values():

@@ -77,14 +77,26 @@ class BuiltScheduler:
         self.response_observers = [p for p in plugins.values() if isinstance(p, ResponseObserver)]
         """Plugins to tell how each scheduled request went."""
         self.admitters = [p for p in plugins.values() if isinstance(p, Admitter)]
-        self.fetchers = [
-            p for p in plugins.values() if isinstance(p, AsyncDataProducer) and p.fetches
-        ]
-        """Producers whose data needs I/O; the host awaits their prefetch before submit."""
+        self.fetchers = _fetch_order(
+            [p for p in plugins.values() if isinstance(p, AsyncDataProducer) and p.fetches]
+        )
+        """Producers whose data needs I/O; the host awaits their prefetch before submit,
+        those whose output another fetcher requires first (the precise prefix producer's
+        fetched match before the latency predictor's rows)."""
         self.hardware_aware = any(p.hardware_aware for p in plugins.values())
         """Some plugin accounts for endpoints' hardware classes (see
         :attr:`Plugin.hardware_aware <sluicegate.framework.plugin.Plugin.hardware_aware>`);
         False: the scheduler is hardware-blind."""
+
+
+def _fetch_order(fetchers: list[AsyncDataProducer]) -> list[AsyncDataProducer]:
+    """``fetchers`` with those whose type another one ``requires`` first (stable)."""
+    wanted = {t for f in fetchers for t in f.requires}
+
+    def later(f: AsyncDataProducer) -> bool:
+        return not wanted.intersection((f.type_name, *f.provides))
+
+    return sorted(fetchers, key=later)
 
 
 def build_scheduler(

@@ -79,13 +79,28 @@ class PoolTokenizer(abc.ABC):
         self.counters = TokenizerCounters()
 
     @abc.abstractmethod
-    def token_ids(self, request: LLMRequest) -> array[int] | None:
+    def token_ids(self, request: LLMRequest, max_tokens: int = 0) -> array[int] | None:
         """The request's prompt token ids (an ``array("I")`` the caller must not change),
-        or None — counted — when it must be routed approximately. Never raises."""
+        or None — counted — when it must be routed approximately. Never raises. With
+        ``max_tokens`` > 0 only the first ``max_tokens`` ids are needed: the ids may
+        stop after them."""
 
-    async def fetch(self, request: LLMRequest, endpoints: Sequence[Endpoint]) -> array[int] | None:
-        """:meth:`token_ids` for a tokenizer that needs I/O, asking one of ``endpoints``."""
-        return self.token_ids(request)
+    def wants_fetch(self, request: LLMRequest) -> bool:
+        """Whether ``request``'s ids should come from :meth:`fetch`, awaited before
+        scheduling (I/O, or work too long for the event loop), not :meth:`token_ids`."""
+        return self.needs_io
+
+    async def fetch(
+        self, request: LLMRequest, endpoints: Sequence[Endpoint], max_tokens: int = 0
+    ) -> array[int] | None:
+        """:meth:`token_ids` for a request it :meth:`wants_fetch` for, asking one of
+        ``endpoints`` when it needs I/O."""
+        return self.token_ids(request, max_tokens)
+
+    def files_unchanged(self) -> bool:
+        """Whether the files it was loaded from are as they were (a reload with the same
+        settings keeps it then); true for one that reads none."""
+        return True
 
     async def close(self) -> None:  # noqa: B027 - optional: most hold nothing open
         """Release what the tokenizer holds open (at shutdown, on the event loop)."""
@@ -116,8 +131,9 @@ class TokenizerService:
 
     @property
     def fetching(self) -> bool:
-        """Whether any pool's tokenizer needs I/O (the producer prefetches then)."""
-        return any(t.needs_io for t in self.pools.values())
+        """Whether any pool has a tokenizer (the producer may prefetch then: a ``server``
+        one's ``/tokenize`` call, a ``local`` one's long prompts in a worker thread)."""
+        return bool(self.pools)
 
 
 __all__ = [

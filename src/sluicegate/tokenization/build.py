@@ -25,7 +25,8 @@ def build_tokenizers(
     config: Config, previous: Mapping[str, PoolTokenizer] | None = None
 ) -> dict[str, PoolTokenizer]:
     """Per pool whose ``spec.tokenizer`` is not ``builtin``, its tokenizer. A pool whose
-    settings did not change keeps its tokenizer from ``previous`` (and its cache). Raises
+    settings and files (their mtime and size) did not change keeps its tokenizer from
+    ``previous`` (and its cache). Raises
     ConfigError listing every pool whose tokenizer cannot be loaded."""
     out: dict[str, PoolTokenizer] = {}
     problems: list[str] = []
@@ -34,7 +35,7 @@ def build_tokenizers(
         if settings.source == "builtin":
             continue
         old = (previous or {}).get(name)
-        if old is not None and old.settings == settings:
+        if old is not None and old.settings == settings and old.files_unchanged():
             out[name] = old
             continue
         try:

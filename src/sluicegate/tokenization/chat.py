@@ -27,7 +27,7 @@ audio), a ``developer`` message for a template that does not know the role — r
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Literal
@@ -56,6 +56,11 @@ _RESERVED = frozenset({"messages", "tools", "documents", "add_generation_prompt"
 class UnrenderableError(ValueError):
     """The request cannot be rendered as the server would (the template raised, or the
     messages hold what this renderer does not handle)."""
+
+
+class TemplateRejectedError(UnrenderableError):
+    """The chat template itself raised on the messages (the ``template`` fallback; any
+    other :class:`UnrenderableError` is ``unsupported``)."""
 
 
 class _Generation(jinja2.ext.Extension):
@@ -180,7 +185,7 @@ class ChatTemplate:
                 **kwargs,
             )
         except Exception as exc:  # a template rejects input by raising anything
-            raise UnrenderableError(f"the chat template rejected the messages: {exc}") from None
+            raise TemplateRejectedError(f"the chat template rejected the messages: {exc}") from None
 
     def _message(self, message: object) -> dict[str, object]:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
@@ -204,30 +209,36 @@ class ChatTemplate:
         return out
 
     def _content(self, content: object) -> object:
-        if content is None:
-            parts: Sequence[object] = []
-        elif isinstance(content, str):
-            if self.content_format == "string":
-                return content
-            parts = [{"type": "text", "text": content}]
-        elif isinstance(content, list):
-            parts = content
-        else:
-            raise UnrenderableError("message content must be text or a list of parts")
-        texts: list[str] = []
-        for part in parts:
-            if isinstance(part, str):
-                texts.append(part)
-            elif isinstance(part, dict) and part.get("type") == "text":
-                text = part.get("text")
-                if not isinstance(text, str):
-                    raise UnrenderableError("a text part without text")
-                texts.append(text)
-            else:
-                raise UnrenderableError("non-text content parts are not rendered by the gateway")
+        if isinstance(content, str) and self.content_format == "string":
+            return content
+        texts = content_texts(content)
         if self.content_format == "string":
             return "\n".join(texts)
         return [{"type": "text", "text": t} for t in texts]
+
+
+def content_texts(content: object) -> list[str]:
+    """A message content's text parts (a string is one); raises
+    :class:`UnrenderableError` for anything else (images, audio, files …: the server
+    would fetch or decode them, which the gateway does not)."""
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [content]
+    if not isinstance(content, list):
+        raise UnrenderableError("message content must be text or a list of parts")
+    texts: list[str] = []
+    for part in content:
+        if isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part, dict) and part.get("type") == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise UnrenderableError("a text part without text")
+            texts.append(text)
+        else:
+            raise UnrenderableError("non-text content parts are not rendered by the gateway")
+    return texts
 
 
 def _tool_call(call: object) -> object:
@@ -278,4 +289,12 @@ def _is_content(node: jinja2.nodes.Node) -> bool:
     return False
 
 
-__all__ = ["ChatTemplate", "ContentFormat", "UnrenderableError", "environment", "template_source"]
+__all__ = [
+    "ChatTemplate",
+    "ContentFormat",
+    "TemplateRejectedError",
+    "UnrenderableError",
+    "content_texts",
+    "environment",
+    "template_source",
+]

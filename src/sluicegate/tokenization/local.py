@@ -27,22 +27,45 @@ added around the cached content ids, so cache entries serve both routes).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import threading
 import time
 from array import array
+from collections.abc import Sequence
 from pathlib import Path
 
 import jinja2
 from tokenizers import Encoding, Tokenizer
 
 from sluicegate.api.tokenizer import TokenizerSettings
+from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.framework import LLMRequest
 from sluicegate.tokenization.base import PoolTokenizer, TokenizerLoadError, prompt_token_ids
-from sluicegate.tokenization.chat import ChatTemplate, UnrenderableError, template_source
+from sluicegate.tokenization.chat import (
+    ChatTemplate,
+    TemplateRejectedError,
+    UnrenderableError,
+    template_source,
+)
 from sluicegate.tokenization.prefix_cache import CHUNK_BYTES, PrefixTokenCache
 
 log = logging.getLogger(__name__)
+
+CHARS_PER_TOKEN = 4
+"""Characters of text encoded per token wanted, at first, when only a prefix of the
+prompt's tokens is needed (``maxPrefixTokensToMatch``): about what BPE vocabularies
+average on English text and code. A text whose cut holds too few tokens is cut again twice
+as long, continuing the cached encoding of the shorter cut (only the rest is encoded), so
+this bounds the work, not the result."""
+THREAD_PROMPT_BYTES = 8192
+"""Prompts longer than this (bytes) are tokenized in a worker thread, off the event loop
+(the producer's prefetch); shorter ones on it, where a thread hop would cost more than
+the encode (measured: docs/configuration.md#tokenizer)."""
+_GIL_FREE_CHARS = 4096
+"""Texts at least this long are encoded with ``encode_batch``, which releases the GIL
+(``encode`` holds it) — so another thread, the event loop, runs meanwhile."""
 
 _SELF_CHECK_TEXT = (
     "<|system|>You are a careful assistant.\n  Answer briefly; don't ramble!\n"
@@ -89,11 +112,24 @@ class LocalTokenizer(PoolTokenizer):
             )
             self.cache.continuation = False
         self.config = config
+        self._lock = threading.Lock()
+        self.stamp: tuple[tuple[int, int] | None, ...] = ()
+        """The files' (mtime_ns, size) when loaded (see :func:`_stamp`)."""
+        # A prompt may be encoded only up to a word boundary when the tokenizer's added
+        # tokens cannot straddle or swallow the space it is cut before.
+        added = content.get_added_tokens_decoder().values()
+        self.cut_prefixes = (
+            self.cache.continuation
+            and not any(" " in t.content or t.rstrip for t in added)
+            and _cuts_exactly(self)
+        )
+        """Whether :meth:`text_ids` may encode only a prompt's prefix (see there)."""
 
     @classmethod
     def load(cls, settings: TokenizerSettings) -> LocalTokenizer:
         """Read and compile everything ``settings`` names; raises TokenizerLoadError."""
         assert settings.path is not None  # the settings model requires it for local
+        stamp = _stamp(settings)  # before reading: a file changed meanwhile reloads next time
         path = Path(settings.path)
         file = path / "tokenizer.json" if path.is_dir() else path
         directory = file.parent
@@ -137,32 +173,89 @@ class LocalTokenizer(PoolTokenizer):
             log.warning(
                 "tokenizer %s has no chat template: chat requests route approximately", file
             )
-        return cls(tokenizer, config, template, settings)
+        made = cls(tokenizer, config, template, settings)
+        made.stamp = stamp
+        return made
+
+    def files_unchanged(self) -> bool:
+        return _stamp(self.settings) == self.stamp
 
     def _encode(self, text: str) -> Encoding:
+        if len(text) >= _GIL_FREE_CHARS:
+            return self._content.encode_batch([text], add_special_tokens=False)[0]
         return self._content.encode(text, add_special_tokens=False)
 
-    def text_ids(self, text: str, add_special_tokens: bool) -> array[int]:
-        """``text``'s ids, with the tokenizer's special tokens around it when asked."""
-        ids = self.cache.encode(text)
-        if add_special_tokens and (self.prefix_ids or self.suffix_ids):
-            out = array("I", self.prefix_ids)
+    def text_ids(self, text: str, add_special_tokens: bool, max_tokens: int = 0) -> array[int]:
+        """``text``'s ids, with the tokenizer's special tokens around it when asked. With
+        ``max_tokens`` > 0 only a prefix of the text may be encoded: the ids returned
+        then start with the whole encoding's first ``max_tokens`` ids (and may stop
+        there, without the closing special tokens)."""
+        prefix = self.prefix_ids if add_special_tokens else []
+        ids, whole = self._bounded(text, max_tokens - len(prefix) if max_tokens else 0)
+        suffix = self.suffix_ids if add_special_tokens and whole else []
+        if prefix or suffix:
+            out = array("I", prefix)
             out.extend(ids)
-            out.extend(self.suffix_ids)
+            out.extend(suffix)
             return out
         return ids
 
-    def token_ids(self, request: LLMRequest) -> array[int] | None:
+    def _bounded(self, text: str, max_tokens: int) -> tuple[array[int], bool]:
+        """The ids of ``text`` or of a prefix of it holding its first ``max_tokens``
+        (> 0) ids; whether they are the whole text's. The prefix ends before a space
+        that follows a non-space: a word boundary of byte-level BPE's pre-tokenizer
+        and of Metaspace, where the words before it come out as in the whole text
+        (checked at load by :func:`_cuts_exactly`)."""
+        chars = max_tokens * CHARS_PER_TOKEN
+        while self.cut_prefixes and 0 < chars < len(text):
+            cut = _safe_cut(text, chars)
+            if cut <= 0:
+                break
+            ids = self._cached(text[:cut])
+            if len(ids) >= max_tokens:
+                return ids, False
+            chars *= 2
+        return self._cached(text), True
+
+    def _cached(self, text: str) -> array[int]:
+        # The cache is not thread-safe: one encode at a time goes through it. On the event
+        # loop a busy cache (a worker thread encoding a long prompt) is bypassed rather
+        # than waited for.
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:  # a worker thread (or no loop at all)
+            on_loop = False
+        if self._lock.acquire(blocking=not on_loop):
+            try:
+                return self.cache.encode(text)
+            finally:
+                self._lock.release()
+        return array("I", self._encode(text).ids)
+
+    def wants_fetch(self, request: LLMRequest) -> bool:
+        return len(request.prompt) > THREAD_PROMPT_BYTES or request.body_bytes > (
+            THREAD_PROMPT_BYTES
+        )
+
+    async def fetch(
+        self, request: LLMRequest, endpoints: Sequence[Endpoint], max_tokens: int = 0
+    ) -> array[int] | None:
+        """:meth:`token_ids` in a worker thread (a long prompt: rendering and encoding
+        take milliseconds to seconds; ``tokenizers`` releases the GIL meanwhile)."""
+        return await asyncio.to_thread(self.token_ids, request, max_tokens)
+
+    def token_ids(self, request: LLMRequest, max_tokens: int = 0) -> array[int] | None:
         started = time.perf_counter()
         try:
-            ids = self._ids(request)
+            ids = self._ids(request, max_tokens)
         finally:
             self.counters.seconds += time.perf_counter() - started
         if ids is not None:
             self.counters.tokenized += 1
         return ids
 
-    def _ids(self, request: LLMRequest) -> array[int] | None:
+    def _ids(self, request: LLMRequest, max_tokens: int) -> array[int] | None:
         body = request.body
         if body is None or request.kind not in ("chat", "completions"):
             self.counters.fallback("kind")
@@ -174,10 +267,13 @@ class LocalTokenizer(PoolTokenizer):
                 return None
             try:
                 text = self.template.render(body)
-            except UnrenderableError as exc:
-                self.counters.fallback("template" if "rejected" in str(exc) else "unsupported")
+            except TemplateRejectedError:
+                self.counters.fallback("template")
                 return None
-            return self.text_ids(text, special is True)
+            except UnrenderableError:
+                self.counters.fallback("unsupported")
+                return None
+            return self.text_ids(text, special is True, max_tokens)
         given = prompt_token_ids(request)
         if given is not None:
             return given
@@ -185,9 +281,43 @@ class LocalTokenizer(PoolTokenizer):
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             prompt = prompt[0]  # a batch: routed by its first prompt
         if isinstance(prompt, str):
-            return self.text_ids(prompt, special is not False)
+            return self.text_ids(prompt, special is not False, max_tokens)
         self.counters.fallback("unsupported")
         return None
+
+
+def _safe_cut(text: str, chars: int) -> int:
+    """The last index ≤ ``chars`` of a space preceded by a non-space (0: none found
+    within a bounded search, e.g. a text of spaces)."""
+    at = text.rfind(" ", 0, chars + 1)
+    for _ in range(256):
+        if at <= 0 or not text[at - 1].isspace():
+            return max(at, 0)
+        at = text.rfind(" ", 0, at - 1)
+    return 0
+
+
+def _stamp(settings: TokenizerSettings) -> tuple[tuple[int, int] | None, ...]:
+    """(mtime_ns, size) of each file a local tokenizer is read from (None: absent)."""
+    assert settings.path is not None
+    path = Path(settings.path)
+    directory = path if path.is_dir() else path.parent
+    files = [
+        directory / "tokenizer.json" if path.is_dir() else path,
+        directory / "tokenizer_config.json",
+        directory / "chat_template.jinja",
+    ]
+    if settings.chat_template is not None:
+        files.append(Path(settings.chat_template))
+    out: list[tuple[int, int] | None] = []
+    for file in files:
+        try:
+            st = file.stat()
+        except OSError:
+            out.append(None)
+            continue
+        out.append((st.st_mtime_ns, st.st_size))
+    return tuple(out)
 
 
 def _special_around(full: Tokenizer, content: Tokenizer) -> tuple[list[int], list[int]]:
@@ -217,4 +347,17 @@ def _continues_exactly(tok: LocalTokenizer) -> bool:
     return True
 
 
-__all__ = ["LocalTokenizer"]
+def _cuts_exactly(tok: LocalTokenizer) -> bool:
+    """Whether encoding a prefix cut by :func:`_safe_cut` gives the whole encoding's first
+    ids, on a sample (checked once, at load)."""
+    text = _SELF_CHECK_TEXT * 8
+    whole = tok._encode(text).ids
+    for chars in (40, 97, 230, 511, 800):
+        cut = _safe_cut(text, chars)
+        part = tok._encode(text[:cut]).ids
+        if cut <= 0 or part != whole[: len(part)]:
+            return False
+    return True
+
+
+__all__ = ["CHARS_PER_TOKEN", "THREAD_PROMPT_BYTES", "LocalTokenizer"]

@@ -23,7 +23,7 @@ prefix's end (less the margin).
 entry already holds; when those tokens differ from the entry's (a tokenizer whose
 normalizer or pre-tokenizer looks back, e.g. SentencePiece's ``Metaspace`` prepending
 to the first word only) the text is encoded whole and the mismatch counted. The
-property test (``tests/unit/test_tokenization_prefix_cache.py``) checks equality with
+property test (``tests/tokenization/test_tok_prefix_cache.py``) checks equality with
 the whole encoding over random texts and cut points with a real byte-level BPE.
 
 **Finding the entry.** Each entry registers chained xxh3 hashes of its text at every
@@ -144,11 +144,11 @@ class PrefixTokenCache:
         hashes = chunk_hashes(data)
         base = self._longest(data, hashes) if self.continuation else None
         if base is not None:
-            entry, shared = base
+            key, entry, shared = base
             made = self._continue(entry, text, data, shared)
             if made is not None:
                 whole_prefix = shared == len(entry.data)
-                self._store(made, hashes, whole, supersedes=entry if whole_prefix else None)
+                self._store(made, hashes, whole, supersedes=key if whole_prefix else None)
                 return made.ids
             self.counters.mismatches += 1
         encoding = self.encode_fn(text)
@@ -158,9 +158,9 @@ class PrefixTokenCache:
         self._store(made, hashes, whole, None)
         return made.ids
 
-    def _longest(self, data: bytes, hashes: list[int]) -> tuple[_Entry, int] | None:
-        """The entry sharing the longest chunk-aligned prefix with ``data``, and the
-        bytes they share (the entry's whole text when it is a prefix)."""
+    def _longest(self, data: bytes, hashes: list[int]) -> tuple[int, _Entry, int] | None:
+        """The entry sharing the longest chunk-aligned prefix with ``data`` (its key and
+        itself), and the bytes they share (the entry's whole text when it is a prefix)."""
         for k in range(len(hashes) - 1, -1, -1):
             key = self._by_chunk.get(hashes[k])
             if key is None:
@@ -170,8 +170,8 @@ class PrefixTokenCache:
             if data.startswith(entry.data[:end]):
                 self._entries.move_to_end(key)
                 if data.startswith(entry.data):
-                    return entry, len(entry.data)
-                return entry, end
+                    return key, entry, len(entry.data)
+                return key, entry, end
         return None
 
     def _continue(self, entry: _Entry, text: str, data: bytes, shared: int) -> _Entry | None:
@@ -201,9 +201,7 @@ class PrefixTokenCache:
         self.counters.tokens_encoded += len(tail_ids)
         return made
 
-    def _store(
-        self, entry: _Entry, hashes: list[int], whole: int, supersedes: _Entry | None
-    ) -> None:
+    def _store(self, entry: _Entry, hashes: list[int], whole: int, supersedes: int | None) -> None:
         entry.checkpoints = hashes
         entry.whole = whole
         entry.nbytes = (
@@ -214,11 +212,9 @@ class PrefixTokenCache:
         )
         if entry.nbytes > self.max_bytes:
             return
-        if supersedes is not None:  # its text is a prefix of this one: this one serves both
-            for key, old in self._entries.items():
-                if old is supersedes:
-                    self._drop(key)
-                    break
+        if supersedes is not None and supersedes in self._entries:
+            # its text is a prefix of this one: this one serves both
+            self._drop(supersedes)
         key = self._next_id
         self._next_id += 1
         self._entries[key] = entry

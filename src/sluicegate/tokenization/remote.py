@@ -7,7 +7,9 @@ added by default, as a completion gets them) and ``{"model", "messages",
 "chat_template_kwargs"}`` for a chat (the server's own template; no special tokens by
 default); the answer's ``tokens`` are the ids. The request's own values of those fields
 are passed on, so the ids are the ones its completion will get. A completion prompt of
-token ids needs no call.
+token ids needs no call. A chat whose messages hold anything but text (images, audio …)
+is routed approximately (``unsupported``) without a call, as ``local`` does: the server
+would fetch the parts again.
 
 Not to be abused: calls go only to the candidates of the request's pool (the servers
 that would serve it, never an address from the request), round robin; at most
@@ -32,6 +34,7 @@ from sluicegate.api.tokenizer import TokenizerSettings
 from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.framework import LLMRequest
 from sluicegate.tokenization.base import PoolTokenizer, prompt_token_ids
+from sluicegate.tokenization.chat import UnrenderableError, content_texts
 
 log = logging.getLogger(__name__)
 
@@ -56,15 +59,23 @@ class ServerTokenizer(PoolTokenizer):
         self._turn = itertools.count()
         self._session: aiohttp.ClientSession | None = None
 
-    def token_ids(self, request: LLMRequest) -> array[int] | None:
+    def token_ids(self, request: LLMRequest, max_tokens: int = 0) -> array[int] | None:
         """Without a call only a prompt of token ids has ids (see :meth:`fetch`)."""
         return prompt_token_ids(request)
 
-    async def fetch(self, request: LLMRequest, endpoints: Sequence[Endpoint]) -> array[int] | None:
+    async def fetch(
+        self, request: LLMRequest, endpoints: Sequence[Endpoint], max_tokens: int = 0
+    ) -> array[int] | None:
+        """The server tokenizes the whole prompt (``max_tokens`` is not passed on)."""
         given = prompt_token_ids(request)
         if given is not None:
             self.counters.tokenized += 1
             return given
+        if request.kind == "chat" and not _text_only(request):
+            # the server would fetch the image_url parts again, for ids the gateway
+            # does not key by (its token ids of images are placeholders)
+            self.counters.fallback("unsupported")
+            return None
         body = _tokenize_body(request)
         if body is None:
             self.counters.fallback("kind")
@@ -120,6 +131,21 @@ class ServerTokenizer(PoolTokenizer):
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _text_only(request: LLMRequest) -> bool:
+    """Whether every message's content is text (as the local renderer requires:
+    :func:`~sluicegate.tokenization.chat.content_texts`)."""
+    messages = request.body.get("messages") if request.body is not None else None
+    if not isinstance(messages, list):
+        return True  # the server answers what it makes of it
+    try:
+        for message in messages:
+            if isinstance(message, dict):
+                content_texts(message.get("content"))
+    except UnrenderableError:
+        return False
+    return True
 
 
 def _tokenize_body(request: LLMRequest) -> dict[str, object] | None:

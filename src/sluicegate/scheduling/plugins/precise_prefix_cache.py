@@ -16,7 +16,11 @@ Inputs: the request's prompt bytes, its target model when that is a LoRA adapter
 simulator, which publishes the same ids; ``local``, the model's own ``tokenizer.json``
 and chat template, rendered and encoded as vLLM does (with a prefix cache, so a new turn
 encodes only what is new); ``server``, the servers' ``/tokenize``, awaited in this
-producer's prefetch (it is then an I/O-bound producer). A request the pool's tokenizer
+producer's prefetch (it is then an I/O-bound producer); ``local`` prompts over 8 KiB are
+tokenized in that prefetch too, in a worker thread. The prefetch runs per request only
+when the pool's tokenizer wants it (else the host skips the pass), before the fetchers
+that read the prefix match (a remote latency predictor), and sets the precise match for
+them; lookups are counted only in the pass in ``submit``. A request the pool's tokenizer
 cannot tokenize (the template rejects it, ``/tokenize`` times out) is matched
 approximately on every candidate, and counted by the tokenizer.
 
@@ -77,6 +81,7 @@ from sluicegate.datalayer.kvevents.service import KV_EVENTS_SERVICE, KVEventsSer
 from sluicegate.datalayer.kvevents.subscriber import KVEventSubscribers, View
 from sluicegate.datalayer.kvevents.wire import extra_key_bytes
 from sluicegate.framework import (
+    PREFETCH_PASS,
     PREFIX_MATCH,
     PREFIX_PRODUCER_TYPE,
     AsyncDataProducer,
@@ -162,12 +167,15 @@ class PrecisePrefixCacheProducer(
     def produce(
         self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
     ) -> None:
+        # Ahead of the prefetch the match only feeds the fetchers: nothing is counted
+        # then (the pass in submit counts), and ids a fetch will bring are not made here.
+        counting = not state.get(PREFETCH_PASS)
         subs = self._subscribers(endpoints)
         if subs is None:  # no stream for this pool: the approximate match as it is
             approx = self.approximate.match(request, endpoints)
             state.put(_APPROXIMATE, approx)
             state.put(PREFIX_MATCH, approx)
-            if self.service is not None:
+            if self.service is not None and counting:
                 self.service.lookups.fallbacks += len(endpoints)
             return
         ids = self._token_ids(request, state, endpoints[0].pool)
@@ -177,7 +185,8 @@ class PrecisePrefixCacheProducer(
             state.put(PREFIX_MATCH, approx)
             assert self.service is not None
             tokenizer = self._tokenizer(endpoints[0].pool)
-            if tokenizer is None or not tokenizer.needs_io or state.get(_FETCH_DONE):
+            asked = tokenizer is None or not tokenizer.needs_io or state.get(_FETCH_DONE)
+            if counting and asked:
                 self.service.lookups.fallbacks += len(endpoints)
             return
         index = subs.index
@@ -210,10 +219,11 @@ class PrecisePrefixCacheProducer(
         assert self.service is not None  # a pool's subscribers come from the service
         counters = self.service.lookups
         best = max((matched.get(n, 0) for n in synced), default=0)
-        counters.requests += 1
-        counters.hit_blocks += best
-        counters.miss_blocks += total - best
-        counters.fallbacks += len(unknown)
+        if counting:
+            counters.requests += 1
+            counters.hit_blocks += best
+            counters.miss_blocks += total - best
+            counters.fallbacks += len(unknown)
         if not best and keys and synced and self.params.approximate_when_none_holds:
             # no synced endpoint holds even the first block: keep the affinity the
             # approximate index remembers, so a cold prefix is recomputed where it last
@@ -247,26 +257,45 @@ class PrecisePrefixCacheProducer(
     def fetches(self) -> bool:
         return self.tokenizers is not None and self.tokenizers.fetching
 
+    def fetches_for(self, request: LLMRequest, pool: str) -> bool:
+        tokenizer = self._tokenizer(pool)
+        return tokenizer is not None and tokenizer.wants_fetch(request)
+
     async def prefetch(
         self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
     ) -> None:
         tokenizer = self._tokenizer(endpoints[0].pool) if endpoints else None
-        if tokenizer is None or not tokenizer.needs_io or self._subscribers(endpoints) is None:
+        if tokenizer is None or not tokenizer.wants_fetch(request):
             return
-        state.put(_FETCHED, await tokenizer.fetch(request, endpoints))
+        if self._subscribers(endpoints) is None:
+            return
+        limit = self.params.max_prefix_tokens_to_match
+        state.put(_FETCHED, await tokenizer.fetch(request, endpoints, limit))
         state.put(_FETCH_DONE, True)
+        # the match from the fetched ids, for fetchers after this one (a remote latency
+        # predictor builds its rows from it); nothing is counted in this pass
+        self.produce(request, state, endpoints)
 
     def _tokenizer(self, pool: str) -> PoolTokenizer | None:
         return None if self.tokenizers is None else self.tokenizers.pools.get(pool)
 
     def _token_ids(self, request: LLMRequest, state: CycleState, pool: str) -> array[int] | None:
         """The prompt's token ids from the pool's tokenizer (None: route approximately),
-        at most ``maxPrefixTokensToMatch``. Without one, the built-in tokenizer's."""
+        at most ``maxPrefixTokensToMatch``. Without one, the built-in tokenizer's. Ids
+        made ahead of the prefetch, or fetched, are kept for the pass in submit."""
         limit = self.params.max_prefix_tokens_to_match
         tokenizer = self._tokenizer(pool)
         if tokenizer is None:
             return token_id_array(request.prompt, limit)
-        ids = state.get(_FETCHED) if tokenizer.needs_io else tokenizer.token_ids(request)
+        if state.get(_FETCH_DONE):
+            ids = state.get(_FETCHED)
+        elif tokenizer.needs_io or (state.get(PREFETCH_PASS) and tokenizer.wants_fetch(request)):
+            return None  # ahead of its fetch (or a host without one: no I/O here)
+        else:
+            ids = tokenizer.token_ids(request, limit)
+            if state.get(PREFETCH_PASS):
+                state.put(_FETCHED, ids)
+                state.put(_FETCH_DONE, True)
         if ids is not None and 0 < limit < len(ids):
             return ids[:limit]
         return ids
