@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import pytest
 
 from sluicegate.bench.connections import ClientConnections, ConnectionPool
-from sluicegate.bench.des import ClusterSimulation, ClusterSpec, RunResult
+from sluicegate.bench.des import ClusterSimulation
+from sluicegate.bench.des_spec import ClusterSpec, RunResult
 from sluicegate.bench.scenarios import (
     UnknownPolicyError,
     client_connections,
@@ -50,7 +51,7 @@ def assert_drained(sim: ClusterSimulation, result: RunResult) -> None:
         assert endpoint.inflight.requests == 0
     assert all(not engine.has_work() for engine in result.engines)
     assert not sim._on_connection
-    assert not sim._waiting_clients
+    assert sim._sender is None or sim._sender.waiting == 0
 
 
 def kube_service(name: str, replicas: int = 3, seed: int = 0) -> ClusterSimulation:

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from sluicegate.bench import sharegpt
-from sluicegate.bench.des import ClusterSimulation, ClusterSpec, RequestRecord, RunResult
+from sluicegate.bench.des import ClusterSimulation
+from sluicegate.bench.des_spec import ClusterSpec, RequestRecord, RunResult
 from sluicegate.bench.metrics import ideal_prefix_hit_rate, summarize
 from sluicegate.bench.scenarios import (
     OBJECTIVES,

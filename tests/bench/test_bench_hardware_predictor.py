@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from sluicegate.bench.des import ClusterSimulation, ClusterSpec, RunResult
+from sluicegate.bench.des import ClusterSimulation
+from sluicegate.bench.des_spec import ClusterSpec, RunResult
 from sluicegate.bench.scenarios import get_scenario, policy_config
 from sluicegate.datalayer.endpoint import Hardware
 from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings

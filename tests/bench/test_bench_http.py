@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from sluicegate.bench.des import RequestRecord
+from sluicegate.bench.des_spec import RequestRecord
 from sluicegate.bench.gateway.routers import vllm_router_binary
 from sluicegate.bench.http import plan as http_plan
 from sluicegate.bench.http.client import HttpRequestRecord, wire_headers

@@ -11,7 +11,8 @@ import pytest
 from rich.console import Console
 
 from sluicegate.bench import latency_accuracy as la
-from sluicegate.bench.des import ClusterSimulation, ClusterSpec
+from sluicegate.bench.des import ClusterSimulation
+from sluicegate.bench.des_spec import ClusterSpec
 from sluicegate.bench.micro import REPORTS
 from sluicegate.bench.scenarios import policy_config
 from sluicegate.bench.workloads import OpenLoop, RequestSpec, random_text

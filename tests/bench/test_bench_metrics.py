@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sluicegate.bench.des import RequestRecord
+from sluicegate.bench.des_spec import RequestRecord
 from sluicegate.bench.metrics import (
     ReplicaLoad,
     by_accelerator,

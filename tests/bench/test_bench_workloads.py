@@ -99,7 +99,8 @@ def test_closed_loop_by_hand() -> None:
 def test_closed_loop_keeps_concurrency_in_flight() -> None:
     """In the simulation: with no think time exactly ``concurrency`` requests are in
     flight at every moment before ``duration``, and none is sent after it."""
-    from sluicegate.bench.des import ClusterSimulation, ClusterSpec
+    from sluicegate.bench.des import ClusterSimulation
+    from sluicegate.bench.des_spec import ClusterSpec
     from sluicegate.scheduling.config import load_preset
     from sluicegate.sim.profiles import get_profile
 

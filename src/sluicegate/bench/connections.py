@@ -37,6 +37,9 @@ from __future__ import annotations
 import random
 from collections import Counter, deque
 from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,4 +166,48 @@ class ConnectionPool:
         self.carried[connection.requests] += 1
 
 
-__all__ = ["ClientConnections", "Connection", "ConnectionPool"]
+class ClientSender(Generic[T]):
+    """The client's send path over ``pool``: a request takes a connection or waits for one,
+    first come first served; a finished response hands its connection to the longest-waiting
+    request. ``T`` is whatever the caller sends (the DES passes its request specs).
+
+    Bounded by the requests the workload has sent and not yet put on a connection."""
+
+    def __init__(self, pool: ConnectionPool) -> None:
+        self.pool = pool
+        self._waiting: deque[tuple[T, float]] = deque()
+        """Requests (and when they were sent, in seconds) waiting for a connection."""
+
+    def arrive(self, request: T, now: float) -> Connection | None:
+        """The connection ``request``, sent at ``now``, goes down; None: every connection is
+        busy at the limit and it waits (:meth:`hang_up` returns it when one frees up)."""
+        connection = self.pool.acquire(now)
+        if connection is None:
+            self._waiting.append((request, now))
+        return connection
+
+    def hang_up(self, connection: Connection, now: float) -> tuple[T, float, Connection] | None:
+        """``connection``'s response is complete at ``now``: the longest-waiting request,
+        when it was sent and the connection it now goes down (the same one with keep-alive,
+        a fresh one without), or None when nothing waits (the connection goes idle, or
+        closes without keep-alive)."""
+        if not self._waiting:
+            self.pool.release(connection, now)
+            return None
+        request, sent = self._waiting.popleft()
+        if self.pool.settings.keep_alive:
+            self.pool.handover(connection)
+        else:
+            self.pool.release(connection, now)
+            fresh = self.pool.acquire(now)
+            assert fresh is not None  # one was just closed
+            connection = fresh
+        return request, sent, connection
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a connection now."""
+        return len(self._waiting)
+
+
+__all__ = ["ClientConnections", "ClientSender", "Connection", "ConnectionPool"]

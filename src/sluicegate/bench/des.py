@@ -20,7 +20,9 @@ Events, in time order (ties in insertion order, so a run is deterministic for a 
   from its engine (phases staggered), so the gateway sees the pool exactly as stale as it
   would live; between scrapes it relies on its own in-flight counts.
 
-Network time between gateway and engines is taken as zero.
+Network time between gateway and engines is taken as zero. What a run is given and returns
+is in :mod:`~sluicegate.bench.des_spec`; the translations between request bodies, engine
+sequences and scrapes in :mod:`~sluicegate.bench.des_requests`.
 """
 
 from __future__ import annotations
@@ -28,26 +30,39 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import orjson
 
-from sluicegate.api.loader import Config, build_config
-from sluicegate.api.resources import EndpointPickerConfig
-from sluicegate.bench.connections import ClientConnections, Connection, ConnectionPool
-from sluicegate.bench.des_kvevents import DEFAULT_DELAY_S, KVEventDelivery
+from sluicegate.bench.connections import ClientSender, Connection, ConnectionPool
+from sluicegate.bench.des_kvevents import KVEventDelivery
+from sluicegate.bench.des_requests import (
+    engine_metrics,
+    engine_sequence,
+    retarget,
+    servable_tokens,
+)
+from sluicegate.bench.des_spec import (
+    POOL,
+    ClusterSpec,
+    RequestRecord,
+    RunResult,
+    TrainedPredictor,
+    hardware,
+    pool_config,
+    replica_profiles,
+    wants_kv_events,
+)
 from sluicegate.bench.oracle import OraclePredictor
-from sluicegate.bench.workloads import RequestSpec, Timed, Workload
+from sluicegate.bench.workloads import RequestSpec, Workload
 from sluicegate.builtins import default_registry
 from sluicegate.clock import ManualClock
 from sluicegate.datalayer.datastore import Datastore, EndpointSpec
-from sluicegate.datalayer.endpoint import EngineMetrics, Hardware, ServedModels
+from sluicegate.datalayer.endpoint import ServedModels
 from sluicegate.datalayer.kvevents.service import KV_EVENTS_SERVICE
 from sluicegate.errors import GatewayError
-from sluicegate.flowcontrol.config import POOL_ANNOTATION, build_flow_control
+from sluicegate.flowcontrol.config import build_flow_control
 from sluicegate.framework import (
     PREDICTION_OUTCOME,
     PREDICTOR_SERVICE,
@@ -56,169 +71,14 @@ from sluicegate.framework import (
     QueueItem,
 )
 from sluicegate.latency.hardware import HardwareAwarePredictor
-from sluicegate.latency.inprocess import PredictorSettings
 from sluicegate.latency.predictor import LatencyPredictor
 from sluicegate.requestcontrol.director import Director
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import parse_request
 from sluicegate.scheduling.config import build_scheduler
-from sluicegate.sim.api import ApiError, parse_generate
-from sluicegate.sim.engine import Engine, Sequence, StepResult, new_sequence
-from sluicegate.sim.profiles import EngineProfile
-from sluicegate.tokens import block_hashes
-
-POOL = "sim-pool"
-PRECISE_PRODUCER = "precise-prefix-cache-producer"
-"""The plugin type that reads the ``kv-events`` service: runs configuring it get KV
-events unless :attr:`ClusterSpec.kv_events` says otherwise."""
-
-
-class TrainedPredictor(LatencyPredictor, Protocol):
-    """A latency predictor the simulation trains on its virtual clock (the
-    :class:`~sluicegate.latency.inprocess.InProcessPredictor` API the run loop uses)."""
-
-    def maybe_retrain(self, now: float | None = None) -> bool: ...
-
-
-PredictorFactory = Callable[[ManualClock, PredictorSettings], TrainedPredictor]
-"""Builds the ``model`` predictor of a run from its clock and settings."""
-
-
-@dataclass(slots=True, eq=False)
-class RequestRecord:
-    """What happened to one request. Times are simulated seconds from the start."""
-
-    spec: RequestSpec
-    arrival: float
-    endpoint: int = -1
-    first_token: float = -1.0
-    finish: float = -1.0
-    output_tokens: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    status: int = 0
-    """200 completed; the gateway's status when it answered itself (429, 503, ...)."""
-    reason: str = ""
-    prompt_bytes: bytes = b""
-    reply: str = ""
-    servable_tokens: int = -1
-    """Prompt tokens the best-placed engine held in its prefix cache when the request was
-    dispatched (what an oracle knowing every cache could have reused), −1 if never
-    dispatched."""
-    fell_back: bool = False
-    """Scheduled on the heuristic fallback although predictions were wanted (models warming
-    up, or no usable prediction)."""
-
-    @property
-    def completed(self) -> bool:
-        return self.status == 200 and self.finish >= 0
-
-    @property
-    def ttft(self) -> float:
-        return self.first_token - self.arrival
-
-    @property
-    def e2e(self) -> float:
-        return self.finish - self.arrival
-
-    @property
-    def tpot(self) -> float | None:
-        if self.output_tokens < 2:
-            return None
-        return (self.finish - self.first_token) / (self.output_tokens - 1)
-
-
-@dataclass(slots=True)
-class ClusterSpec:
-    """The simulated pool and the gateway in front of it."""
-
-    profile: EngineProfile
-    replicas: int
-    picker: EndpointPickerConfig
-    profiles: tuple[EngineProfile, ...] = ()
-    """One per replica for a pool mixing hardware (empty: every replica runs
-    ``profile``); each endpoint carries its profile's class and price as its Hardware."""
-    model: str = "model"
-    adapters: tuple[str, ...] = ()
-    extra_docs: list[dict[str, Any]] = field(default_factory=list)
-    """More configuration documents (InferenceModels, InferenceObjectives...)."""
-    scrape_interval_s: float = 0.05
-    staleness_s: float = 1.0
-    seed: int = 0
-    flow_control: bool = False
-    """Queue requests in the gateway while the pool is saturated (the pool annotation)."""
-    predictor: Literal["none", "model", "oracle"] = "none"
-    """The ``latency-predictor`` service: none, online-trained models, or the oracle."""
-    predictor_settings: PredictorSettings = field(default_factory=PredictorSettings)
-    """Training schedule of the ``model`` predictor (intervals in simulated seconds)."""
-    predictor_factory: PredictorFactory | None = None
-    """Makes the ``model`` predictor (None: a :class:`HardwareAwarePredictor`, which is
-    one :class:`~sluicegate.latency.inprocess.InProcessPredictor` on a pool of one class);
-    the accuracy benchmark passes one that also records what was predicted at dispatch."""
-    kv_events: bool | None = None
-    """Deliver the engines' KV-cache events to a precise index (``kv-events`` service);
-    None: when the picker configures a ``precise-prefix-cache-producer``."""
-    kv_event_delay_s: float = DEFAULT_DELAY_S
-    """Seconds from the end of the engine step that produced a batch of KV events to
-    its application to the index (see :mod:`sluicegate.bench.des_kvevents`)."""
-    connections: ClientConnections | None = None
-    """The client's connections to a per-connection balancer (the lab-only ``kube-service``
-    baseline): every request goes to its connection's backend, drawn uniformly at random
-    per new connection, through a one-address subset hint. None: the gateway routes each
-    request."""
-
-
-@dataclass(slots=True)
-class RunResult:
-    records: list[RequestRecord]
-    engines: list[Engine]
-    end_time: float
-    endpoint_names: list[str]
-    kv_events: bool = False
-    """The engines' KV events fed a precise index."""
-    connections: ConnectionPool | None = None
-    """The client's connections, when the run modelled them."""
-
-
-def replica_profiles(spec: ClusterSpec) -> list[EngineProfile]:
-    """Each replica's engine profile."""
-    if spec.profiles and len(spec.profiles) != spec.replicas:
-        raise ValueError(f"{len(spec.profiles)} profiles for {spec.replicas} replicas")
-    return list(spec.profiles) or [spec.profile] * spec.replicas
-
-
-def _hardware(profile: EngineProfile) -> Hardware:
-    return Hardware(profile.accelerator, profile.cost_per_hour)
-
-
-def _pool_config(spec: ClusterSpec) -> Config:
-    docs: list[dict[str, Any]] = [
-        {
-            "apiVersion": "inference.networking.k8s.io/v1",
-            "kind": "InferencePool",
-            "metadata": {
-                "name": POOL,
-                "annotations": {POOL_ANNOTATION: "true"} if spec.flow_control else {},
-            },
-            "spec": {
-                "targetPorts": [{"number": 8000}],
-                "endpoints": [
-                    {
-                        "address": f"10.0.0.{i + 1}:8000",
-                        "name": f"sim-{i}",
-                        **({"accelerator": p.accelerator} if p.accelerator else {}),
-                        **({"costPerHour": p.cost_per_hour} if p.cost_per_hour else {}),
-                    }
-                    for i, p in enumerate(replica_profiles(spec))
-                ],
-            },
-        },
-        *spec.extra_docs,
-    ]
-    config = build_config(docs, "<simulation>")
-    config.picker = spec.picker
-    return config
+from sluicegate.sim.api import ApiError
+from sluicegate.sim.engine import Engine, Sequence, StepResult
 
 
 class _Queued:
@@ -246,12 +106,12 @@ class ClusterSimulation:
         self.clock = ManualClock()
         profiles = replica_profiles(spec)
         self.engines = [Engine(p) for p in profiles]
-        config = _pool_config(spec)
+        config = pool_config(spec)
         self.datastore = Datastore()
         self.datastore.set_endpoints(
             POOL,
             [
-                EndpointSpec(f"sim-{i}", f"10.0.0.{i + 1}", 8000, hardware=_hardware(p))
+                EndpointSpec(f"sim-{i}", f"10.0.0.{i + 1}", 8000, hardware=hardware(p))
                 for i, p in enumerate(profiles)
             ],
         )
@@ -296,14 +156,14 @@ class ClusterSimulation:
         self.records: list[RequestRecord] = []
         self.client: ConnectionPool | None = None
         """The client's connections (``spec.connections``); None: per-request routing."""
+        self._sender: ClientSender[RequestSpec] | None = None
         if spec.connections is not None:
             # Its own stream, so that the policy's draws do not shift the backends'.
             rng = random.Random(f"connections-{spec.seed}")
             backends = spec.replicas if spec.connections.pinned else 1  # 1: the gateway
             self.client = ConnectionPool(spec.connections, backends, rng)
+            self._sender = ClientSender(self.client)
         self._on_connection: dict[RequestRecord, Connection] = {}
-        self._waiting_clients: deque[tuple[RequestSpec, float]] = deque()
-        """Requests (and when they were sent) waiting for a connection, oldest first."""
         self.on_complete: list[Callable[[RequestRecord, Dispatch], None]] = []
         """Hooks called when a request completes (e.g. latency-model training)."""
 
@@ -311,7 +171,7 @@ class ClusterSimulation:
 
     def _services(self, spec: ClusterSpec) -> dict[str, object]:
         services: dict[str, object] = {}
-        if _wants_kv_events(spec):
+        if wants_kv_events(spec):
             self.kv_events = KVEventDelivery(
                 POOL,
                 [e.name for e in self.endpoints],
@@ -342,11 +202,7 @@ class ClusterSimulation:
 
     def _oracle_sequence(self, request: LLMRequest, endpoint: str) -> Sequence:
         raw, chat = self._bodies[request.request_id]
-        body = raw
-        if request.target_model != request.model:
-            payload = orjson.loads(raw)
-            payload["model"] = request.target_model
-            body = orjson.dumps(payload)
+        body = raw if request.target_model == request.model else retarget(raw, request.target_model)
         return self._engine_sequence(
             body,
             chat,
@@ -426,32 +282,21 @@ class ClusterSimulation:
     # ------------------------------------------------------------------ handlers
 
     def _arrive(self, spec: RequestSpec, now: float) -> None:
-        if self.client is None:
+        if self._sender is None:
             self._send(spec, now, None)
             return
-        connection = self.client.acquire(now)
-        if connection is None:
-            self._waiting_clients.append((spec, now))
-        else:
+        connection = self._sender.arrive(spec, now)
+        if connection is not None:
             self._send(spec, now, connection)
 
     def _hang_up(self, connection: Connection, now: float) -> None:
         """``connection``'s response is complete: it serves the longest-waiting request,
         or goes idle (closes, without keep-alive)."""
-        assert self.client is not None
-        if not self._waiting_clients:
-            self.client.release(connection, now)
-            return
-        spec, sent = self._waiting_clients.popleft()
-        if self.client.settings.keep_alive:
-            self.client.handover(connection)
-        else:
-            self.client.release(connection, now)
-            fresh = self.client.acquire(now)
-            assert fresh is not None  # one was just closed
-            connection = fresh
-        # An event, not a call: a refused request would otherwise recurse through here.
-        self._push(now, self._SEND, (spec, sent, connection))
+        assert self._sender is not None
+        waiting = self._sender.hang_up(connection, now)
+        if waiting is not None:
+            # An event, not a call: a refused request would otherwise recurse through here.
+            self._push(now, self._SEND, waiting)
 
     def _send(self, spec: RequestSpec, now: float, connection: Connection | None) -> None:
         """The request the client sent at ``now`` (on ``connection``) reaches the gateway
@@ -525,24 +370,12 @@ class ClusterSimulation:
         record.fell_back = outcome is not None and outcome.fallback
         record.prompt_tokens = seq.prompt_tokens
         record.prompt_bytes = seq.prompt
-        record.servable_tokens = self._servable_tokens(seq)
+        record.servable_tokens = servable_tokens(seq, self.engines, self.spec.profile.block_size)
         self._inflight[request_id] = (dispatch, record)
         self.engines[index].add(seq)
         if not self._stepping[index]:
             self._stepping[index] = True
             self._push(now, self._STEP, index)
-
-    def _servable_tokens(self, seq: Sequence) -> int:
-        """The longest cached prefix of ``seq`` on any engine now, in tokens; counted as the
-        engines count a hit (whole blocks, never the prompt's last token)."""
-        size = self.spec.profile.block_size
-        hashes = block_hashes(seq.prompt, size, seq.hash_seed)
-        limit = (seq.prompt_tokens - 1) // size
-        best = 0
-        for engine in self.engines:
-            if engine.profile.block_size == size:
-                best = max(best, len(engine.pool.longest_cached_prefix(hashes, limit)))
-        return best * size
 
     def _sequence(
         self, dispatch: Dispatch, raw: bytes, request_id: str, now: float, index: int, chat: bool
@@ -556,25 +389,10 @@ class ClusterSimulation:
     def _engine_sequence(
         self, body: bytes, chat: bool, target: str, request_id: str, now: float, index: int
     ) -> Sequence:
-        params = parse_generate(body, chat)
         engine = self.engines[index]
-        lora = target if target != self.spec.model else None
-        limit = min(engine.profile.max_model_len, engine.profile.kv_capacity_tokens)
-        seq = new_sequence(
-            request_id,
-            params.prompt,
-            arrival=now,
-            max_tokens=params.max_tokens,
-            ignore_eos=params.ignore_eos,
-            max_model_len=limit,
-            model=self.spec.model,
-            lora=lora,
-            cache_salt=params.cache_salt,
-            seed=self.spec.seed,
+        return engine_sequence(
+            body, chat, target, request_id, now, engine, self.spec.model, self.spec.seed
         )
-        if seq.prompt_tokens + seq.max_output_tokens > limit:
-            raise ApiError(400, "request exceeds the model's context length")
-        return seq
 
     def _step(self, index: int, now: float) -> None:
         engine = self.engines[index]
@@ -646,30 +464,9 @@ class ClusterSimulation:
         return record.reply
 
     def _scrape(self, index: int, now: float) -> None:
-        engine = self.engines[index]
         endpoint = self.endpoints[index]
-        lora = bool(self.spec.adapters)
-        p = engine.profile
-        endpoint.metrics = EngineMetrics(
-            scraped_at=now,
-            waiting=len(engine.waiting),
-            running=len(engine.running),
-            kv_usage=engine.pool.usage,
-            running_loras=frozenset(engine.running_loras()) if lora else frozenset(),
-            waiting_loras=frozenset(engine.waiting_loras()) if lora else frozenset(),
-            max_loras=p.max_loras if lora else 0,
-            block_size=p.block_size,
-            num_gpu_blocks=p.num_gpu_blocks,
-            prefix_cache_queries=engine.counters.prefix_cache_queries,
-            prefix_cache_hits=engine.counters.prefix_cache_hits,
-        )
+        endpoint.metrics = engine_metrics(self.engines[index], now, bool(self.spec.adapters))
         endpoint.inflight.scraped()
 
 
-def _wants_kv_events(spec: ClusterSpec) -> bool:
-    if spec.kv_events is not None:
-        return spec.kv_events
-    return any(p.type == PRECISE_PRODUCER for p in spec.picker.plugins)
-
-
-__all__ = ["ClusterSimulation", "ClusterSpec", "RequestRecord", "RunResult", "Timed"]
+__all__ = ["ClusterSimulation"]

@@ -28,7 +28,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from sluicegate.bench.des import ClusterSimulation, ClusterSpec
+from sluicegate.bench.des import ClusterSimulation
+from sluicegate.bench.des_spec import ClusterSpec
 from sluicegate.bench.scenarios import get_scenario, policy_config
 from sluicegate.clock import Clock
 from sluicegate.latency.features import Sample, feature_matrix

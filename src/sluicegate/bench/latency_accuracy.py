@@ -40,7 +40,8 @@ from typing import Final
 import numpy as np
 from rich.console import Console
 
-from sluicegate.bench.des import ClusterSimulation, ClusterSpec
+from sluicegate.bench.des import ClusterSimulation
+from sluicegate.bench.des_spec import ClusterSpec
 from sluicegate.bench.scenarios import policy_config
 from sluicegate.bench.workloads import OpenLoop, sharegpt_first_turn
 from sluicegate.clock import Clock
@@ -131,7 +132,7 @@ class ScoringPredictor(SynchronousPredictor):
     records their predictions for every candidate at dispatch and scores the chosen one
     at completion.
 
-    Implements :class:`~sluicegate.bench.des.TrainedPredictor`. Predictions are keyed by
+    Implements :class:`~sluicegate.bench.des_spec.TrainedPredictor`. Predictions are keyed by
     the feature row (the producer hands the chosen row back in the sample); at most
     ``max_pending`` rows are kept (oldest dropped: candidates that were not chosen).
     """

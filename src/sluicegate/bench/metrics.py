@@ -39,7 +39,7 @@ from sluicegate.tokens import BYTES_PER_TOKEN, block_hashes
 
 
 class Record(Protocol):
-    """What a runner records per request (see ``bench.des.RequestRecord``)."""
+    """What a runner records per request (see ``bench.des_spec.RequestRecord``)."""
 
     @property
     def spec(self) -> Any: ...

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluicegate.bench import sharegpt
-from sluicegate.bench.des import ClusterSimulation, ClusterSpec, RequestRecord, RunResult
+from sluicegate.bench.des import ClusterSimulation
 from sluicegate.bench.des_kvevents import DEFAULT_DELAY_S
+from sluicegate.bench.des_spec import ClusterSpec, RequestRecord, RunResult
 from sluicegate.bench.metrics import (
     by_accelerator,
     by_class,

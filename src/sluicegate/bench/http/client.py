@@ -29,7 +29,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from sluicegate.bench.des import RequestRecord
+from sluicegate.bench.des_spec import RequestRecord
 from sluicegate.bench.workloads import RequestSpec, Workload
 from sluicegate.requestcontrol.parse import SLO_TPOT_HEADERS, SLO_TTFT_HEADERS
 from sluicegate.sim.text import PromptError, render_chat, render_prompt
@@ -42,7 +42,7 @@ _SLO_HEADERS = frozenset((*SLO_TTFT_HEADERS, *SLO_TPOT_HEADERS))
 
 @dataclass(slots=True, eq=False)
 class HttpRequestRecord(RequestRecord):
-    """A :class:`~sluicegate.bench.des.RequestRecord` measured by the HTTP client.
+    """A :class:`~sluicegate.bench.des_spec.RequestRecord` measured by the HTTP client.
 
     ``arrival`` is when the request was actually sent, ``first_token`` when the first
     streamed token arrived, ``finish`` when the stream ended; all in simulated seconds.

@@ -11,7 +11,7 @@
 - :func:`gateway_documents` — the configuration ``sluicegate serve`` gets.
 
 **Gateway settings.** The discrete-event mode scrapes every 50 ms of simulated time and
-treats metrics older than 1 s as stale (:class:`~sluicegate.bench.des.ClusterSpec`). The
+treats metrics older than 1 s as stale (:class:`~sluicegate.bench.des_spec.ClusterSpec`). The
 generated ``GatewayConfig`` keeps those in simulated time: ``scrapeIntervalMs`` = 50·S
 (but at least :data:`MIN_SCRAPE_INTERVAL_MS`, to bound the scraping CPU; below S = 0.2
 the gateway's view is staler than the DES's) and ``metricsStalenessMs`` = 1000·S. SLO
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from sluicegate.bench.des import POOL, ClusterSpec
+from sluicegate.bench.des_spec import POOL, ClusterSpec
 from sluicegate.bench.gateway.routers import vllm_router_binary
 from sluicegate.bench.metrics import summarize
 from sluicegate.bench.runner import RunPlan, run_level
