@@ -16,7 +16,7 @@ import pytest
 from sluicegate.bench.connections import ClientConnections, ConnectionPool
 from sluicegate.bench.des import ClusterSimulation
 from sluicegate.bench.des_spec import ClusterSpec, RunResult
-from sluicegate.bench.scenarios import (
+from sluicegate.bench.policies import (
     UnknownPolicyError,
     client_connections,
     is_lab_only,

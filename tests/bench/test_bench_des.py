@@ -17,12 +17,8 @@ from sluicegate.bench import sharegpt
 from sluicegate.bench.des import ClusterSimulation
 from sluicegate.bench.des_spec import ClusterSpec, RequestRecord, RunResult
 from sluicegate.bench.metrics import ideal_prefix_hit_rate, summarize
-from sluicegate.bench.scenarios import (
-    OBJECTIVES,
-    available_policies,
-    client_connections,
-    policy_config,
-)
+from sluicegate.bench.policies import available_policies, client_connections, policy_config
+from sluicegate.bench.scenarios import OBJECTIVES
 from sluicegate.bench.workloads import (
     OpenLoop,
     PriorityClass,

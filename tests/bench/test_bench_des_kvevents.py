@@ -14,7 +14,7 @@ from sluicegate import cli
 from sluicegate.bench.des import ClusterSimulation
 from sluicegate.bench.des_kvevents import DEFAULT_DELAY_S, KVEventDelivery
 from sluicegate.bench.des_spec import ClusterSpec
-from sluicegate.bench.scenarios import policy_config
+from sluicegate.bench.policies import policy_config
 from sluicegate.bench.workloads import OpenLoop, shared_prefix
 from sluicegate.builtins import default_registry
 from sluicegate.clock import ManualClock

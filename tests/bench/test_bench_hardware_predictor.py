@@ -10,7 +10,8 @@ import pytest
 
 from sluicegate.bench.des import ClusterSimulation
 from sluicegate.bench.des_spec import ClusterSpec, RunResult
-from sluicegate.bench.scenarios import get_scenario, policy_config
+from sluicegate.bench.policies import policy_config
+from sluicegate.bench.scenarios import get_scenario
 from sluicegate.datalayer.endpoint import Hardware
 from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings
 from sluicegate.sim.profiles import get_profile

@@ -46,8 +46,10 @@ from sluicegate.bench.http.pool import ProcessGroups
 from sluicegate.bench.http.results import HttpRunResult, http_entry
 from sluicegate.bench.http.run import run_level_http
 from sluicegate.bench.metrics import summarize
+from sluicegate.bench.policies import UnknownPolicyError
 from sluicegate.bench.runner import RunPlan, run_entry, run_level
-from sluicegate.bench.scenarios import Scenario, UnknownPolicyError, get_scenario
+from sluicegate.bench.scenario_spec import Scenario
+from sluicegate.bench.scenarios import get_scenario
 from sluicegate.bench.sharegpt import Conversation
 from sluicegate.bench.workloads import (
     OpenLoop,

@@ -14,7 +14,7 @@ from sluicegate.bench import latency_accuracy as la
 from sluicegate.bench.des import ClusterSimulation
 from sluicegate.bench.des_spec import ClusterSpec
 from sluicegate.bench.micro import REPORTS
-from sluicegate.bench.scenarios import policy_config
+from sluicegate.bench.policies import policy_config
 from sluicegate.bench.workloads import OpenLoop, RequestSpec, random_text
 from sluicegate.cli import build_parser
 from sluicegate.clock import ManualClock

@@ -14,8 +14,10 @@ import pytest
 
 from sluicegate import cli
 from sluicegate.bench import goals, report
+from sluicegate.bench.policies import available_policies
 from sluicegate.bench.runner import RunPlan, run_plan
-from sluicegate.bench.scenarios import SCENARIOS, Scenario, available_policies, get_scenario
+from sluicegate.bench.scenario_spec import Scenario
+from sluicegate.bench.scenarios import SCENARIOS, get_scenario
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SUMMARY_KEYS = {"mean", "p50", "p90", "p99"}
@@ -414,7 +416,7 @@ def test_cli_bench_list(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_a_policy_override_changes_one_parameter_and_nothing_else() -> None:
-    from sluicegate.bench.scenarios import is_available, policy_config
+    from sluicegate.bench.policies import is_available, policy_config
 
     base, predictor = policy_config("predicted-latency")
     name = "predicted-latency:prefix-cache-affinity-filter.explorationProbability=0.01"
@@ -448,7 +450,7 @@ def test_a_policy_override_changes_one_parameter_and_nothing_else() -> None:
     ],
 )
 def test_a_malformed_policy_override_is_refused(name: str, message: str) -> None:
-    from sluicegate.bench.scenarios import UnknownPolicyError, policy_config
+    from sluicegate.bench.policies import UnknownPolicyError, policy_config
 
     with pytest.raises(UnknownPolicyError, match=message):
         policy_config(name)

@@ -30,7 +30,8 @@ import numpy as np
 
 from sluicegate.bench.des import ClusterSimulation
 from sluicegate.bench.des_spec import ClusterSpec
-from sluicegate.bench.scenarios import get_scenario, policy_config
+from sluicegate.bench.policies import policy_config
+from sluicegate.bench.scenarios import get_scenario
 from sluicegate.clock import Clock
 from sluicegate.latency.features import Sample, feature_matrix
 from sluicegate.latency.hardware import HardwareAwarePredictor

@@ -42,7 +42,7 @@ from rich.console import Console
 
 from sluicegate.bench.des import ClusterSimulation
 from sluicegate.bench.des_spec import ClusterSpec
-from sluicegate.bench.scenarios import policy_config
+from sluicegate.bench.policies import policy_config
 from sluicegate.bench.workloads import OpenLoop, sharegpt_first_turn
 from sluicegate.clock import Clock
 from sluicegate.latency.calibration import LatencyCalibration

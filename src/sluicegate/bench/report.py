@@ -9,7 +9,7 @@ from typing import Any
 
 from sluicegate.bench.goals import check
 from sluicegate.bench.report_plots import plots, run_label
-from sluicegate.bench.scenarios import Scenario
+from sluicegate.bench.scenario_spec import Scenario
 
 
 def _fmt(value: float | None, scale: float = 1.0, digits: int = 2) -> str:

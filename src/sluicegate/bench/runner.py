@@ -25,7 +25,8 @@ from sluicegate.bench.metrics import (
     replica_loads,
     summarize,
 )
-from sluicegate.bench.scenarios import Scenario, client_connections, policy_config
+from sluicegate.bench.policies import client_connections, policy_config
+from sluicegate.bench.scenario_spec import Scenario
 
 Progress = Callable[[str], None]
 

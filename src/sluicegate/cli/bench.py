@@ -148,7 +148,8 @@ def _cmd_bench_tokenizer(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_list(args: argparse.Namespace) -> int:
-    from sluicegate.bench.scenarios import SCENARIOS, available_policies
+    from sluicegate.bench.policies import available_policies
+    from sluicegate.bench.scenarios import SCENARIOS
 
     for name, make in SCENARIOS.items():
         print(f"{name:<18} {make().description}")
@@ -165,9 +166,10 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     from sluicegate.bench.extras import PLOTS, SHAREGPT, MissingExtraError, require_extra
+    from sluicegate.bench.policies import check_policies, is_lab_only
     from sluicegate.bench.report import write
     from sluicegate.bench.runner import RunPlan, run_plan
-    from sluicegate.bench.scenarios import check_policies, get_scenario, is_lab_only
+    from sluicegate.bench.scenarios import get_scenario
 
     if args.backend == "vllm" and args.mode != "http":
         return fail("--backend vllm needs --mode http")

@@ -34,13 +34,9 @@ from typing import Any
 from sluicegate.bench.des_spec import POOL, ClusterSpec
 from sluicegate.bench.gateway.routers import vllm_router_binary
 from sluicegate.bench.metrics import summarize
+from sluicegate.bench.policies import UnknownPolicyError, available_policies, is_lab_only
 from sluicegate.bench.runner import RunPlan, run_level
-from sluicegate.bench.scenarios import (
-    Scenario,
-    UnknownPolicyError,
-    available_policies,
-    is_lab_only,
-)
+from sluicegate.bench.scenario_spec import Scenario
 from sluicegate.flowcontrol.config import POOL_ANNOTATION
 from sluicegate.sim.profile_file import materialise
 from sluicegate.sim.profiles import PROFILES, EngineProfile

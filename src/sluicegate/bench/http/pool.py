@@ -33,7 +33,7 @@ from sluicegate.bench.gateway.settings import GATEWAY_CPU
 from sluicegate.bench.http.plan import sim_profile_args
 from sluicegate.bench.loadgen import read_histogram
 from sluicegate.bench.processes import Processes, free_port_block, http_get, wait_ready
-from sluicegate.bench.scenarios import Scenario
+from sluicegate.bench.scenario_spec import Scenario
 
 STARTUP_TIMEOUT_S = 30.0
 """Wall seconds each process gets to become ready."""

@@ -19,7 +19,7 @@ from sluicegate.bench.http.client import HttpRequestRecord
 from sluicegate.bench.http.pool import EngineCounters
 from sluicegate.bench.metrics import latency_summary
 from sluicegate.bench.runner import entry_from_records
-from sluicegate.bench.scenarios import Scenario
+from sluicegate.bench.scenario_spec import Scenario
 
 SIM_CPU_WARNING = 0.8
 """Share of a core above which the simulator process is reported as CPU-bound."""

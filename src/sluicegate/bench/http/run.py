@@ -38,7 +38,7 @@ from sluicegate.bench.http.pool import ProcessGroups, engine_counters, start_sim
 from sluicegate.bench.http.results import HttpRunResult, http_entry
 from sluicegate.bench.processes import cpu_seconds
 from sluicegate.bench.runner import RunPlan, results_document
-from sluicegate.bench.scenarios import Scenario
+from sluicegate.bench.scenario_spec import Scenario
 
 Progress = Callable[[str], None]
 

@@ -47,7 +47,8 @@ from sluicegate.bench.http.pool import (
 from sluicegate.bench.http.results import HttpRunResult, http_entry
 from sluicegate.bench.processes import cpu_seconds
 from sluicegate.bench.runner import RunPlan, results_document
-from sluicegate.bench.scenarios import Scenario, get_scenario
+from sluicegate.bench.scenario_spec import Scenario
+from sluicegate.bench.scenarios import get_scenario
 from sluicegate.bench.vllm_backend import (
     MODEL_NAME,
     PYTHON_ENV,
