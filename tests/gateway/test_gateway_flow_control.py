@@ -34,7 +34,7 @@ from sluicegate.flowcontrol.controller import FlowController
 from sluicegate.framework import ItemState, QueueItem
 from sluicegate.gateway.app import Gateway
 from sluicegate.requestcontrol.parse import parse_request
-from sluicegate.runtime import _Waiter
+from sluicegate.runtime.waiting import FlowWaits, Waiter
 from sluicegate.sim.server import SimCluster
 
 BASE = "tiny-llama"
@@ -376,11 +376,11 @@ async def test_dispatched_just_as_the_client_leaves_is_released() -> None:
     )
     gw = Gateway(config)  # not started: no I/O happens here
     director = gw.director
-    loop = asyncio.get_running_loop()
+    waits = FlowWaits(director, gw.runtime.observe, gw.clock)
 
-    def submit(name: str) -> tuple[QueueItem, _Waiter]:
+    def submit(name: str) -> tuple[QueueItem, Waiter]:
         parsed = parse_request("completions", b'{"model": "m", "prompt": "x"}', {})
-        ticket = _Waiter(gw.runtime, loop.create_future(), "pool")
+        ticket = waits.ticket("pool")
         item = director.submit(director.admit(parsed, name, {}), ticket)
         assert isinstance(item, QueueItem)
         return item, ticket
@@ -390,7 +390,7 @@ async def test_dispatched_just_as_the_client_leaves_is_released() -> None:
     assert first.state is ItemState.DISPATCHED
     second, second_ticket = submit("second")
     assert second.state is ItemState.QUEUED
-    handler = asyncio.create_task(gw.runtime._wait(second, second_ticket))
+    handler = asyncio.create_task(waits.wait(second, second_ticket))
     await asyncio.sleep(0)  # the handler now waits for its turn
     first_waiter.result().finish(gw.clock.now())
     director.pump()  # the second request gets the place...
@@ -402,6 +402,7 @@ async def test_dispatched_just_as_the_client_leaves_is_released() -> None:
     assert endpoint.inflight.requests == 0
     third, _ = submit("third")
     assert third.state is ItemState.DISPATCHED  # the place was not lost
+    waits.stop()
 
 
 # ============================================================= time to live, capacity

@@ -10,7 +10,8 @@ however it ended.
 
 Everything here runs on one event loop; nothing blocks it. What it tells the exported
 metrics is in :mod:`~sluicegate.runtime.observe`, what it logs for requests nothing can
-serve in :mod:`~sluicegate.runtime.notices`. With ``sharedState`` in the GatewayConfig, the
+serve in :mod:`~sluicegate.runtime.notices`, how requests wait in flow control in
+:mod:`~sluicegate.runtime.waiting`. With ``sharedState`` in the GatewayConfig, the
 prefix index and in-flight counts are shared with the other replicas through Redis
 (:mod:`~sluicegate.runtime.shared`, loaded only then; ``docs/replicas.md``).
 """
@@ -25,14 +26,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sluicegate.api.loader import Config
-from sluicegate.api.settings import OutlierDetectionSettings
 from sluicegate.builtins import default_registry
 from sluicegate.clock import Clock, MonotonicClock
 from sluicegate.datalayer.collector import Collector, CollectorSettings
 from sluicegate.datalayer.datastore import Datastore
 from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.datalayer.kvevents.service import KV_EVENTS_SERVICE
-from sluicegate.datalayer.outlier import OutlierDetector, OutlierSettings, Result, classify_status
+from sluicegate.datalayer.outlier import OutlierDetector, Result, classify_status
 from sluicegate.datalayer.pools import EndpointsByPool, static_endpoints, sync_pools
 from sluicegate.datalayer.sharing import SHARED_PREFIX_SERVICE
 from sluicegate.errors import GatewayError
@@ -48,7 +48,9 @@ from sluicegate.requestcontrol.responses import Usage as Usage  # re-exported
 from sluicegate.runtime.kvevents import KVEventsCollector, KVEventsHost
 from sluicegate.runtime.notices import Notices, mixed_hardware_pools
 from sluicegate.runtime.observe import RequestMetrics, flow_state, prefix_index_size, time_plugins
+from sluicegate.runtime.outliers import outlier_settings, tick
 from sluicegate.runtime.tokenization import TokenizerCollector, TokenizersHost
+from sluicegate.runtime.waiting import FlowWaits
 from sluicegate.scheduling.config import BuiltScheduler, build_scheduler
 from sluicegate.tokenization.base import TOKENIZER_SERVICE, PoolTokenizer, TokenizerService
 from sluicegate.upstream import UpstreamPool
@@ -57,29 +59,6 @@ if TYPE_CHECKING:
     from sluicegate.runtime.shared import SharedState
 
 log = logging.getLogger("sluicegate.runtime")
-
-
-class _Waiter:
-    """The ticket of a request waiting in flow control: its task awaits ``future``."""
-
-    __slots__ = ("future", "pool", "runtime")
-
-    def __init__(self, runtime: Runtime, future: asyncio.Future[Dispatch], pool: str) -> None:
-        self.runtime = runtime
-        self.future = future
-        self.pool = pool
-
-    def dispatched(self, item: QueueItem, dispatch: Dispatch) -> None:
-        self.runtime.observe.wait(item, self.pool, "dispatched")
-        if self.future.done():  # its client left while it was being scheduled
-            dispatch.finish(self.runtime.clock.now(), ok=False)
-        else:
-            self.future.set_result(dispatch)
-
-    def rejected(self, item: QueueItem, error: GatewayError) -> None:
-        self.runtime.observe.wait(item, self.pool, error.reason)
-        if not self.future.done():
-            self.future.set_exception(error)
 
 
 @dataclass(slots=True)
@@ -152,6 +131,8 @@ class Runtime:
         )
         self.observe = RequestMetrics(self.metrics, self.clock)
         """Records each request's way into the metrics."""
+        self._waits = FlowWaits(self.director, self.observe, self.clock)
+        """Requests waiting in flow control, and the timer at the queue's next deadline."""
         self.director.on_enqueue = self.observe.enqueue
         self.director.on_dispatch_cycle = self.metrics.dispatch_cycle.observe
         time_plugins(self.built, self.metrics)
@@ -167,7 +148,6 @@ class Runtime:
         self.outlier: OutlierDetector | None = None
         """Ejects endpoints whose requests fail (None when ``outlierDetection`` is off)."""
         self._outlier_task: asyncio.Task[None] | None = None
-        self._expiry: asyncio.TimerHandle | None = None
         self._discovered: EndpointsByPool | None = None
         self._notices = Notices()
         sync_pools(self.datastore, config, static_endpoints(config))
@@ -217,19 +197,9 @@ class Runtime:
             )
             self.outlier.on_eject.append(self.metrics.endpoint_ejected)
             self.collector.on_reachable.append(self.outlier.reachable_again)
-            self._outlier_task = asyncio.create_task(self._outlier_loop(), name="outlier")
+            self._outlier_task = asyncio.create_task(tick(self.outlier), name="outlier")
         self._notices.empty_pools(self.datastore, self.config)
         self._notices.mixed_hardware(self.datastore, self.built.hardware_aware)
-
-    async def _outlier_loop(self) -> None:
-        detector = self.outlier
-        assert detector is not None
-        while True:
-            await asyncio.sleep(detector.settings.tick_s)
-            try:
-                detector.tick()
-            except Exception:  # a bug must not end ejections (and returns) for good
-                log.exception("outlier detection failed")
 
     def report(self, dispatch: Dispatch, result: Result, detail: str = "") -> None:
         """The current attempt of ``dispatch`` ended with ``result``: tell the outlier
@@ -246,9 +216,7 @@ class Runtime:
             await asyncio.gather(self._outlier_task, return_exceptions=True)
             self._outlier_task = None
             self.outlier = None
-        if self._expiry is not None:
-            self._expiry.cancel()
-            self._expiry = None
+        self._waits.stop()
         if self.collector is not None:
             await self.collector.stop()
             self.collector = None
@@ -375,12 +343,11 @@ class Runtime:
                 target = admitted.request.target_model
                 metrics.rewrite_decided(rewrite.rewrite, rewrite.public_name, target)
             state = await self.director.prefetch(admitted) if self.built.fetchers else None
-            waiter: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()
-            ticket = _Waiter(self, waiter, admitted.pool.name)
+            ticket = self._waits.ticket(admitted.pool.name)
             result = self.director.submit(admitted, ticket, state)
             if isinstance(result, QueueItem):
-                at_once = waiter.done()  # dispatched without waiting (or refused)
-                dispatch = await self._wait(result, ticket)
+                at_once = ticket.future.done()  # dispatched without waiting (or refused)
+                dispatch = await self._waits.wait(result, ticket)
                 if at_once:
                     metrics.scheduler_duration.observe(time.perf_counter() - started)
             else:
@@ -411,7 +378,7 @@ class Runtime:
         self.observe.ended(dispatch, status, ok, usage)
         if self.director.controllers():
             self.director.pump()  # its place may be someone else's now
-            self._arm_expiry()
+            self._waits.arm()
 
     def ready_endpoints(self) -> int:
         """Endpoints that can take traffic now (not ejected, metrics fresh)."""
@@ -421,39 +388,6 @@ class Runtime:
             for e in self.datastore.all_endpoints()
             if not e.health.ejected and not e.is_stale(now, self.staleness_s)
         )
-
-    # ------------------------------------------------------------------ flow control
-
-    async def _wait(self, item: QueueItem, ticket: _Waiter) -> Dispatch:
-        """Wait for a queued request to be dispatched (or refused)."""
-        self._arm_expiry()
-        waiter = ticket.future
-        try:
-            return await waiter
-        except asyncio.CancelledError:
-            # The client left: free its place in the queue. If it was dispatched just
-            # before (the result set, this task not resumed yet), release the dispatch.
-            if self.director.cancel(item):
-                self.observe.wait(item, ticket.pool, "cancelled")
-            elif waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                waiter.result().finish(self.clock.now(), ok=False)
-                self.director.pump()
-            raise
-
-    def _arm_expiry(self) -> None:
-        """Make sure a timer fires at the next queue deadline."""
-        if self._expiry is not None:
-            return
-        deadline = self.director.next_deadline()
-        if deadline is None:
-            return
-        delay = max(0.0, deadline - self.clock.now())
-        self._expiry = asyncio.get_running_loop().call_later(delay, self._expire)
-
-    def _expire(self) -> None:
-        self._expiry = None
-        self.director.expire()
-        self._arm_expiry()
 
     def _on_models(self, endpoint: Endpoint) -> None:
         """A served-model list changed: queued requests for a target no endpoint lists
@@ -490,25 +424,6 @@ def _shared_state(config: Config, datastore: Datastore) -> SharedState:
             f"package): {exc}"
         ) from exc
     return SharedState(settings, datastore)
-
-
-def outlier_settings(spec: OutlierDetectionSettings) -> OutlierSettings:
-    """The detector's settings from the configuration's (ms to s)."""
-    return OutlierSettings(
-        consecutive_5xx=spec.consecutive_5xx,
-        consecutive_gateway_failure=spec.consecutive_gateway_failure,
-        interval_s=spec.interval_ms / 1000.0,
-        base_ejection_s=spec.base_ejection_time_ms / 1000.0,
-        max_ejection_s=spec.max_ejection_time_ms / 1000.0,
-        max_ejection_percent=spec.max_ejection_percent,
-        success_rate_minimum_hosts=spec.success_rate_minimum_hosts,
-        success_rate_request_volume=spec.success_rate_request_volume,
-        success_rate_stdev_factor=spec.success_rate_stdev_factor,
-        failure_percentage_threshold=spec.failure_percentage_threshold,
-        failure_percentage_minimum_hosts=spec.failure_percentage_minimum_hosts,
-        failure_percentage_request_volume=spec.failure_percentage_request_volume,
-        stall_timeout_s=spec.stall_timeout_ms / 1000.0,
-    )
 
 
 __all__ = ["Runtime", "RuntimeOptions", "Usage", "outlier_settings"]
