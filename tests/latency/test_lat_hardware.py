@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from lat_support import FAST, random_rows, samples
 from prometheus_client import CollectorRegistry, generate_latest
+from pydantic import ValidationError
 
+from sluicegate.api.settings import LatencyPredictorSettings
 from sluicegate.clock import ManualClock
 from sluicegate.latency.features import Sample
 from sluicegate.latency.hardware import HardwareAwarePredictor, configured_speeds
@@ -132,6 +134,24 @@ def test_speeds_are_validated() -> None:
         configured_speeds({"H100": 1.0})
     with pytest.raises(ValueError, match="positive"):
         configured_speeds({H100: 0.0})
+
+
+def test_configured_class_speeds_are_normalized_at_load_and_build_the_predictor() -> None:
+    loaded = LatencyPredictorSettings.model_validate(
+        {"classSpeeds": {"NVIDIA-H100-80GB-HBM3": 3, "A100-SXM4-80GB": 1}}
+    )
+    speeds = configured_speeds(loaded.class_speeds)  # what the host does at start
+    assert speeds == ((A100, 1.0), (H100, 3.0))
+    HardwareAwarePredictor(ManualClock(), replace(SETTINGS, class_speeds=speeds))
+
+
+@pytest.mark.parametrize(
+    "speeds",
+    [{"H100": 3, H100: 2}, {"H100 !": 3}, {H100: float("inf")}, {H100: 0}],
+)
+def test_bad_class_speeds_are_refused_at_load_naming_the_field(speeds: dict[str, float]) -> None:
+    with pytest.raises(ValidationError, match="classSpeeds"):
+        LatencyPredictorSettings.model_validate({"classSpeeds": speeds})
 
 
 def test_a_trace_warm_starts_every_class(tmp_path: Path) -> None:
