@@ -3,6 +3,7 @@ of one class, donors for classes without a model, traces and files per class, me
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from pathlib import Path
 
@@ -127,6 +128,31 @@ def test_classes_are_bounded() -> None:
         assert predictor.add(classed(samples(1, seed=i), cls)[0]) == (cls != L40S)
     assert list(predictor.lanes) == [H100, A100]
     assert predictor.refused_class_samples == 1
+
+
+def test_a_class_idle_for_class_idle_s_gives_its_lane_to_a_new_class(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = ManualClock()
+    predictor = HardwareAwarePredictor(clock, replace(SETTINGS, max_classes=2, class_idle_s=600.0))
+    assert predictor.add(classed(samples(1, seed=0), H100)[0])
+    assert predictor.add(classed(samples(1, seed=1), A100)[0])
+    clock.set(500.0)
+    assert predictor.add(classed(samples(1, seed=2), H100)[0])
+    with caplog.at_level(logging.WARNING, logger="sluicegate.latency"):
+        for _ in range(3):  # A100 idle for 500 s only: refused, logged once
+            assert not predictor.add(classed(samples(1, seed=3), L40S)[0])
+    assert [r.getMessage().count("refused") for r in caplog.records] == [1]
+    assert predictor.refused_class_samples == 3
+    clock.set(600.0)  # A100 (pods gone) idle 600 s: its lane goes to L40S
+    assert predictor.add(classed(samples(1, seed=4), L40S)[0])
+    assert list(predictor.lanes) == [H100, L40S]
+    assert predictor.evicted_classes == 1
+    registry = CollectorRegistry()
+    registry.register(HardwarePredictorCollector(predictor))
+    assert b"sluicegate_predictor_evicted_classes_total 1.0" in generate_latest(registry)
+    clock.set(700.0)  # H100 idle only 200 s: A100 coming back is refused
+    assert not predictor.add(classed(samples(1, seed=5), A100)[0])
 
 
 def test_speeds_are_validated() -> None:
