@@ -155,6 +155,33 @@ def test_a_class_idle_for_class_idle_s_gives_its_lane_to_a_new_class(
     assert not predictor.add(classed(samples(1, seed=5), A100)[0])
 
 
+def test_an_evicted_class_lends_its_models_no_more_and_leaves_the_merged_booster() -> None:
+    settings = replace(
+        SETTINGS, max_classes=2, class_speeds=configured_speeds({H100: 3.0, A100: 1.0})
+    )
+    aware = trained(
+        classed(samples(300, seed=1), H100) + classed(samples(300, seed=2), A100, SLOWER),
+        settings,
+    )
+    assert aware._merged is not None
+    rows = random_rows(6, seed=3)
+    assert aware.predict(rows, [H100] * 3 + [A100] * 3) is not None
+    assert isinstance(aware.clock, ManualClock)
+    aware.clock.set(1000.0)
+    aware.add(classed(samples(1, seed=4), A100)[0])  # H100's pods are gone, A100's are not
+    aware.clock.set(1000.0 + settings.class_idle_s)
+    assert aware.add(classed(samples(1, seed=5), L40S)[0])
+    assert list(aware.lanes) == [A100, L40S]
+    assert aware._merged is None  # it held H100's boosters
+    assert aware.source_of(H100) == "configured-ratio"  # from the A100's model now
+    assert aware.predict(rows, [A100] * 3 + [L40S] * 3) is None  # L40S: no model, no speed
+    mixed = aware.predict(rows, [A100] * 3 + [H100] * 3)
+    assert mixed is not None
+    own = aware.predict(rows[3:], [A100] * 3)
+    assert own is not None
+    np.testing.assert_allclose(mixed.ttft_ms[3:], own.ttft_ms / 3.0, rtol=1e-5)
+
+
 def test_speeds_are_validated() -> None:
     with pytest.raises(ValueError, match="lower-case"):
         configured_speeds({"H100": 1.0})
