@@ -202,6 +202,24 @@ def test_a_request_waits_for_a_connection_at_the_limit() -> None:
     assert pool_of(result).carried == {6: 2}
 
 
+@pytest.mark.parametrize("keep_alive", ["true", "false"])
+def test_a_request_refused_at_parsing_hangs_up_its_connection(keep_alive: str) -> None:
+    """At ``maxConnections=1`` a request the gateway refuses before routing (``max_tokens``
+    below 1: 400 at parsing) gives the one connection back; the requests behind it run."""
+    rng = random.Random(7)
+    bad = RequestSpec("completions", MODEL, -1, "refused " + random_text(rng, 50))
+    good = [
+        RequestSpec("completions", MODEL, 20, f"{i} " + random_text(rng, 100)) for i in range(3)
+    ]
+    sim = kube_service(f"kube-service:client.keepAlive={keep_alive}&client.maxConnections=1")
+    result = sim.run(Scripted([(0.0, bad)] + [(0.0, spec) for spec in good]), horizon_s=300.0)
+    first, *rest = result.records
+    assert (first.status, first.completed) == (400, False)
+    assert len(rest) == 3
+    assert all(r.completed for r in rest)
+    assert_drained(sim, result)
+
+
 def test_one_connection_per_request_is_random_routing() -> None:
     """The published client (a connection per request): each request's backend is the
     next independent uniform draw — per-request random routing."""

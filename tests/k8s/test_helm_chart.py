@@ -306,6 +306,30 @@ def test_replicas_budget_and_spread(tools: Path) -> None:
     assert "affinity" not in deployment["spec"]["template"]["spec"]
 
 
+def test_drain_delay_and_grace_period_must_fit_in_the_termination_grace_period(
+    tools: Path,
+) -> None:
+    """SIGTERM: ``drainDelaySeconds``, then up to ``gracePeriodSeconds`` for streams in
+    flight; the pod is killed at ``terminationGracePeriodSeconds``."""
+    args = _containers(render(tools))["epp"]["args"]
+    assert not any(a.startswith("--grace-period") for a in args)  # 5 + 120 ≤ 130, default
+    fits = render(
+        tools,
+        "inferenceExtension.gracePeriodSeconds=295",
+        "inferenceExtension.terminationGracePeriodSeconds=300",
+    )
+    assert "--grace-period=295" in _containers(fits)["epp"]["args"]
+    for setting in (
+        "inferenceExtension.drainDelaySeconds=11",  # 11 + 120 > 130
+        "inferenceExtension.gracePeriodSeconds=125.5",  # 5 + 125.5 > 130
+        "inferenceExtension.terminationGracePeriodSeconds=60",
+    ):
+        done = _run(tools, "helm", "template", "release", str(CHART), "--set-json", setting)
+        assert done.returncode != 0
+        assert "drainDelaySeconds + gracePeriodSeconds" in done.stderr, done.stderr
+        assert "terminationGracePeriodSeconds" in done.stderr
+
+
 @pytest.mark.parametrize(
     ("setting", "message"),
     [
@@ -316,6 +340,7 @@ def test_replicas_budget_and_spread(tools: Path) -> None:
         ("inferenceExtension.latencyPredictor.predictionServer.count=2", "predictionServer"),
         ("inferencePool.name=Not_A_Name", "name"),
         ("inferenceExtension.podDisruptionBudget.maxUnavailable=0", "maxUnavailable"),
+        ("inferenceExtension.gracePeriodSeconds=-1", "gracePeriodSeconds"),
     ],
 )
 def test_bad_values_are_refused_with_the_field_named(

@@ -3,6 +3,7 @@ of one class, donors for classes without a model, traces and files per class, me
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,7 +11,9 @@ import numpy as np
 import pytest
 from lat_support import FAST, random_rows, samples
 from prometheus_client import CollectorRegistry, generate_latest
+from pydantic import ValidationError
 
+from sluicegate.api.settings import LatencyPredictorSettings
 from sluicegate.clock import ManualClock
 from sluicegate.latency.features import Sample
 from sluicegate.latency.hardware import HardwareAwarePredictor, configured_speeds
@@ -127,11 +130,81 @@ def test_classes_are_bounded() -> None:
     assert predictor.refused_class_samples == 1
 
 
+def test_a_class_idle_for_class_idle_s_gives_its_lane_to_a_new_class(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = ManualClock()
+    predictor = HardwareAwarePredictor(clock, replace(SETTINGS, max_classes=2, class_idle_s=600.0))
+    assert predictor.add(classed(samples(1, seed=0), H100)[0])
+    assert predictor.add(classed(samples(1, seed=1), A100)[0])
+    clock.set(500.0)
+    assert predictor.add(classed(samples(1, seed=2), H100)[0])
+    with caplog.at_level(logging.WARNING, logger="sluicegate.latency"):
+        for _ in range(3):  # A100 idle for 500 s only: refused, logged once
+            assert not predictor.add(classed(samples(1, seed=3), L40S)[0])
+    assert [r.getMessage().count("refused") for r in caplog.records] == [1]
+    assert predictor.refused_class_samples == 3
+    clock.set(600.0)  # A100 (pods gone) idle 600 s: its lane goes to L40S
+    assert predictor.add(classed(samples(1, seed=4), L40S)[0])
+    assert list(predictor.lanes) == [H100, L40S]
+    assert predictor.evicted_classes == 1
+    registry = CollectorRegistry()
+    registry.register(HardwarePredictorCollector(predictor))
+    assert b"sluicegate_predictor_evicted_classes_total 1.0" in generate_latest(registry)
+    clock.set(700.0)  # H100 idle only 200 s: A100 coming back is refused
+    assert not predictor.add(classed(samples(1, seed=5), A100)[0])
+
+
+def test_an_evicted_class_lends_its_models_no_more_and_leaves_the_merged_booster() -> None:
+    settings = replace(
+        SETTINGS, max_classes=2, class_speeds=configured_speeds({H100: 3.0, A100: 1.0})
+    )
+    aware = trained(
+        classed(samples(300, seed=1), H100) + classed(samples(300, seed=2), A100, SLOWER),
+        settings,
+    )
+    assert aware._merged is not None
+    rows = random_rows(6, seed=3)
+    assert aware.predict(rows, [H100] * 3 + [A100] * 3) is not None
+    assert isinstance(aware.clock, ManualClock)
+    aware.clock.set(1000.0)
+    aware.add(classed(samples(1, seed=4), A100)[0])  # H100's pods are gone, A100's are not
+    aware.clock.set(1000.0 + settings.class_idle_s)
+    assert aware.add(classed(samples(1, seed=5), L40S)[0])
+    assert list(aware.lanes) == [A100, L40S]
+    assert aware._merged is None  # it held H100's boosters
+    assert aware.source_of(H100) == "configured-ratio"  # from the A100's model now
+    assert aware.predict(rows, [A100] * 3 + [L40S] * 3) is None  # L40S: no model, no speed
+    mixed = aware.predict(rows, [A100] * 3 + [H100] * 3)
+    assert mixed is not None
+    own = aware.predict(rows[3:], [A100] * 3)
+    assert own is not None
+    np.testing.assert_allclose(mixed.ttft_ms[3:], own.ttft_ms / 3.0, rtol=1e-5)
+
+
 def test_speeds_are_validated() -> None:
     with pytest.raises(ValueError, match="lower-case"):
         configured_speeds({"H100": 1.0})
     with pytest.raises(ValueError, match="positive"):
         configured_speeds({H100: 0.0})
+
+
+def test_configured_class_speeds_are_normalized_at_load_and_build_the_predictor() -> None:
+    loaded = LatencyPredictorSettings.model_validate(
+        {"classSpeeds": {"NVIDIA-H100-80GB-HBM3": 3, "A100-SXM4-80GB": 1}}
+    )
+    speeds = configured_speeds(loaded.class_speeds)  # what the host does at start
+    assert speeds == ((A100, 1.0), (H100, 3.0))
+    HardwareAwarePredictor(ManualClock(), replace(SETTINGS, class_speeds=speeds))
+
+
+@pytest.mark.parametrize(
+    "speeds",
+    [{"H100": 3, H100: 2}, {"H100 !": 3}, {H100: float("inf")}, {H100: 0}],
+)
+def test_bad_class_speeds_are_refused_at_load_naming_the_field(speeds: dict[str, float]) -> None:
+    with pytest.raises(ValidationError, match="classSpeeds"):
+        LatencyPredictorSettings.model_validate({"classSpeeds": speeds})
 
 
 def test_a_trace_warm_starts_every_class(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 pytest.importorskip("redis", reason="the shared-state tests need the redis client (dev extra)")
 
@@ -22,6 +23,7 @@ from sluicegate.datalayer.datastore import Datastore, EndpointSpec
 from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.datalayer.sharing import PrefixRecord
 from sluicegate.runtime.shared import SharedState, redacted
+from sluicegate.runtime.shared_metrics import SharedStateCollector
 from sluicegate.scheduling.approximate import ApproximatePrefix
 
 NAMES = ["sim-0", "sim-1", "sim-2"]
@@ -126,6 +128,30 @@ async def test_a_clean_stop_leaves_at_once(replicas: Factory) -> None:
     await leaving.stop()
     assert await staying.sync_inflight()
     assert _endpoint(staying, "sim-0").peers.requests == 0
+
+
+async def test_peers_inflight_is_a_per_endpoint_gauge_only_with_inflight_sharing(
+    replicas: Factory,
+) -> None:
+    a, b = replicas(replicaId="a"), replicas(replicaId="b")
+    _endpoint(a, "sim-0").inflight.dispatch(10, 5)
+    _endpoint(a, "sim-0").inflight.dispatch(10, 5)
+    for _ in range(2):
+        for state in (a, b):
+            assert await state.sync_inflight()
+    registry = CollectorRegistry()
+    registry.register(SharedStateCollector(b))
+    name = "sluicegate_endpoint_peer_inflight_requests"
+    labels = {"name": "pool", "model_server_pod": "sim-0"}
+    assert registry.get_sample_value(name, labels) == 2
+    assert registry.get_sample_value(name, {**labels, "model_server_pod": "sim-1"}) == 0
+    own = CollectorRegistry()
+    own.register(SharedStateCollector(a))
+    assert own.get_sample_value(name, labels) == 0  # a's own requests are not its peers'
+    prefix_only = CollectorRegistry()
+    prefix_only.register(SharedStateCollector(replicas(replicaId="c", inflight=False)))
+    assert name not in generate_latest(prefix_only).decode()
+    assert prefix_only.get_sample_value("sluicegate_shared_state_up") is not None
 
 
 def _matcher(state: SharedState) -> ApproximatePrefix:

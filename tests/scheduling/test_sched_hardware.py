@@ -20,6 +20,7 @@ from sluicegate.framework import (
     CycleState,
     EndpointPrediction,
     LLMRequest,
+    PluginConfigError,
     PluginContext,
 )
 from sluicegate.latency.calibration import LatencyCalibration
@@ -102,6 +103,25 @@ def test_active_request_scorer_weighs_requests_by_class_capacity() -> None:
     assert plain == [0.0, 0.5, 1.0]
     scaled = plugin("active-request-scorer", **CAPACITY).score(request, state, [fast, slow, idle])
     assert scaled == pytest.approx([1 / 3, 0.0, 1.0])  # loads 6 and 9 (3 × 3)
+
+
+def test_class_capacity_keys_are_normalized_like_endpoint_classes() -> None:
+    fast = on(new_endpoint(0, waiting=6), H100)
+    slow = on(new_endpoint(1, waiting=3), A100)
+    product_names = {"H100-80GB": 3.0, "NVIDIA-A100-SXM4-80GB": 1.0}
+    scorer = plugin("queue-scorer", capacityNormalization="configured", classCapacity=product_names)
+    assert scorer.score(new_request(), CycleState(), [fast, slow]) == [1.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("capacity", "message"),
+    [({"H100": 3.0, H100: 2.0}, "both name hardware class"), ({"H100 !": 1.0}, "hardware class")],
+)
+def test_class_capacity_keys_that_clash_or_name_no_class_are_refused(
+    capacity: dict[str, float], message: str
+) -> None:
+    with pytest.raises(PluginConfigError, match=f"classCapacity.*{message}"):
+        plugin("queue-scorer", capacityNormalization="configured", classCapacity=capacity)
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field
 
 from sluicegate.api.base import Model
 
@@ -90,6 +90,28 @@ def normalize_accelerator(value: str) -> str:
 
 AcceleratorClass = Annotated[str, AfterValidator(normalize_accelerator)]
 """A hardware class as configured; normalized (``NVIDIA-H100-80GB-HBM3`` → ``h100-80gb``)."""
+
+
+def distinct_classes(value: object) -> object:
+    """Reject a mapping two of whose keys name the same hardware class once normalized
+    (``{H100: 3, h100-80gb: 2}``), which a dict would otherwise merge silently; keys that
+    give no class are left for the key validator to report."""
+    if isinstance(value, dict):
+        seen: dict[str, object] = {}
+        for key in value:
+            try:
+                name = normalize_accelerator(key) if isinstance(key, str) else None
+            except ValueError:
+                continue
+            if name is not None and name in seen:
+                raise ValueError(f"{seen[name]!r} and {key!r} both name hardware class {name!r}")
+            if name is not None:
+                seen[name] = key
+    return value
+
+
+ClassKeyed = BeforeValidator(distinct_classes)
+"""Put on a ``dict[AcceleratorClass, ...]`` field: one entry per class after normalizing."""
 CostPerHour = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 """Currency per hour (any one currency; the gateway only compares)."""
 
@@ -106,8 +128,8 @@ class PoolHardware(Model):
     """The class of endpoints that name none."""
     cost_per_hour: CostPerHour | None = None
     """The cost of endpoints whose class has no entry in ``costPerHourByAccelerator``."""
-    cost_per_hour_by_accelerator: dict[AcceleratorClass, CostPerHour] = Field(
-        default_factory=dict, max_length=64
+    cost_per_hour_by_accelerator: Annotated[dict[AcceleratorClass, CostPerHour], ClassKeyed] = (
+        Field(default_factory=dict, max_length=64)
     )
     """Cost per hour by hardware class, e.g. ``{h100-80gb: 4.0, a100-80gb: 1.8}``."""
 
@@ -121,7 +143,9 @@ class PoolHardware(Model):
 __all__ = [
     "ONE_SIZE_GB",
     "AcceleratorClass",
+    "ClassKeyed",
     "CostPerHour",
     "PoolHardware",
+    "distinct_classes",
     "normalize_accelerator",
 ]

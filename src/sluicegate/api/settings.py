@@ -16,6 +16,7 @@ from pydantic import (
 )
 
 from sluicegate.api.base import Model, ObjectMeta
+from sluicegate.api.hardware import AcceleratorClass, ClassKeyed
 from sluicegate.api.keys import check_keys
 from sluicegate.api.units import Bytes
 
@@ -48,11 +49,15 @@ class LatencyPredictorSettings(Model):
     """With the quantile objective: rescale predictions online so that, on the requests
     actually routed, the share ``quantile`` of outcomes stays at or below them (routing to
     the lowest prediction otherwise makes them optimistic near saturation)."""
-    class_speeds: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
+    class_speeds: Annotated[
+        dict[AcceleratorClass, Annotated[float, Field(gt=0, allow_inf_nan=False)]], ClassKeyed
+    ] = Field(default_factory=dict, max_length=64)
     """Relative speed per hardware class (e.g. ``{h100-80gb: 3, a100-80gb: 1}``; higher is
-    faster). A class without a model of its own borrows the model of the trained class of
-    closest speed, scaled by the speed ratio, until its own samples measure the ratio
-    (``sluicegate.latency.hardware``). Empty: no configured ratios."""
+    faster). Keys are normalized like an endpoint's ``accelerator``
+    (``NVIDIA-H100-80GB-HBM3`` → ``h100-80gb``); one entry per class. A class without a
+    model of its own borrows the model of the trained class of closest speed, scaled by the
+    speed ratio, until its own samples measure the ratio (``sluicegate.latency.hardware``).
+    Empty: no configured ratios."""
     prediction_based_scheduling_default: bool = True
     """Whether a request without an ``x-prediction-based-scheduling`` header is scheduled
     on predictions (true) or on the predicted-latency plugins' heuristic fallback (false).

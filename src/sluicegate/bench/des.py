@@ -307,13 +307,13 @@ class ClusterSimulation:
         headers = spec.all_headers()
         request_id = f"req-{next(self._ids)}"
         self._bodies[request_id] = (raw, spec.kind == "chat")
+        if connection is not None:  # before parsing: a refusal must hang it up too
+            self._on_connection[record] = connection
         try:
             parsed = parse_request(spec.kind, raw, headers)
             subset = None
-            if connection is not None:
-                self._on_connection[record] = connection
-                if self.client is not None and self.client.settings.pinned:
-                    subset = (self.endpoints[connection.backend].address,)
+            if connection is not None and self.client is not None and self.client.settings.pinned:
+                subset = (self.endpoints[connection.backend].address,)
             admitted = self.director.admit(parsed, request_id, headers, subset)
             result = self.director.submit(admitted, _Queued(self, record, raw))
         except GatewayError as exc:

@@ -29,7 +29,10 @@ ratio, in this order of preference:
 
 ``source_of(class)`` says which; the metrics publish it
 (``sluicegate_predictor_latency_model_source{class,source}``). Classes are bounded
-(``max_classes``, 16): samples of further classes are refused and counted.
+(``max_classes``, 16): a further class takes the lane of the class sampled least
+recently if that one has had no sample for ``class_idle_s`` (600 s: its endpoints are
+gone after pod churn; its models are dropped, files stay), else its samples are refused,
+counted and logged (at most once a minute).
 
 Files: the unnamed class's bundle lives in the model directory itself (today's layout);
 class ``c``'s in ``<dir>/classes/<c>``.
@@ -107,6 +110,12 @@ class HardwareAwarePredictor(SynchronousPredictor):
         self._speeds: dict[str, float] = dict(self.settings.class_speeds)
         self.refused_class_samples = 0
         """Samples of a class beyond ``max_classes``."""
+        self.evicted_classes = 0
+        """Lanes given up for a new class (idle for ``class_idle_s``)."""
+        self._last_sample: dict[str | None, float] = {}
+        """Clock time (s) of each lane's last sample (or of its creation)."""
+        self._refusal_logged: float | None = None
+        self._merge_stale = False
         self._merged: MergedModels | None = None
         """The trained classes' models as one booster per target (mixed requests)."""
         self._coded: dict[str | None, tuple[float, float, float]] = {}
@@ -129,7 +138,7 @@ class HardwareAwarePredictor(SynchronousPredictor):
         lane = self.lanes.get(cls)
         if lane is not None:
             return lane
-        if len(self.lanes) >= self.settings.max_classes:
+        if len(self.lanes) >= self.settings.max_classes and not self._evict_idle(cls):
             return None
         directory = self.settings.model_dir
         lane = InProcessPredictor(
@@ -142,7 +151,35 @@ class HardwareAwarePredictor(SynchronousPredictor):
             timer=self.timer,
         )
         self.lanes[cls] = lane
+        self._last_sample[cls] = self.clock.now()
         return lane
+
+    def _evict_idle(self, newcomer: str | None) -> bool:
+        """Free the lane sampled least recently if idle for ``class_idle_s``; else log the
+        refusal of ``newcomer`` (at most once a minute) and say False."""
+        now = self.clock.now()
+        oldest = min(self._last_sample, key=self._last_sample.__getitem__)
+        if now - self._last_sample[oldest] < self.settings.class_idle_s:
+            if self._refusal_logged is None or now - self._refusal_logged >= 60.0:
+                self._refusal_logged = now
+                log.warning(
+                    "latency predictor: %d hardware classes in use, samples of class %s refused "
+                    "(none idle for %.0f s)",
+                    len(self.lanes),
+                    newcomer or UNNAMED,
+                    self.settings.class_idle_s,
+                )
+            return False
+        log.info("latency predictor: class %s idle, its lane goes to %s", oldest, newcomer)
+        del self.lanes[oldest], self._last_sample[oldest]
+        self.evicted_classes += 1
+        # Its models may be in the merged booster (mixed queries predict class by class
+        # until the next training merges again: merging takes ~0.1 s, not on this path)
+        # or lent to other classes.
+        self._merged = None
+        self._merge_stale = True
+        self.refresh_borrowing()
+        return True
 
     def source_of(self, cls: str | None) -> ModelSource:
         """What predicts class ``cls`` now (module docstring)."""
@@ -303,6 +340,7 @@ class HardwareAwarePredictor(SynchronousPredictor):
         if lane is None:
             self.refused_class_samples += 1
             return False
+        self._last_sample[sample.hardware_class] = self.clock.now()
         return lane.store.add(sample)
 
     # ------------------------------------------------------------------ training
@@ -313,7 +351,8 @@ class HardwareAwarePredictor(SynchronousPredictor):
         trained = False
         for lane in list(self.lanes.values()):
             trained = lane.maybe_retrain(now) or trained
-        if trained:
+        if trained or self._merge_stale:
+            self._merge_stale = False
             self._set_merged(merge_bundles(self._bundles()))
         if trained or self._borrowing_stale():
             self.refresh_borrowing()
@@ -341,7 +380,8 @@ class HardwareAwarePredictor(SynchronousPredictor):
         trained = False
         for lane in list(self.lanes.values()):
             trained = await lane.retrain_async() or trained
-        if trained:
+        if trained or self._merge_stale:
+            self._merge_stale = False
             self._set_merged(await asyncio.to_thread(merge_bundles, self._bundles()))
         if trained or self._borrowing_stale():
             self.refresh_borrowing()

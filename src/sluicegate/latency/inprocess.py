@@ -62,7 +62,11 @@ class PredictorSettings:
     (:mod:`sluicegate.latency.calibration`); no effect on a mean objective."""
     max_classes: int = 16
     """Hardware classes a :class:`~sluicegate.latency.hardware.HardwareAwarePredictor`
-    keeps models for (samples of more are refused)."""
+    keeps models for (a further class takes the place of one idle for ``class_idle_s``,
+    else its samples are refused)."""
+    class_idle_s: float = 600.0
+    """Seconds without a sample after which a class's lane may be evicted for a new class
+    (its endpoints are most likely gone: pod churn)."""
     class_speeds: tuple[tuple[str, float], ...] = ()
     """Configured relative speed per hardware class (higher is faster), for classes
     without a model of their own (:mod:`sluicegate.latency.hardware`)."""
@@ -75,6 +79,8 @@ class PredictorSettings:
             raise ValueError(f"retrain_interval_s must be positive, got {self.retrain_interval_s}")
         if self.min_samples < 1:
             raise ValueError(f"min_samples must be at least 1, got {self.min_samples}")
+        if not self.class_idle_s > 0:
+            raise ValueError(f"class_idle_s must be positive, got {self.class_idle_s}")
         if self.max_classes < 1 or self.ratio_samples < 1:
             raise ValueError("max_classes and ratio_samples must be at least 1")
 

@@ -167,6 +167,11 @@ class HardwarePredictorCollector(Collector):
             "Samples refused (bad values, or of a class beyond maxClasses).",
             sum(lane.store.rejected for lane in lanes.values()) + predictor.refused_class_samples,
         )
+        yield CounterMetricFamily(
+            _P + "evicted_classes",
+            "Hardware-class lanes given up for a new class (no sample for class_idle_s, 600 s).",
+            predictor.evicted_classes,
+        )
         scores = GaugeMetricFamily(
             _P + "model_score",
             "Held-out MAPE and quantile coverage of the models in use (fractions).",

@@ -1,4 +1,5 @@
-"""The shared state's metrics (``sluicegate_shared_state_*``, docs/metrics.md), read from
+"""The shared state's metrics (``sluicegate_shared_state_*`` and, with in-flight sharing,
+``sluicegate_endpoint_peer_inflight_requests``; docs/metrics.md), read from
 :class:`~sluicegate.runtime.shared.SharedState` when ``/metrics`` is scraped."""
 
 from __future__ import annotations
@@ -40,6 +41,16 @@ class SharedStateCollector(Collector):
             "Other replicas whose in-flight lease was alive at the last sync.",
             value=s.peer_replicas,
         )
+        if s.settings.inflight:
+            peers = GaugeMetricFamily(
+                "sluicegate_endpoint_peer_inflight_requests",
+                "Requests the other gateway replicas have in flight per endpoint (last sync).",
+                labels=["name", "model_server_pod"],
+            )
+            for pool in s.datastore.pools.values():
+                for e in pool.endpoints:
+                    peers.add_metric([pool.name, e.name], e.peers.requests)
+            yield peers
         share = s.share
         values: list[tuple[str, str, Callable[[], int]]] = [
             ("batches_written", "Prefix batches this replica wrote.", lambda: s.batches_written),

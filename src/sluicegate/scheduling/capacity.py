@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
+from sluicegate.api.hardware import AcceleratorClass, ClassKeyed
 from sluicegate.datalayer.endpoint import Endpoint, EngineMetrics
 from sluicegate.framework import PluginParameters
 
@@ -48,10 +49,13 @@ MAX_CLASSES = 64
 
 class CapacityParameters(PluginParameters):
     """The parameters of a capacity-aware scorer: ``capacityNormalization`` (``off``) and
-    ``classCapacity`` (empty; relative capacity per hardware class, any positive unit)."""
+    ``classCapacity`` (empty; relative capacity per hardware class, any positive unit;
+    keys normalized like an endpoint's ``accelerator``, ``H100-80GB`` → ``h100-80gb``)."""
 
     capacity_normalization: CapacityMode = "off"
-    class_capacity: dict[str, float] = Field(default_factory=dict)
+    class_capacity: Annotated[dict[AcceleratorClass, float], ClassKeyed] = Field(
+        default_factory=dict, max_length=MAX_CLASSES
+    )
 
     def model_post_init(self, context: object, /) -> None:
         bad = [k for k, v in self.class_capacity.items() if not (math.isfinite(v) and v > 0)]
