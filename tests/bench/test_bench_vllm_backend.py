@@ -74,3 +74,32 @@ def test_reduced_scenarios_fit_a_two_core_machine(name: str) -> None:
 def test_unknown_reduced_scenario_names_the_known_ones() -> None:
     with pytest.raises(ValueError, match="shared-prefix, multi-turn-chat"):
         small_scenario("slo-mixed")
+
+
+def test_reduced_scenarios_run_simulated_only_with_a_profile_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``shared-prefix-small`` outside ``--backend vllm``: the simulated side of the
+    sim-vs-vllm comparison; its placeholder profile must be replaced by a calibrated one."""
+    import dataclasses
+    import json
+
+    from sluicegate.sim.profile_file import dump_profile
+    from sluicegate.sim.profiles import PROFILES
+
+    out = tmp_path / "out"
+    argv = ["bench", "run", "shared-prefix-small", "--quick", "--policies", "random"]
+    assert _exit_code([*argv, "--out", str(out)]) == 2
+    assert "--profile-file" in capsys.readouterr().err
+    assert not out.exists()
+
+    profile = dataclasses.replace(PROFILES["tiny"], name="calibrated-tiny-llama")
+    path = tmp_path / "profile.yaml"
+    path.write_text(dump_profile(profile))
+    assert _exit_code([*argv, "--profile-file", str(path), "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["scenario"] == "shared-prefix-small"
+    assert results["pool"] == {"profile": profile.name, "replicas": 2, "model": MODEL_NAME}
+    [run] = results["runs"]
+    assert run["policy"] == "random"
+    assert run["metrics"]["completed"] == run["metrics"]["requests"] > 0

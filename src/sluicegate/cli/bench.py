@@ -181,6 +181,18 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
 
             scenario = small_scenario(args.scenario)
             python = vllm_python(args.vllm_python)
+        elif args.scenario.endswith("-small"):
+            # The reduced scenarios of --backend vllm, simulated: the way to compare the
+            # simulator with real servers on the same workload (docs/benchmarks/sim-vs-vllm.md).
+            # Their own profile is a placeholder, so a calibrated one is required.
+            from sluicegate.bench.http.vllm import small_scenario
+
+            scenario = small_scenario(args.scenario)
+            if args.profile_file is None:
+                raise ValueError(
+                    f"{scenario.name} without --backend vllm needs --profile-file (a profile "
+                    "of the real servers, from `sluicegate sim calibrate`)"
+                )
         else:
             scenario = get_scenario(args.scenario)
     except ValueError as exc:
