@@ -7,7 +7,8 @@ other writer, can only make a batch be skipped (:class:`WireError`), never crash
 Prefix batch (one Redis stream entry; a batch holds whole records and is closed once it
 reaches :data:`MAX_BATCH_BYTES`): records, each
 ``u16 space_len, u16 endpoint_len, u32 blocks, i32 capacity (-1: none)``, then the space and
-endpoint names (UTF-8), then ``blocks`` × u64 block hashes, head first.
+endpoint names (UTF-8), then ``blocks`` × u64 block hashes, head first (at most
+:data:`MAX_RECORD_BLOCKS`; a batch with a longer record is refused whole).
 
 In-flight snapshot (one Redis string per replica): records, each
 ``u16 endpoint_len, u32 requests, u32 prompt_tokens, u32 decode_tokens``, then the name.
@@ -24,6 +25,10 @@ from sluicegate.datalayer.sharing import PrefixRecord
 
 MAX_BATCH_BYTES = 64 * 1024
 """A prefix batch is closed once it holds this many bytes (one record may exceed it alone)."""
+
+MAX_RECORD_BLOCKS = 8192
+"""Block hashes per record, at most (64 KiB of hashes: a 131,072-token prompt in 16-token
+blocks). The writer keeps a longer prompt's head, the part later requests can match."""
 
 _PREFIX_HEAD = struct.Struct("<HHIi")
 _LOAD_HEAD = struct.Struct("<HIII")
@@ -52,8 +57,9 @@ def encode_prefix(records: Iterable[PrefixRecord]) -> Iterator[bytes]:
         if len(space) > 0xFFFF or len(endpoint) > 0xFFFF:
             continue  # not a name any configuration produces
         cap = -1 if r.capacity is None else min(r.capacity, 0x7FFF_FFFF)
-        head = _PREFIX_HEAD.pack(len(space), len(endpoint), len(r.hashes), cap)
-        body = _hashes_bytes(r.hashes)
+        hashes = r.hashes[:MAX_RECORD_BLOCKS]
+        head = _PREFIX_HEAD.pack(len(space), len(endpoint), len(hashes), cap)
+        body = _hashes_bytes(hashes)
         parts += (head, space, endpoint, body)
         size += len(head) + len(space) + len(endpoint) + len(body)
         if size >= MAX_BATCH_BYTES:
@@ -76,6 +82,8 @@ def decode_prefix(data: bytes) -> list[PrefixRecord]:
             at += space_len
             endpoint = bytes(view[at : at + endpoint_len]).decode()
             at += endpoint_len
+            if blocks > MAX_RECORD_BLOCKS:
+                raise WireError(f"prefix record of {blocks} blocks (at most {MAX_RECORD_BLOCKS})")
             stop = at + 8 * blocks
             if stop > end:
                 raise WireError("prefix batch cut short")
@@ -133,6 +141,7 @@ def decode_load(data: bytes, into: dict[str, list[int]]) -> None:
 
 __all__ = [
     "MAX_BATCH_BYTES",
+    "MAX_RECORD_BLOCKS",
     "WireError",
     "decode_load",
     "decode_prefix",
