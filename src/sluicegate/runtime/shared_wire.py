@@ -139,6 +139,16 @@ def decode_load(data: bytes, into: dict[str, list[int]]) -> None:
             total[2] += decode
 
 
+def later_id(a: str, b: str) -> str:
+    """The later of two Redis stream ids (``ms-seq``)."""
+
+    def key(entry_id: str) -> tuple[int, int]:
+        ms, _, seq = entry_id.partition("-")
+        return int(ms), int(seq or 0)
+
+    return a if key(a) >= key(b) else b
+
+
 __all__ = [
     "MAX_BATCH_BYTES",
     "MAX_RECORD_BLOCKS",
@@ -147,4 +157,5 @@ __all__ = [
     "decode_prefix",
     "encode_load",
     "encode_prefix",
+    "later_id",
 ]
