@@ -39,13 +39,13 @@ import time
 import uuid
 from collections.abc import Awaitable
 from typing import Any, TypeVar, cast
-from urllib.parse import urlsplit
 
 import redis.asyncio
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from sluicegate.api.settings import SharedStateSettings
+from sluicegate.api.settings import redacted_url as redacted
 from sluicegate.datalayer.datastore import Datastore
 from sluicegate.datalayer.endpoint import PeerLoad
 from sluicegate.datalayer.sharing import PrefixShare
@@ -103,14 +103,6 @@ for _, id in ipairs(ids) do
 end
 return out
 """
-
-
-def redacted(url: str) -> str:
-    """``url`` without its user name and password: what logs may show."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{host}{port}{parts.path}"
 
 
 def default_replica_id() -> str:
