@@ -104,6 +104,17 @@ def test_active_request_scorer_weighs_requests_by_class_capacity() -> None:
     assert scaled == pytest.approx([1 / 3, 0.0, 1.0])  # loads 6 and 9 (3 × 3)
 
 
+def test_active_request_scorer_counts_peers_requests_with_normalisation_on() -> None:
+    # Shared state: another gateway replica has 6 requests on the H100, this one has none.
+    fast, slow = on(new_endpoint(0), H100), on(new_endpoint(1), A100)
+    fast.peers.requests, slow.inflight.requests = 6, 1
+    request, state = new_request(), CycleState()
+    plain = plugin("active-request-scorer").score(request, state, [fast, slow])
+    assert plain == pytest.approx([0.0, 5 / 6])
+    scaled = plugin("active-request-scorer", **CAPACITY).score(request, state, [fast, slow])
+    assert scaled == pytest.approx([0.0, 0.5])  # loads 6 (peers') and 3 (1 × 3)
+
+
 @pytest.mark.parametrize(
     "type_name", ["queue-scorer", "kv-cache-utilization-scorer", "active-request-scorer"]
 )
