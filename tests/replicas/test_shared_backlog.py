@@ -121,3 +121,23 @@ def test_later_id_compares_stream_ids() -> None:
     assert later_id("5-1", "5-0") == "5-1"
     assert later_id("10-0", "9-99") == "10-0"
     assert later_id("0-0", "1700000000000-0") == "1700000000000-0"
+
+
+async def test_two_replicas_with_one_replica_id_are_warned_about(
+    replicas: Factory, caplog: pytest.LogCaptureFixture
+) -> None:
+    one, two, other = replicas(replicaId="x"), replicas(replicaId="x"), replicas(replicaId="y")
+    for _ in range(3):
+        for state in (one, two, other):
+            assert await state.sync_inflight()
+    assert one.id_clashes >= 2
+    assert two.id_clashes >= 2
+    assert other.id_clashes == 0
+    warned = [r for r in caplog.records if "replicaId 'x'" in r.getMessage()]
+    assert len(warned) == 2  # once per replica
+    # A replica that leaves frees its id at once: a restart under it is no clash.
+    await one.stop()
+    await two.stop()
+    again = replicas(replicaId="x")
+    assert await again.sync_inflight()
+    assert again.id_clashes == 0

@@ -166,7 +166,8 @@ class SharedStateSettings(Model):
     redis: RedisSettings
     replica_id: Annotated[str, Field(min_length=1, max_length=200)] | None = None
     """This replica's name in the shared state; None: host name, process id and a random
-    suffix (unique per start)."""
+    suffix (unique per start). Two processes given one id overwrite each other's counts:
+    each logs a warning (once) when it sees the other's claim on the id."""
     prefix_index: bool = True
     """Share the approximate prefix index (every prefix producer's decisions)."""
     inflight: bool = True

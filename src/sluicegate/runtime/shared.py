@@ -50,6 +50,7 @@ from sluicegate.datalayer.datastore import Datastore
 from sluicegate.datalayer.endpoint import PeerLoad
 from sluicegate.datalayer.sharing import PrefixShare
 from sluicegate.runtime.shared_wire import (
+    SYNC_SCRIPT,
     WireError,
     decode_load,
     decode_prefix,
@@ -78,32 +79,6 @@ APPLY_SLICE_S = 0.002
 batch of 8,192 hashes takes ~1-17 ms, so on a loaded box that is one batch a slice)."""
 _TAKE = 4096
 
-# KEYS[1]: the replicas' sorted set; KEYS[2]: this replica's snapshot key.
-# ARGV: replica id, lease (ms), snapshot, snapshot key prefix.
-# Lease ends are Redis's own clock (TIME), so replicas need no synchronised clocks.
-_SYNC_SCRIPT = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local lease = tonumber(ARGV[2])
-if ARGV[3] == '' then
-  redis.call('SET', KEYS[2], '', 'PX', lease)
-else
-  redis.call('SET', KEYS[2], ARGV[3], 'PX', lease)
-end
-redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-redis.call('PEXPIRE', KEYS[1], lease * 4)
-local ids = redis.call('ZRANGE', KEYS[1], 0, -1)
-local out = {}
-for _, id in ipairs(ids) do
-  if id ~= ARGV[1] then
-    local v = redis.call('GET', ARGV[4] .. id)
-    if v then out[#out + 1] = v end
-  end
-end
-return out
-"""
-
 
 def default_replica_id() -> str:
     """Host name, process id and a random suffix: unique for each start."""
@@ -129,6 +104,10 @@ class SharedState:
         self.replicas_key = f"{p}:replicas"
         self.snapshot_prefix = f"{p}:inflight:"
         self.stream_key = f"{p}:prefix"
+        self.claim_key = f"{p}:claim:{self.replica_id}"
+        self._nonce = uuid.uuid4().hex
+        self.id_clashes = 0
+        """Syncs that found this replica id claimed by another process (one warning)."""
         self._names: frozenset[str] = frozenset()
         """This replica's endpoint names, refreshed before each batch is applied."""
         self.share: PrefixShare | None = (
@@ -152,7 +131,7 @@ class SharedState:
         """Calls given up on (timed out or cancelled) that have not ended yet."""
         self._writer = self._client(self.timeout_s)
         self._reader = self._client(self.timeout_s + READ_BLOCK_MS / 1000.0)
-        self._sync = self._writer.register_script(_SYNC_SCRIPT)
+        self._sync = self._writer.register_script(SYNC_SCRIPT)
 
     def _client(self, socket_timeout_s: float) -> redis.asyncio.Redis:
         # One immediate retry: a pooled connection the server closed (it restarted) fails
@@ -205,7 +184,7 @@ class SharedState:
 
     async def _leave(self) -> None:
         pipe = self._writer.pipeline(transaction=True)
-        pipe.delete(self.snapshot_prefix + self.replica_id)
+        pipe.delete(self.snapshot_prefix + self.replica_id, self.claim_key)
         pipe.zrem(self.replicas_key, self.replica_id)
         await pipe.execute()
 
@@ -290,19 +269,28 @@ class SharedState:
     async def sync_inflight(self) -> bool:
         """Publish this replica's counts and read the others' once; False on fallback."""
         lease = int(self.settings.lease_ms)
-        keys = [self.replicas_key, self.snapshot_prefix + self.replica_id]
+        keys = [self.replicas_key, self.snapshot_prefix + self.replica_id, self.claim_key]
         args: list[bytes | str | int] = [
             self.replica_id,
             lease,
             self._snapshot(),
             self.snapshot_prefix,
+            self._nonce,
         ]
         result = await self._call("inflight", self._sync(keys=keys, args=args))
         if result is None:
             return False
+        if result and result[0] == b"1":
+            if not self.id_clashes:
+                log.warning(
+                    "shared state: another gateway uses replicaId %r too; their in-flight "
+                    "counts overwrite each other (give each replica its own id, or none)",
+                    self.replica_id,
+                )
+            self.id_clashes += 1
         totals: dict[str, list[int]] = {}
         peers = 0
-        for blob in result:
+        for blob in result[1:]:
             try:
                 decode_load(blob, totals)
             except WireError:

@@ -10,7 +10,7 @@ reaches :data:`MAX_BATCH_BYTES`): records, each
 endpoint names (UTF-8), then ``blocks`` × u64 block hashes, head first (at most
 :data:`MAX_RECORD_BLOCKS`; a batch with a longer record is refused whole).
 
-In-flight snapshot (one Redis string per replica): records, each
+In-flight snapshot (one Redis string per replica, exchanged by :data:`SYNC_SCRIPT`): records, each
 ``u16 endpoint_len, u32 requests, u32 prompt_tokens, u32 decode_tokens``, then the name.
 """
 
@@ -38,6 +38,40 @@ _BIG = sys.byteorder == "big"
 
 class WireError(ValueError):
     """A batch or snapshot that is not in this layout."""
+
+
+# KEYS[1]: the replicas' sorted set; KEYS[2]: this replica's snapshot key; KEYS[3]: its id
+# claim. ARGV: replica id, lease (ms), snapshot, snapshot key prefix, this process's nonce.
+# Lease ends are Redis's own clock (TIME), so replicas need no synchronised clocks. The
+# reply's first element is '1' when another process claimed the same replica id since the
+# last sync (two replicas configured with one replicaId overwrite each other's counts).
+SYNC_SCRIPT = """
+local claimed = redis.call('GET', KEYS[3])
+local clash = '0'
+if claimed and claimed ~= ARGV[5] then clash = '1' end
+redis.call('SET', KEYS[3], ARGV[5], 'PX', tonumber(ARGV[2]))
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = tonumber(ARGV[2])
+if ARGV[3] == '' then
+  redis.call('SET', KEYS[2], '', 'PX', lease)
+else
+  redis.call('SET', KEYS[2], ARGV[3], 'PX', lease)
+end
+redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('PEXPIRE', KEYS[1], lease * 4)
+local ids = redis.call('ZRANGE', KEYS[1], 0, -1)
+local out = {clash}
+for _, id in ipairs(ids) do
+  if id ~= ARGV[1] then
+    local v = redis.call('GET', ARGV[4] .. id)
+    if v then out[#out + 1] = v end
+  end
+end
+return out
+"""
+"""The in-flight sync, one script call (run by :mod:`sluicegate.runtime.shared`)."""
 
 
 def _hashes_bytes(hashes: Iterable[int]) -> bytes:
@@ -152,6 +186,7 @@ def later_id(a: str, b: str) -> str:
 __all__ = [
     "MAX_BATCH_BYTES",
     "MAX_RECORD_BLOCKS",
+    "SYNC_SCRIPT",
     "WireError",
     "decode_load",
     "decode_prefix",
