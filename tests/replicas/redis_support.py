@@ -37,8 +37,9 @@ def free_port() -> int:
 class RedisServer:
     """One redis-server process: no persistence, loopback only, its files in ``workdir``.
 
-    :meth:`stop` kills it, :meth:`start` brings it back on the same port (empty),
-    :meth:`pause` / :meth:`resume` freeze it (SIGSTOP/SIGCONT) to make it slow, not gone.
+        :meth:`stop` kills it, :meth:`start` brings it back on the same port (empty; a start that
+    fails kills what it started),
+        :meth:`pause` / :meth:`resume` freeze it (SIGSTOP/SIGCONT) to make it slow, not gone.
     """
 
     def __init__(self, binary: str, workdir: Path, password: str | None = None) -> None:
@@ -65,16 +66,21 @@ class RedisServer:
         if self.password:
             args += ["--requirepass", self.password]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"redis-server exited with {self.proc.returncode}") from None
-                time.sleep(0.02)
-        raise RuntimeError("redis-server did not start listening within 10 s")
+        try:
+            deadline = time.monotonic() + 10.0
+            while time.monotonic() < deadline:
+                try:
+                    with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                        return
+                except OSError:
+                    if self.proc.poll() is not None:
+                        code = self.proc.returncode
+                        raise RuntimeError(f"redis-server exited with {code}") from None
+                    time.sleep(0.02)
+            raise RuntimeError("redis-server did not start listening within 10 s")
+        except BaseException:
+            self.stop()  # never leave a server behind
+            raise
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None

@@ -44,25 +44,33 @@ def write_config(path: Path, urls: list[str], gateway: dict[str, Any] | None = N
 
 
 def start_serve(config: Path, *args: str) -> tuple[subprocess.Popen[bytes], int]:
-    """``sluicegate serve --config CONFIG ARGS`` on a free port, once it listens."""
+    """``sluicegate serve --config CONFIG ARGS`` on a free port, once it listens. Its stderr
+    goes to ``serve-PORT.stderr`` beside CONFIG (a file: a pipe nobody reads would block
+    the server once 64 KiB of log lines are written). Killed if it does not start."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "SLUICEGATE_API_KEYS"}
     port_args = ["--port", str(port), *args]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sluicegate", "serve", "--config", str(config), *port_args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env={**env, "PYTHONPATH": SRC, "COLUMNS": "200"},
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode() if proc.stderr else ""
-            raise AssertionError(f"serve exited: {err}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return proc, port
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("serve did not start listening")
+    err_path = config.parent / f"serve-{port}.stderr"
+    with err_path.open("wb") as err_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sluicegate", "serve", "--config", str(config), *port_args],
+            stdout=subprocess.DEVNULL,
+            stderr=err_file,
+            env={**env, "PYTHONPATH": SRC, "COLUMNS": "200"},
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise AssertionError(f"serve exited: {err_path.read_text(errors='replace')}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    return proc, port
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError("serve did not start listening within 30 s")
+    except BaseException:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+        raise

@@ -79,9 +79,46 @@ async def test_sigterm_drains_without_losing_a_request(sim_cluster: Any, tmp_pat
             proc.kill()
             proc.wait()
     assert code == 0
-    assert not_ready_after < 1.5  # readiness failed first, well within the drain delay
+    # Readiness failed first: /ready answered 503 while the listener was still open, and
+    # before the drain delay (2 s) ran out.
+    assert ready_seen[-1] == 503
+    assert not_ready_after < 2.0
     assert all(long_ok), long_ok
     assert len(short_ok) >= 30
     assert all(short_ok), short_ok
     with socket.socket() as s:  # gone: the listener is closed
         assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+async def _ready_is(port: int, status: int) -> None:
+    """Until ``/ready`` answers ``status`` (at most 10 s)."""
+    async with aiohttp.ClientSession() as http:
+        deadline = time.monotonic() + 10
+        while True:
+            async with http.get(f"http://127.0.0.1:{port}/ready") as r:
+                if r.status == status:
+                    return
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+
+
+async def test_sigint_or_a_second_signal_stops_at_once(sim_cluster: Any, tmp_path: Path) -> None:
+    cluster = await sim_cluster(replicas=1, time_scale=1.0)
+    config = write_config(tmp_path / "gw.yaml", cluster.urls)
+    # A drain would take 120 s and more: any exit within 30 s did not drain.
+    slow_drain = ("--drain-delay", "120", "--shutdown-grace", "60")
+    cases = [[signal.SIGINT], [signal.SIGTERM, signal.SIGTERM], [signal.SIGTERM, signal.SIGINT]]
+    for signals in cases:
+        proc, port = start_serve(config, *slow_drain)
+        try:
+            await _ready_is(port, 200)
+            for n, sig in enumerate(signals):
+                if n:  # the first signal started a drain: wait until /ready says so
+                    await _ready_is(port, 503)
+                proc.send_signal(sig)
+            code = await asyncio.to_thread(proc.wait, 30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert code == 0, signals

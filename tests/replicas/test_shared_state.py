@@ -111,11 +111,11 @@ async def test_a_dead_replicas_counts_vanish_within_its_lease(replicas: Factory)
         task.cancel()
     await asyncio.gather(*dead._tasks, return_exceptions=True)
     dead._tasks.clear()
-    vanished = await _until(lambda: seen.peers.requests == 0, within_s=2.0)
-    # Bound: the lease (300 ms) plus one sync interval of the reader (20 ms), with slack
-    # for a loaded machine; it cannot vanish before the lease has run out either.
-    assert vanished < 0.3 + 0.02 + 0.5
-    assert vanished > 0.1
+    lease_s = 0.3
+    vanished = await _until(lambda: seen.peers.requests == 0, within_s=10 * lease_s)
+    # Gone within a few leases (generous for a loaded machine), and not before the lease
+    # could have run out (a third of it: the last sync may have come just before the kill).
+    assert lease_s / 3 < vanished < 5 * lease_s
     assert alive.peer_replicas == 0
 
 
@@ -248,7 +248,8 @@ async def test_redis_down_falls_back_logs_once_and_resumes(
 async def test_a_frozen_redis_costs_one_timeout(
     replicas: Factory, redis_server: RedisServer
 ) -> None:
-    a = replicas(replicaId="a", redis={"url": redis_server.url, "timeoutMs": 80})
+    timeout_s = 0.08
+    a = replicas(replicaId="a", redis={"url": redis_server.url, "timeoutMs": timeout_s * 1000})
     assert await a.sync_inflight()
     redis_server.pause()
     try:
@@ -257,8 +258,10 @@ async def test_a_frozen_redis_costs_one_timeout(
         took = time.monotonic() - start
     finally:
         redis_server.resume()
-    assert 0.07 < took < 1.0  # one timeout (80 ms), with slack for a loaded machine
+    # One timeout, not a retry series: one fallback counted, and the time taken is the
+    # timeout (the upper bound is generous for a loaded machine: 25 timeouts).
     assert a.fallbacks["inflight"] == 1
+    assert timeout_s * 0.9 <= took < timeout_s * 25
     # Answers again: the next call succeeds (the timed-out connection was dropped).
     assert await a.sync_inflight()
 
@@ -267,8 +270,8 @@ async def test_the_password_is_never_logged(
     tmp_path: Path, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     guarded = RedisServer(redis_server.binary, tmp_path, password="the-right-Pa55word")
-    guarded.start()
     try:
+        guarded.start()
         ok = SharedStateSettings.model_validate({"redis": {"url": guarded.url}})
         state = SharedState(ok, _datastore())
         assert await state.sync_inflight()  # a URL's password is used

@@ -124,6 +124,17 @@ def test_class_capacity_keys_that_clash_or_name_no_class_are_refused(
         plugin("queue-scorer", capacityNormalization="configured", classCapacity=capacity)
 
 
+def test_active_request_scorer_counts_peers_requests_with_normalisation_on() -> None:
+    # Shared state: another gateway replica has 6 requests on the H100, this one has none.
+    fast, slow = on(new_endpoint(0), H100), on(new_endpoint(1), A100)
+    fast.peers.requests, slow.inflight.requests = 6, 1
+    request, state = new_request(), CycleState()
+    plain = plugin("active-request-scorer").score(request, state, [fast, slow])
+    assert plain == pytest.approx([0.0, 5 / 6])
+    scaled = plugin("active-request-scorer", **CAPACITY).score(request, state, [fast, slow])
+    assert scaled == pytest.approx([0.0, 0.5])  # loads 6 (peers') and 3 (1 × 3)
+
+
 @pytest.mark.parametrize(
     "type_name", ["queue-scorer", "kv-cache-utilization-scorer", "active-request-scorer"]
 )

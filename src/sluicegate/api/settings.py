@@ -5,6 +5,7 @@ the latency predictor, outlier detection, client limits, keys and trust. Duratio
 from __future__ import annotations
 
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     ConfigDict,
@@ -113,10 +114,52 @@ class RedisSettings(Model):
     @field_validator("url")
     @classmethod
     def _scheme(cls, url: SecretStr) -> SecretStr:
-        value = url.get_secret_value()
-        if not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must start with redis://, rediss:// or unix://")
+        problem = redis_url_problem(url.get_secret_value())
+        if problem is not None:
+            raise ValueError(problem)
         return url
+
+
+def redis_url_problem(url: str) -> str | None:
+    """Why the client could not connect to ``url``, or None. The reason never quotes the
+    URL or any part of it: it may hold a password (``redis://:sec#ret@host`` reads as
+    port ``sec`` to the client, which would put the password into its error)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises when what follows the host is not a number
+        host = parts.hostname
+    except ValueError:
+        return (
+            "is not a valid URL (a port that is not a number, or unbalanced [ ] around an "
+            "IPv6 address; percent-encode # / ? @ : in a password)"
+        )
+    if parts.scheme in ("redis", "rediss"):
+        if not host:
+            return "names no host"
+        if port == 0:
+            return "port must be 1-65535"
+        db = parts.path.lstrip("/")
+        if db and not db.isdigit():
+            return "path must be a database number (redis://host:port/0)"
+        return None
+    if parts.scheme == "unix":
+        return None if parts.path else "names no socket path (unix:///path/to/redis.sock)"
+    return "must start with redis://, rediss:// or unix://"
+
+
+def redacted_url(url: str) -> str:
+    """``url`` without its user name and password: what logs may show. Never raises (a
+    URL it cannot read becomes its scheme and ``…``); IPv6 hosts keep their brackets."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        scheme = url.split("://", 1)[0] if "://" in url else ""
+        return f"{scheme}://…" if scheme.isalnum() else "…"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{parts.scheme}://{host}{f':{port}' if port else ''}{parts.path}"
 
 
 class SharedStateSettings(Model):
@@ -128,7 +171,8 @@ class SharedStateSettings(Model):
     redis: RedisSettings
     replica_id: Annotated[str, Field(min_length=1, max_length=200)] | None = None
     """This replica's name in the shared state; None: host name, process id and a random
-    suffix (unique per start)."""
+    suffix (unique per start). Two processes given one id overwrite each other's counts:
+    each logs a warning (once) when it sees the other's claim on the id."""
     prefix_index: bool = True
     """Share the approximate prefix index (every prefix producer's decisions)."""
     inflight: bool = True
@@ -247,4 +291,6 @@ __all__ = [
     "OutlierDetectionSettings",
     "RedisSettings",
     "SharedStateSettings",
+    "redacted_url",
+    "redis_url_problem",
 ]

@@ -289,9 +289,12 @@ class Gateway:
             await asyncio.sleep(self.options.drain_delay_s)
         await self.stop()
 
-    async def stop(self) -> None:
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Stop listening; requests in progress get ``grace_s`` seconds (default
+        ``shutdown_grace_s``; 0: cut off now)."""
         if self._server is not None:
-            await self._server.stop(self.options.shutdown_grace_s)
+            grace = self.options.shutdown_grace_s if grace_s is None else grace_s
+            await self._server.stop(grace)
             self._server = None
         await self.runtime.stop()
         if self.upstream is not None:

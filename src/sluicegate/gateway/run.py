@@ -2,9 +2,10 @@
 
 With ``--config`` the gateway fronts the servers the file lists. Without it, it starts a
 simulated pool in the same process (the embedded default), so a newcomer can curl it.
-SIGTERM (or SIGINT) drains: ``/ready`` fails at once, answers carry ``Connection: close``,
-requests are served for ``--drain-delay`` seconds more, then the listener closes and requests
-in progress get ``--shutdown-grace`` seconds to finish; the process exits 0.
+SIGTERM drains: ``/ready`` fails at once, answers carry ``Connection: close``, requests are
+served for ``--drain-delay`` seconds more, then the listener closes and requests in progress
+get ``--shutdown-grace`` seconds to finish; the process exits 0. SIGINT (Ctrl-C), or a second
+signal during a drain, stops at once (requests in progress are cut off).
 The configuration file is re-read when it changes (checked every second) or on SIGHUP; an
 invalid new version, or one without any InferencePool (unless ``--allow-empty-config``),
 is reported and the running one kept (see :mod:`sluicegate.config_watch`).
@@ -108,7 +109,8 @@ async def serve(options: ServeOptions, console: Console) -> None:
     _announce(console, gateway, cluster, options)
     stop = asyncio.Event()
     reload_now = asyncio.Event()
-    install_signal_handlers(stop, reload_now)
+    now = asyncio.Event()
+    install_signal_handlers(stop, reload_now, now)
     watcher = None
     if options.config_path is not None:
         watcher = asyncio.create_task(
@@ -120,11 +122,28 @@ async def serve(options: ServeOptions, console: Console) -> None:
         if watcher is not None:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
-        # SIGTERM/SIGINT: readiness fails first, requests go on for the drain delay, then
-        # in-progress ones (streams too) get the grace period (GatewayOptions).
-        await gateway.drain()
+        # SIGTERM: readiness fails first, requests go on for the drain delay, then
+        # in-progress ones (streams too) get the grace period (GatewayOptions). SIGINT,
+        # or another signal meanwhile: at once.
+        await _drain_unless(gateway, now)
         if cluster is not None:
             await cluster.stop()
+
+
+async def _drain_unless(gateway: Gateway, now: asyncio.Event) -> None:
+    """:meth:`Gateway.drain`, cut short (no delay, no grace) as soon as ``now`` is set."""
+    if not now.is_set():
+        drain = asyncio.create_task(gateway.drain())
+        interrupt = asyncio.create_task(now.wait())
+        await asyncio.wait([drain, interrupt], return_when=asyncio.FIRST_COMPLETED)
+        interrupt.cancel()
+        if drain.done():
+            drain.result()
+            return
+        drain.cancel()
+        await asyncio.gather(drain, return_exceptions=True)
+        log.info("stopping at once")
+    await gateway.stop(grace_s=0.0)
 
 
 async def _start_cluster(cluster: SimCluster, base_port: int) -> None:

@@ -10,8 +10,12 @@ outbox:
   (``XADD … MAXLEN ~ prefixStreamMaxEntries``; the stream's TTL is renewed to
   ``prefixTtlMs`` on every write);
 - **prefix reader** — follows that stream (``XREAD BLOCK``), skipping its own batches, and
-  inserts the other replicas' records into the local indexes. At start it replays what the
-  stream holds from the last ``prefixTtlMs``, so a replica that starts late agrees at once;
+  inserts the other replicas' records into the local indexes, yielding to the event loop
+  every :data:`APPLY_SLICE_BATCHES` batches or :data:`APPLY_SLICE_S` (requests keep being
+  served while a backlog is applied). At start it replays what the stream holds from the
+  last ``prefixTtlMs`` (at most ``prefixStreamMaxEntries`` batches: the stream's bound), so
+  a replica that starts late agrees at once; after an outage it reads on from the last
+  batch it applied (or the TTL's start, if later), never the whole stream again;
 - **in-flight sync** — every ``inflightSyncMs`` one script call stores this replica's
   in-flight counts per endpoint under a key that expires after ``leaseMs`` (its lease),
   lists the replicas alive (a sorted set scored by lease end, in Redis's own clock) and
@@ -31,25 +35,28 @@ import asyncio
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Awaitable
 from typing import Any, TypeVar, cast
-from urllib.parse import urlsplit
 
 import redis.asyncio
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from sluicegate.api.settings import SharedStateSettings
+from sluicegate.api.settings import redacted_url as redacted
 from sluicegate.datalayer.datastore import Datastore
 from sluicegate.datalayer.endpoint import PeerLoad
 from sluicegate.datalayer.sharing import PrefixShare
 from sluicegate.runtime.shared_wire import (
+    SYNC_SCRIPT,
     WireError,
     decode_load,
     decode_prefix,
     encode_load,
     encode_prefix,
+    later_id,
 )
 
 log = logging.getLogger("sluicegate.shared")
@@ -63,42 +70,14 @@ READ_BLOCK_MS = 500
 MAX_ABANDONED = 16
 """Timed-out calls still running at which no new call is started (each holds a
 connection until its socket timeout ends it)."""
-_READ_COUNT = 256
+_READ_COUNT = 32
+"""Batches one ``XREAD`` returns, at most (each up to 64 KiB)."""
+APPLY_SLICE_BATCHES = 4
+"""Batches applied between two yields to the event loop, at most."""
+APPLY_SLICE_S = 0.002
+"""Time spent applying batches before yielding to the event loop, at most (seconds; one
+batch of 8,192 hashes takes ~1-17 ms, so on a loaded box that is one batch a slice)."""
 _TAKE = 4096
-
-# KEYS[1]: the replicas' sorted set; KEYS[2]: this replica's snapshot key.
-# ARGV: replica id, lease (ms), snapshot, snapshot key prefix.
-# Lease ends are Redis's own clock (TIME), so replicas need no synchronised clocks.
-_SYNC_SCRIPT = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local lease = tonumber(ARGV[2])
-if ARGV[3] == '' then
-  redis.call('SET', KEYS[2], '', 'PX', lease)
-else
-  redis.call('SET', KEYS[2], ARGV[3], 'PX', lease)
-end
-redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-redis.call('PEXPIRE', KEYS[1], lease * 4)
-local ids = redis.call('ZRANGE', KEYS[1], 0, -1)
-local out = {}
-for _, id in ipairs(ids) do
-  if id ~= ARGV[1] then
-    local v = redis.call('GET', ARGV[4] .. id)
-    if v then out[#out + 1] = v end
-  end
-end
-return out
-"""
-
-
-def redacted(url: str) -> str:
-    """``url`` without its user name and password: what logs may show."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{host}{port}{parts.path}"
 
 
 def default_replica_id() -> str:
@@ -125,6 +104,10 @@ class SharedState:
         self.replicas_key = f"{p}:replicas"
         self.snapshot_prefix = f"{p}:inflight:"
         self.stream_key = f"{p}:prefix"
+        self.claim_key = f"{p}:claim:{self.replica_id}"
+        self._nonce = uuid.uuid4().hex
+        self.id_clashes = 0
+        """Syncs that found this replica id claimed by another process (one warning)."""
         self._names: frozenset[str] = frozenset()
         """This replica's endpoint names, refreshed before each batch is applied."""
         self.share: PrefixShare | None = (
@@ -148,7 +131,7 @@ class SharedState:
         """Calls given up on (timed out or cancelled) that have not ended yet."""
         self._writer = self._client(self.timeout_s)
         self._reader = self._client(self.timeout_s + READ_BLOCK_MS / 1000.0)
-        self._sync = self._writer.register_script(_SYNC_SCRIPT)
+        self._sync = self._writer.register_script(SYNC_SCRIPT)
 
     def _client(self, socket_timeout_s: float) -> redis.asyncio.Redis:
         # One immediate retry: a pooled connection the server closed (it restarted) fails
@@ -201,7 +184,7 @@ class SharedState:
 
     async def _leave(self) -> None:
         pipe = self._writer.pipeline(transaction=True)
-        pipe.delete(self.snapshot_prefix + self.replica_id)
+        pipe.delete(self.snapshot_prefix + self.replica_id, self.claim_key)
         pipe.zrem(self.replicas_key, self.replica_id)
         await pipe.execute()
 
@@ -286,19 +269,28 @@ class SharedState:
     async def sync_inflight(self) -> bool:
         """Publish this replica's counts and read the others' once; False on fallback."""
         lease = int(self.settings.lease_ms)
-        keys = [self.replicas_key, self.snapshot_prefix + self.replica_id]
+        keys = [self.replicas_key, self.snapshot_prefix + self.replica_id, self.claim_key]
         args: list[bytes | str | int] = [
             self.replica_id,
             lease,
             self._snapshot(),
             self.snapshot_prefix,
+            self._nonce,
         ]
         result = await self._call("inflight", self._sync(keys=keys, args=args))
         if result is None:
             return False
+        if result and result[0] == b"1":
+            if not self.id_clashes:
+                log.warning(
+                    "shared state: another gateway uses replicaId %r too; their in-flight "
+                    "counts overwrite each other (give each replica its own id, or none)",
+                    self.replica_id,
+                )
+            self.id_clashes += 1
         totals: dict[str, list[int]] = {}
         peers = 0
-        for blob in result:
+        for blob in result[1:]:
             try:
                 decode_load(blob, totals)
             except WireError:
@@ -358,12 +350,17 @@ class SharedState:
         start_ms = int(seconds) * 1000 + int(micros) // 1000 - int(self.settings.prefix_ttl_ms)
         return f"{max(0, start_ms)}-0"
 
-    def _apply(self, entries: list[_Entry]) -> str | None:
+    async def _apply(self, entries: list[_Entry]) -> str | None:
+        """Insert the peers' records of ``entries``; the last entry's id. Yields to the
+        event loop between slices (see :data:`APPLY_SLICE_S`)."""
         share = self.share
         assert share is not None
         last: str | None = None
         me = self.replica_id.encode()
         self._names = frozenset(e.name for e in self.datastore.all_endpoints())
+        clock = time.perf_counter
+        slice_end = clock() + APPLY_SLICE_S
+        in_slice = 0
         for entry_id, fields in entries:
             last = entry_id.decode()
             if fields.get(b"r") == me:
@@ -376,6 +373,13 @@ class SharedState:
             self.batches_read += 1
             for record in records:
                 share.deliver(record)
+            in_slice += 1
+            if in_slice >= APPLY_SLICE_BATCHES or clock() >= slice_end:
+                await asyncio.sleep(0)
+                # Endpoints may have changed while others ran.
+                self._names = frozenset(e.name for e in self.datastore.all_endpoints())
+                slice_end = clock() + APPLY_SLICE_S
+                in_slice = 0
         return last
 
     async def read_prefix(self, last_id: str, block_ms: int | None) -> str | None:
@@ -390,7 +394,7 @@ class SharedState:
         if got is None:
             return None
         for _stream, entries in got:
-            last_id = self._apply(entries) or last_id
+            last_id = await self._apply(entries) or last_id
         return last_id
 
     async def _xread(self, last_id: str, block_ms: int | None) -> list[_StreamReply]:
@@ -403,17 +407,20 @@ class SharedState:
     async def _read_loop(self) -> None:
         retry = self.settings.retry_ms / 1000.0
         last_id: str | None = None
+        resume = False
         while True:
-            if last_id is None:
-                last_id = await self._replay_start()
-                if last_id is None:
+            if last_id is None or resume:
+                start = await self._replay_start()
+                if start is None:
                     await asyncio.sleep(retry)
                     continue
+                # Back after an outage: read on from the last batch applied, unless it is
+                # older than the TTL (those batches are not replayed at all).
+                last_id = start if last_id is None else later_id(last_id, start)
+                resume = False
             after = await _guarded("prefix read", self.read_prefix(last_id, READ_BLOCK_MS))
             if after is None:
-                # Back after an outage: replay the stream's last TTL (inserts are
-                # idempotent: what was already applied only moves up its LRU).
-                last_id = None
+                resume = True
                 await asyncio.sleep(retry)
             else:
                 last_id = after
@@ -431,4 +438,11 @@ async def _guarded(what: str, step: Awaitable[T]) -> T | None:
         return None
 
 
-__all__ = ["READ_BLOCK_MS", "SharedState", "default_replica_id", "redacted"]
+__all__ = [
+    "APPLY_SLICE_BATCHES",
+    "APPLY_SLICE_S",
+    "READ_BLOCK_MS",
+    "SharedState",
+    "default_replica_id",
+    "redacted",
+]

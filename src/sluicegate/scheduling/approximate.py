@@ -46,7 +46,15 @@ class ApproximatePrefix:
     endpoint whose capacity is unknown; ``auto_tune``: size each endpoint's memory from its
     scraped KV capacity."""
 
-    __slots__ = ("_max_blocks", "_share", "_space", "auto_tune", "block_size_tokens", "index")
+    __slots__ = (
+        "_capacities",
+        "_max_blocks",
+        "_share",
+        "_space",
+        "auto_tune",
+        "block_size_tokens",
+        "index",
+    )
 
     def __init__(
         self,
@@ -61,6 +69,9 @@ class ApproximatePrefix:
         self._max_blocks = -(-max_prefix_tokens // block_size_tokens)
         self._share: PrefixShare | None = None
         self._space = ""
+        self._capacities: dict[str, int] = {}
+        """Each endpoint's capacity in blocks as this replica sized it (one entry per
+        endpoint routed to; dropped by :meth:`forget`)."""
 
     @classmethod
     def of(
@@ -95,7 +106,11 @@ class ApproximatePrefix:
         share.register(space, self._insert_remote)
 
     def _insert_remote(self, endpoint: str, hashes: Sequence[int], capacity: int | None) -> None:
-        self.index.insert(endpoint, hashes, capacity)
+        # The bound is this replica's own: a peer's capacity (from the wire, so anything up
+        # to 2^31 - 1) may only lower it, never let the index grow past what we would keep.
+        local = self._capacities.get(endpoint, self.index.default_capacity)
+        bound = min(capacity, local) if capacity and capacity > 0 else local
+        self.index.insert(endpoint, hashes, bound)
 
     def match(self, request: LLMRequest, endpoints: Iterable[Endpoint]) -> PrefixMatch:
         """The request's block hashes and how many of them each of ``endpoints`` holds."""
@@ -112,6 +127,8 @@ class ApproximatePrefix:
         """``target`` was chosen for the request of ``match``: it holds its blocks now."""
         if match.hashes:
             capacity = self.capacity_blocks(target)
+            if capacity is not None:
+                self._capacities[target.name] = capacity
             self.index.insert(target.name, match.hashes, capacity)
             if self._share is not None:
                 self._share.publish(self._space, target.name, match.hashes, capacity)
@@ -125,6 +142,7 @@ class ApproximatePrefix:
 
     def forget(self, endpoint: Endpoint) -> None:
         self.index.remove_endpoint(endpoint.name)
+        self._capacities.pop(endpoint.name, None)
 
     def __len__(self) -> int:
         return len(self.index)

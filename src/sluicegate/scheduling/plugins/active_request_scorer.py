@@ -88,10 +88,10 @@ class ActiveRequestScorer(Scorer):
 
     def _normalised(self, endpoints: Sequence[Endpoint], factors: Sequence[float]) -> list[float]:
         idle = self.params.idle_threshold
-        loads = [
-            None if e.inflight.requests <= idle else e.inflight.requests * f
-            for e, f in zip(endpoints, factors, strict=True)
-        ]
+        # Peers' requests count as in the plain path: with shared state on, an endpoint
+        # another replica has loaded is busy here too.
+        counts = [e.dispatched_requests for e in endpoints]
+        loads = [None if r <= idle else r * f for r, f in zip(counts, factors, strict=True)]
         max_r = max((r for r in loads if r is not None), default=None)
         if max_r is None:
             return [1.0] * len(endpoints)
