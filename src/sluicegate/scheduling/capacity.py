@@ -38,7 +38,7 @@ from pydantic import Field
 
 from sluicegate.api.hardware import AcceleratorClass, ClassKeyed
 from sluicegate.datalayer.endpoint import Endpoint, EngineMetrics
-from sluicegate.framework import PluginParameters
+from sluicegate.framework import PluginContext, PluginParameters, Scorer
 
 CapacityMode = Literal["off", "configured", "measured"]
 MEASURE_WEIGHT = 0.1
@@ -137,3 +137,25 @@ class ClassCapacity:
             self.measured[cls] = rate
         else:
             self.measured[cls] = old + MEASURE_WEIGHT * (rate - old)
+
+
+class CapacityScorer(Scorer):
+    """A scorer whose load counts capacity normalisation may weigh (the module docstring):
+    its ``Parameters`` extend :class:`CapacityParameters`, and ``self.capacity`` gives the
+    load factors (None: not normalised, or neutral for this decision)."""
+
+    class Parameters(CapacityParameters):
+        """Capacity normalisation (module docstring)."""
+
+    params: CapacityParameters
+
+    def __init__(
+        self, name: str, context: PluginContext, params: PluginParameters | None = None
+    ) -> None:
+        super().__init__(name, context, params)
+        self.capacity = self.params.capacity()
+
+    @property
+    def hardware_aware(self) -> bool:
+        """True with capacity normalisation on."""
+        return self.params.normalised

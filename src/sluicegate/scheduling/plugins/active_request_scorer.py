@@ -37,14 +37,11 @@ from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.framework import (
     CycleState,
     LLMRequest,
-    PluginContext,
-    PluginParameters,
-    Scorer,
 )
-from sluicegate.scheduling.capacity import CapacityParameters
+from sluicegate.scheduling.capacity import CapacityParameters, CapacityScorer
 
 
-class ActiveRequestScorer(Scorer):
+class ActiveRequestScorer(CapacityScorer):
     type_name = "active-request-scorer"
     category = "distribution"
 
@@ -53,17 +50,6 @@ class ActiveRequestScorer(Scorer):
         max_busy_score: float = Field(1.0, ge=0.0, le=1.0)
 
     params: Parameters
-
-    def __init__(
-        self, name: str, context: PluginContext, params: PluginParameters | None = None
-    ) -> None:
-        super().__init__(name, context, params)
-        self.capacity = self.params.capacity()
-
-    @property
-    def hardware_aware(self) -> bool:
-        """True with capacity normalisation on."""
-        return self.params.normalised
 
     def score(
         self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]

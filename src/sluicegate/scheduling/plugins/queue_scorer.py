@@ -23,33 +23,16 @@ from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.framework import (
     CycleState,
     LLMRequest,
-    PluginContext,
-    PluginParameters,
-    Scorer,
 )
 from sluicegate.framework.helpers import min_max_inverse
-from sluicegate.scheduling.capacity import CapacityParameters
+from sluicegate.scheduling.capacity import CapacityScorer
 
 
-class QueueScorer(Scorer):
+class QueueScorer(CapacityScorer):
     type_name = "queue-scorer"
     category = "distribution"
 
-    class Parameters(CapacityParameters):
-        """Capacity normalisation (module docstring)."""
-
-    params: Parameters
-
-    def __init__(
-        self, name: str, context: PluginContext, params: PluginParameters | None = None
-    ) -> None:
-        super().__init__(name, context, params)
-        self.capacity = self.params.capacity()
-
-    @property
-    def hardware_aware(self) -> bool:
-        """True with capacity normalisation on."""
-        return self.params.normalised
+    params: CapacityScorer.Parameters
 
     def score(
         self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
