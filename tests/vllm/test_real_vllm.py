@@ -37,29 +37,23 @@ from vllm_harness import (
     MAX_MODEL_LEN,
     MAX_NUM_SEQS,
     MODEL_NAME,
-    PYTHON_ENV,
+    START_TIMEOUT_S,
     VllmServer,
     ensure_model,
     metric_value,
     start_servers,
+    vllm_python,
 )
 
 from sluicegate.api.loader import build_config
 from sluicegate.gateway.app import Gateway
 from sluicegate.gateway.proxy import SERVED_HEADER
 
-VLLM_PYTHON = os.environ.get(PYTHON_ENV, "")
-if not VLLM_PYTHON:
-    pytest.skip(
-        f"real-vLLM tests need {PYTHON_ENV} (the python of a vLLM install); "
-        "run them with scripts/test-vllm",
-        allow_module_level=True,
-    )
+VLLM_PYTHON = vllm_python()
 
 # Server start-up (about 30 s each on 2 cores, both at once) counts against the first test.
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
-START_TIMEOUT_S = float(os.environ.get("SLUICEGATE_VLLM_START_TIMEOUT", "180"))
 POOL = "vllm-pool"
 # KV cache per server in GiB (vLLM's CPU default is 4): 1 GiB is 4096 blocks of 128 tokens
 # of this float32 model, plenty for these tests.

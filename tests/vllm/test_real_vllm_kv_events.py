@@ -43,13 +43,14 @@ import pytest
 from vllm_harness import (
     BLOCK_SIZE_CPU,
     MODEL_NAME,
-    PYTHON_ENV,
+    START_TIMEOUT_S,
     VllmServer,
     corpus,
     ensure_model,
     free_port,
     kv_events_args,
     start_servers,
+    vllm_python,
 )
 
 from sluicegate.api.loader import build_config
@@ -60,17 +61,10 @@ from sluicegate.gateway.proxy import SERVED_HEADER
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.scheduling.config import load_preset
 
-VLLM_PYTHON = os.environ.get(PYTHON_ENV, "")
-if not VLLM_PYTHON:
-    pytest.skip(
-        f"real-vLLM tests need {PYTHON_ENV} (the python of a vLLM install); "
-        "run them with scripts/test-vllm",
-        allow_module_level=True,
-    )
+VLLM_PYTHON = vllm_python()
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
-START_TIMEOUT_S = float(os.environ.get("SLUICEGATE_VLLM_START_TIMEOUT", "180"))
 POOL = "vllm-kv-pool"
 TOPIC = "kv-events"
 NUM_BLOCKS = 20

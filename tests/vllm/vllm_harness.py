@@ -8,6 +8,10 @@ vllm``), re-exported here for the tests, and a Prometheus sample reader.
 
 from __future__ import annotations
 
+import os
+
+import pytest
+
 from sluicegate.bench.vllm_backend import (
     BLOCK_SIZE_CPU,
     CHAT_TEMPLATE,
@@ -33,6 +37,7 @@ __all__ = [
     "MODEL_NAME",
     "OFFLINE_ENV",
     "PYTHON_ENV",
+    "START_TIMEOUT_S",
     "VllmServer",
     "build_model",
     "corpus",
@@ -41,6 +46,7 @@ __all__ = [
     "kv_events_args",
     "metric_value",
     "start_servers",
+    "vllm_python",
 ]
 
 
@@ -56,3 +62,21 @@ def metric_value(text: str, metric: str, /, **labels: str) -> float:
             if sample.name == metric and labels.items() <= sample.labels.items():
                 total += sample.value
     return total
+
+
+START_TIMEOUT_S = float(os.environ.get("SLUICEGATE_VLLM_START_TIMEOUT", "420"))
+"""Seconds a server may take to start (``SLUICEGATE_VLLM_START_TIMEOUT``): about 30 s on an
+idle 2-core machine, over 180 s on a loaded one."""
+
+
+def vllm_python() -> str:
+    """The vLLM environment's interpreter (``SLUICEGATE_VLLM_PYTHON``); without one the
+    calling test module is skipped."""
+    python = os.environ.get(PYTHON_ENV, "")
+    if not python:
+        pytest.skip(
+            f"real-vLLM tests need {PYTHON_ENV} (the python of a vLLM install); "
+            "run them with scripts/test-vllm",
+            allow_module_level=True,
+        )
+    return python
