@@ -33,7 +33,11 @@ def encode_seq(seq: int) -> bytes:
 # multimodal hashes, cache salts …): their element types are vLLM's business, so Any.
 
 
-class WireStoredArray(msgspec.Struct, array_like=True, tag="BlockStored", omit_defaults=True):
+# Each event's fields are declared once; vLLM has sent both layouts of them (positional
+# arrays and maps keyed by field name), so each has an array-like and a map subclass.
+
+
+class _Stored(msgspec.Struct, omit_defaults=True):
     block_hashes: list[BlockHash]
     parent_block_hash: BlockHash | None
     token_ids: list[int]
@@ -45,48 +49,48 @@ class WireStoredArray(msgspec.Struct, array_like=True, tag="BlockStored", omit_d
     group_idx: int | None = None
 
 
-class WireRemovedArray(msgspec.Struct, array_like=True, tag="BlockRemoved", omit_defaults=True):
+class _Removed(msgspec.Struct, omit_defaults=True):
     block_hashes: list[BlockHash]
     medium: str | None = None
     group_idx: int | None = None
+
+
+class _Batch(msgspec.Struct, omit_defaults=True):
+    ts: float
+    events: list[msgspec.Raw]
+    data_parallel_rank: int | None = None
+
+
+class WireStoredArray(_Stored, array_like=True, tag="BlockStored"):
+    pass
+
+
+class WireRemovedArray(_Removed, array_like=True, tag="BlockRemoved"):
+    pass
 
 
 class WireClearedArray(msgspec.Struct, array_like=True, tag="AllBlocksCleared"):
     pass
 
 
-class WireStoredMap(msgspec.Struct, tag="BlockStored", omit_defaults=True):
-    block_hashes: list[BlockHash]
-    parent_block_hash: BlockHash | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None = None
-    medium: str | None = None
-    lora_name: str | None = None
-    extra_keys: list[list[Any] | None] | None = None
-    group_idx: int | None = None
+class WireStoredMap(_Stored, tag="BlockStored"):
+    pass
 
 
-class WireRemovedMap(msgspec.Struct, tag="BlockRemoved", omit_defaults=True):
-    block_hashes: list[BlockHash]
-    medium: str | None = None
-    group_idx: int | None = None
+class WireRemovedMap(_Removed, tag="BlockRemoved"):
+    pass
 
 
 class WireClearedMap(msgspec.Struct, tag="AllBlocksCleared"):
     pass
 
 
-class WireBatchArray(msgspec.Struct, array_like=True, omit_defaults=True):
-    ts: float
-    events: list[msgspec.Raw]
-    data_parallel_rank: int | None = None
+class WireBatchArray(_Batch, array_like=True):
+    pass
 
 
-class WireBatchMap(msgspec.Struct, omit_defaults=True):
-    ts: float
-    events: list[msgspec.Raw]
-    data_parallel_rank: int | None = None
+class WireBatchMap(_Batch):
+    pass
 
 
 WireArrayEvent = WireStoredArray | WireRemovedArray | WireClearedArray
