@@ -47,6 +47,7 @@ MAX_TOKENS = 100
 """About 0.2 s a request on the tiny profile in real time."""
 QUEUED = "inference_extension_flow_control_queue_size"
 PEER_INFLIGHT = "sluicegate_endpoint_peer_inflight_requests"
+YIELDS = "sluicegate_flow_control_peer_yields_total"
 
 
 def _docs() -> list[dict[str, Any]]:
@@ -87,8 +88,8 @@ async def _wait_http(http: aiohttp.ClientSession, url: str, within_s: float = 30
         await asyncio.sleep(0.1)
 
 
-async def _gauge(http: aiohttp.ClientSession, port: int, family: str) -> float:
-    """The sum of a gauge's series on the replica's /metrics."""
+async def _value(http: aiohttp.ClientSession, port: int, family: str) -> float:
+    """The sum of a family's series on the replica's /metrics."""
     async with http.get(f"http://127.0.0.1:{port}/metrics") as r:
         text = await r.text()
     return sum(
@@ -105,18 +106,18 @@ async def _complete(http: aiohttp.ClientSession, port: int, model: str, i: int) 
     return time.monotonic()
 
 
-async def _run(http: aiohttp.ClientSession, a: int, b: int) -> tuple[int, float]:
+async def _run(http: aiohttp.ClientSession, a: int, b: int) -> tuple[int, float, float]:
     """Standard to B, then (once B queues them) Critical to A: (Standard requests that
     finished after the Critical ones were sent and before the last finished, the Critical
-    requests' mean latency in seconds)."""
+    requests' mean latency in seconds, B's requests that held for A's)."""
     standard = [asyncio.create_task(_complete(http, b, "standard", i)) for i in range(N_STANDARD)]
     deadline = time.monotonic() + 10
-    while await _gauge(http, b, QUEUED) < N_STANDARD - SLOTS - 2:
+    while await _value(http, b, QUEUED) < N_STANDARD - SLOTS - 2:
         assert time.monotonic() < deadline, "the Standard requests never queued on B"
         await asyncio.sleep(0.02)
     # A knows the pool is full (B's in-flight synced) before its requests come: else they
     # would find the places free and the run would show nothing of the yield.
-    while await _gauge(http, a, PEER_INFLIGHT) < SLOTS:
+    while await _value(http, a, PEER_INFLIGHT) < SLOTS:
         assert time.monotonic() < deadline, "A never saw B's requests in flight"
         await asyncio.sleep(0.02)
     sent = time.monotonic()
@@ -124,7 +125,8 @@ async def _run(http: aiohttp.ClientSession, a: int, b: int) -> tuple[int, float]
     last = max(critical)
     done = await asyncio.gather(*standard)
     overtaking = sum(1 for t in done if sent < t < last)
-    return overtaking, statistics.mean(t - sent for t in critical)
+    yields = await _value(http, b, YIELDS)
+    return overtaking, statistics.mean(t - sent for t in critical), yields
 
 
 def _start_sim(port: int) -> subprocess.Popen[bytes]:
@@ -149,7 +151,9 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
             proc.wait()
 
 
-async def _measure(redis_url: str, sim_url: str, tmp: Path, backlog: bool) -> tuple[int, float]:
+async def _measure(
+    redis_url: str, sim_url: str, tmp: Path, backlog: bool
+) -> tuple[int, float, float]:
     shared = {
         "redis": {"url": redis_url, "timeoutMs": 500, "keyPrefix": f"sg-{backlog}"},
         "leaseMs": 1000,
@@ -187,7 +191,7 @@ async def test_standard_on_one_replica_yields_to_critical_on_another(
         independent = await _measure(redis_server.url, sim_url, tmp_path, backlog=False)
     finally:
         _stop([sim])
-    report = f"shared {shared}, independent {independent} (overtaking, Critical mean s)"
+    report = f"shared {shared}, independent {independent} (overtaking, Critical mean s, yields)"
     print(report)
     # Shared: what B had in flight when the Critical requests came, plus at most one
     # place refilled before B read A's backlog (one sync of each).
@@ -196,3 +200,6 @@ async def test_standard_on_one_replica_yields_to_critical_on_another(
     # control: the test can tell the two apart.)
     assert independent[0] >= N_STANDARD // 2, report
     assert shared[1] < independent[1], report
+    # B's Standard requests held (each counted once); without the backlog nothing does.
+    assert 1 <= shared[2] <= N_STANDARD, report
+    assert independent[2] == 0, report
