@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 pytest.importorskip("redis", reason="the shared-state tests need the redis client (dev extra)")
 
@@ -18,6 +19,7 @@ from redis_support import RedisServer
 from sluicegate.api.settings import SharedStateSettings
 from sluicegate.clock import MonotonicClock
 from sluicegate.datalayer.datastore import Datastore
+from sluicegate.flowcontrol.peers import PeerYield
 from sluicegate.runtime.shared import SharedState
 from sluicegate.runtime.shared_backlog import (
     MAX_RECORDS,
@@ -25,6 +27,7 @@ from sluicegate.runtime.shared_backlog import (
     decode_backlog,
     encode_backlog,
 )
+from sluicegate.runtime.shared_metrics import PeerYieldCollector
 from sluicegate.runtime.shared_wire import WireError
 
 CLOCK = MonotonicClock()
@@ -202,3 +205,28 @@ async def _script_calls(r: Replica) -> int:
     return sum(
         int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval")
     )
+
+
+async def test_metrics_show_the_peer_backlog_and_the_rule(replicas: Factory) -> None:
+    a, b = replicas(replicaId="a"), replicas(replicaId="b")
+    a.waiting = {"pool": {100: 3}}
+    assert await a.sync.sync()
+    assert await b.sync.sync()
+    rule = PeerYield(b.sync.view)
+    rule.yielded[("pool", 0)] = 4
+    rule.released[("pool", 0)] = 1
+    registry = CollectorRegistry()
+    registry.register(PeerYieldCollector(b.sync, lambda: rule, CLOCK))
+    text = generate_latest(registry).decode()
+    assert (
+        'sluicegate_flow_control_peer_queue_size{inference_pool="pool",priority="100"} 3.0' in text
+    )
+    assert (
+        'sluicegate_flow_control_peer_yields_total{inference_pool="pool",priority="0"} 4.0' in text
+    )
+    assert (
+        'sluicegate_flow_control_peer_yield_releases_total{inference_pool="pool",priority="0"} 1.0'
+        in text
+    )
+    b.sync.view.clear()  # Redis down: no peer backlog is shown
+    assert "sluicegate_flow_control_peer_queue_size{" not in generate_latest(registry).decode()

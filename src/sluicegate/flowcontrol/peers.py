@@ -24,7 +24,11 @@ that has room on some of its candidate endpoints *holds* (stays queued) when all
    count is wrong (its requests wait for endpoints this one cannot use, say) delays it by
    at most ``max_yield_s``, never starves it.
 
-Otherwise it is dispatched as on a single replica. Everything else stays per replica: the
+Otherwise it is dispatched as on a single replica. A request holds only for strictly higher
+priorities, so holds form no cycle: the highest band waiting anywhere never holds. Whoever
+drives the director must run a dispatch pass (``Director.pump``) when a reading changes and
+now and then while requests hold (the live gateway: at every reading and every scrape), or
+a held request would wait for the next unrelated event. Everything else stays per replica: the
 queues, the capacity bounds, time to live, and fairness between flows (tenants) within a
 band, which orders only each replica's own requests.
 """

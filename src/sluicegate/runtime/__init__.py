@@ -153,7 +153,8 @@ class Runtime:
 
             self.metrics.registry.register(SharedStateCollector(self.shared))
             if self.backlog is not None:
-                collector = PeerYieldCollector(self.backlog, self.director, self.clock)
+                rule = self.director
+                collector = PeerYieldCollector(self.backlog, lambda: rule.peer_yield, self.clock)
                 self.metrics.registry.register(collector)
         self.collector: Collector | None = None
         self.outlier: OutlierDetector | None = None

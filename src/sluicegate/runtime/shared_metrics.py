@@ -12,7 +12,6 @@ from prometheus_client.registry import Collector
 
 from sluicegate.clock import Clock
 from sluicegate.flowcontrol.peers import PeerYield
-from sluicegate.requestcontrol.director import Director
 from sluicegate.runtime.shared import SharedState
 from sluicegate.runtime.shared_backlog import BacklogSync
 
@@ -81,9 +80,12 @@ class PeerYieldCollector(Collector):
     """Flow control across replicas: the other replicas' waiting requests (the last
     reading) and what the dispatch rule did with them, read when scraped."""
 
-    def __init__(self, sync: BacklogSync, director: Director, clock: Clock) -> None:
+    def __init__(
+        self, sync: BacklogSync, rule: Callable[[], PeerYield | None], clock: Clock
+    ) -> None:
         self._sync = sync
-        self._director = director
+        self._rule = rule
+        """The director's dispatch rule (None: nothing held, nothing counted)."""
         self._clock = clock
 
     def describe(self) -> Iterator[Metric]:
@@ -101,7 +103,7 @@ class PeerYieldCollector(Collector):
             for priority, n in bands.items():
                 waiting.add_metric([pool, str(priority)], n)
         yield waiting
-        rule = self._director.peer_yield or PeerYield(self._sync.view)
+        rule = self._rule() or PeerYield(self._sync.view)
         for name, text, counts in (
             (
                 "peer_yields",
