@@ -153,8 +153,10 @@ class Runtime:
 
             self.metrics.registry.register(SharedStateCollector(self.shared))
             if self.backlog is not None:
-                rule = self.director
-                collector = PeerYieldCollector(self.backlog, lambda: rule.peer_yield, self.clock)
+                director = self.director
+                collector = PeerYieldCollector(
+                    self.backlog, lambda: director.peer_yield, self.clock
+                )
                 self.metrics.registry.register(collector)
         self.collector: Collector | None = None
         self.outlier: OutlierDetector | None = None
