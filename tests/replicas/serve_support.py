@@ -22,7 +22,14 @@ def _free_port() -> int:
         return port
 
 
-def write_config(path: Path, urls: list[str], gateway: dict[str, Any] | None = None) -> Path:
+def write_config(
+    path: Path,
+    urls: list[str],
+    gateway: dict[str, Any] | None = None,
+    extra: list[dict[str, Any]] | None = None,
+) -> Path:
+    """One pool over ``urls``, a GatewayConfig (``gateway`` fields added) and ``extra``
+    documents (InferenceModels, an EndpointPickerConfig)."""
     docs: list[dict[str, Any]] = [
         {
             "apiVersion": "inference.networking.k8s.io/v1",
@@ -38,6 +45,7 @@ def write_config(path: Path, urls: list[str], gateway: dict[str, Any] | None = N
             "kind": "GatewayConfig",
             "spec": {"scrapeIntervalMs": 20, "metricsStalenessMs": 2000, **(gateway or {})},
         },
+        *(extra or []),
     ]
     path.write_text(yaml.safe_dump_all(docs))
     return path

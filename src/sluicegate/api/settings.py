@@ -194,14 +194,28 @@ class SharedStateSettings(Model):
     has written to it for this long."""
     retry_ms: Annotated[float, Field(gt=0)] = 1000.0
     """While Redis is unreachable, how often a replica tries again."""
+    backlog: bool = True
+    """Share flow control's waiting counts per pool and priority, and hold lower-priority
+    requests for the other replicas' higher ones while the pool is saturated
+    (``docs/flow-control.md#across-replicas``)."""
+    backlog_sync_ms: Annotated[float, Field(gt=0)] = 25.0
+    """How often each replica publishes its waiting counts and reads the others' (under
+    the same ``leaseMs``)."""
+    max_yield_ms: Annotated[float, Field(gt=0)] = 5000.0
+    """How long a request holds for the other replicas' higher bands, at most, after it
+    first held: then it goes anyway."""
 
     @model_validator(mode="after")
     def _lease_outlives_sync(self) -> SharedStateSettings:
-        if self.lease_ms < 2 * self.inflight_sync_ms:
-            raise ValueError(
-                f"leaseMs ({self.lease_ms}) must be at least twice inflightSyncMs "
-                f"({self.inflight_sync_ms}): a live replica's counts would blink out"
-            )
+        for name, every in (
+            ("inflightSyncMs", self.inflight_sync_ms),
+            ("backlogSyncMs", self.backlog_sync_ms),
+        ):
+            if self.lease_ms < 2 * every:
+                raise ValueError(
+                    f"leaseMs ({self.lease_ms}) must be at least twice {name} "
+                    f"({every}): a live replica's counts would blink out"
+                )
         return self
 
 

@@ -10,6 +10,9 @@ priority) are refused with 429 instead of queued when the pool is saturated.
   ``FlowControlSettings`` and per-band ``BandPolicy``;
 - :mod:`~sluicegate.flowcontrol.config` — ``build_flow_control`` from an
   ``EndpointPickerConfig`` (``FlowControlSetup``);
+- :mod:`~sluicegate.flowcontrol.peers` — flow control across gateway replicas: the
+  ``PeerBacklog`` the other replicas' waiting counts come through and the ``PeerYield``
+  dispatch rule;
 - :mod:`~sluicegate.flowcontrol.policies` — the built-in policy plugins, registered by
   :mod:`sluicegate.builtins`, not exported here.
 
@@ -30,11 +33,21 @@ _EXPORTS = {
     "BandPolicy": "sluicegate.flowcontrol.controller",
     "FlowControlSettings": "sluicegate.flowcontrol.controller",
     "FlowController": "sluicegate.flowcontrol.controller",
+    "NoPeerBacklog": "sluicegate.flowcontrol.peers",
+    "PeerBacklog": "sluicegate.flowcontrol.peers",
+    "PeerBacklogView": "sluicegate.flowcontrol.peers",
+    "PeerYield": "sluicegate.flowcontrol.peers",
 }
 
 if TYPE_CHECKING:
     from sluicegate.flowcontrol.config import POOL_ANNOTATION, FlowControlSetup, build_flow_control
     from sluicegate.flowcontrol.controller import BandPolicy, FlowController, FlowControlSettings
+    from sluicegate.flowcontrol.peers import (
+        NoPeerBacklog,
+        PeerBacklog,
+        PeerBacklogView,
+        PeerYield,
+    )
 
 
 __getattr__ = lazy.exports(__name__, _EXPORTS, globals())
@@ -46,5 +59,9 @@ __all__ = [
     "FlowControlSettings",
     "FlowControlSetup",
     "FlowController",
+    "NoPeerBacklog",
+    "PeerBacklog",
+    "PeerBacklogView",
+    "PeerYield",
     "build_flow_control",
 ]

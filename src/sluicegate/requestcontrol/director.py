@@ -41,6 +41,7 @@ from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.errors import GatewayError, bad_request, no_endpoint, shed, unknown_model
 from sluicegate.flowcontrol.config import FlowControlSetup, build_flow_control
 from sluicegate.flowcontrol.controller import FlowController
+from sluicegate.flowcontrol.peers import PeerYield
 from sluicegate.framework import (
     PREFETCH_PASS,
     RESPONSE_HEADERS,
@@ -124,6 +125,9 @@ class Director:
         (the GatewayError's reason), with the time it took (s), for metrics."""
         self.on_dispatch_cycle: Callable[[float], None] | None = None
         """Told how long each :meth:`pump` took (s), for metrics."""
+        self.peer_yield: PeerYield | None = None
+        """With other gateway replicas: the rule by which waiting requests hold for their
+        higher bands (None: this replica dispatches on its own)."""
         datastore.on_removed(self._forget_endpoint)
 
     def _forget_endpoint(self, endpoint: Endpoint) -> None:
@@ -309,7 +313,9 @@ class Director:
             return 0
         started = time.perf_counter()
         now = self.clock.now() if now is None else now
-        left = self._room.pump(self.flow, now, self.candidates, self._dispatch_queued)
+        left = self._room.pump(
+            self.flow, now, self.candidates, self._dispatch_queued, self.peer_yield
+        )
         if self.on_dispatch_cycle is not None:
             self.on_dispatch_cycle(time.perf_counter() - started)
         return left

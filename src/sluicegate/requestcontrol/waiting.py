@@ -16,6 +16,7 @@ from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.errors import GatewayError
 from sluicegate.flowcontrol.config import FlowControlSetup
 from sluicegate.flowcontrol.controller import FlowController
+from sluicegate.flowcontrol.peers import PeerYield
 from sluicegate.framework import CycleState, QueueItem
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.refusals import unservable
@@ -34,6 +35,9 @@ class Waiting:
     """The scheduling state from admission (what was prefetched for it)."""
     candidates: list[Endpoint] = field(default_factory=list)
     """The endpoints with room found when it was last considered for dispatch."""
+    first_held: float | None = None
+    """When it first held back for the other replicas' higher bands (clock seconds;
+    :class:`~sluicegate.flowcontrol.peers.PeerYield`), None if it never did."""
 
 
 class WaitingRoom:
@@ -72,22 +76,36 @@ class WaitingRoom:
         now: float,
         candidates: Callable[[Admitted, float], list[Endpoint]],
         dispatch: Callable[[QueueItem, Waiting], Dispatch | GatewayError],
+        peer_yield: PeerYield | None = None,
     ) -> int:
         """Hand every waiting request that has room now (some of its ``candidates`` have
-        room under its band's ceiling) to ``dispatch``, and tell its ticket what came of it
+        room under its band's ceiling) and does not hold for the other replicas'
+        higher bands (``peer_yield``) to ``dispatch``, and tell its ticket what came of it
         (a Dispatch, or the GatewayError refusing it); returns how many left."""
         left = 0
         waiting = self._waiting
+        detector = flow.detector
 
         def room(item: QueueItem) -> bool:
             entry = waiting[item]
             ceiling = flow.usage_limit.ceiling(item.priority)
-            entry.candidates = [
-                e
-                for e in candidates(entry.admitted, now)
-                if flow.detector.has_room(e, now, ceiling)
-            ]
-            return bool(entry.candidates)
+            found = candidates(entry.admitted, now)
+            entry.candidates = [e for e in found if detector.has_room(e, now, ceiling)]
+            if not entry.candidates:
+                return False
+            if peer_yield is None:
+                return True
+
+            def free(priority: int) -> int:
+                top = flow.usage_limit.ceiling(priority)
+                return sum(1 for e in found if detector.has_room(e, now, top))
+
+            pool = entry.admitted.pool.name
+            if peer_yield.holds(pool, item.priority, entry.first_held, now, free):
+                if entry.first_held is None:
+                    entry.first_held = now
+                return False
+            return True
 
         for controller in self._controllers.values():
             while controller.requests:

@@ -12,8 +12,9 @@ Everything here runs on one event loop; nothing blocks it. What it tells the exp
 metrics is in :mod:`~sluicegate.runtime.observe`, what it logs for requests nothing can
 serve in :mod:`~sluicegate.runtime.notices`, how requests wait in flow control in
 :mod:`~sluicegate.runtime.waiting`. With ``sharedState`` in the GatewayConfig, the
-prefix index and in-flight counts are shared with the other replicas through Redis
-(:mod:`~sluicegate.runtime.shared`, loaded only then; ``docs/replicas.md``).
+prefix index, in-flight counts and flow control's waiting counts are shared with the other
+replicas through Redis (:mod:`~sluicegate.runtime.shared` and
+:mod:`~sluicegate.runtime.shared_backlog`, loaded only then; ``docs/replicas.md``).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from sluicegate.upstream import UpstreamPool
 
 if TYPE_CHECKING:
     from sluicegate.runtime.shared import SharedState
+    from sluicegate.runtime.shared_backlog import BacklogSync
 
 log = logging.getLogger("sluicegate.runtime")
 
@@ -121,6 +123,12 @@ class Runtime:
             flow=self._build_flow(config, self.built),
             prediction_default=config.gateway.latency_predictor.prediction_based_scheduling_default,
         )
+        self.backlog: BacklogSync | None = None
+        """Flow control's waiting counts shared with the other replicas (None: off)."""
+        if self.shared is not None and self.shared.settings.backlog:
+            from sluicegate.runtime.shared_backlog import share_backlog
+
+            self.backlog = share_backlog(self.shared, self.director, self.clock)
         self.metrics = GatewayMetrics(
             self.datastore,
             self.clock,
@@ -141,9 +149,15 @@ class Runtime:
         self.metrics.registry.register(KVEventsCollector(self.kv_events))
         self.metrics.registry.register(TokenizerCollector(self.tokenizers.service))
         if self.shared is not None:
-            from sluicegate.runtime.shared_metrics import SharedStateCollector
+            from sluicegate.runtime.shared_metrics import PeerYieldCollector, SharedStateCollector
 
             self.metrics.registry.register(SharedStateCollector(self.shared))
+            if self.backlog is not None:
+                director = self.director
+                collector = PeerYieldCollector(
+                    self.backlog, lambda: director.peer_yield, self.clock
+                )
+                self.metrics.registry.register(collector)
         self.collector: Collector | None = None
         self.outlier: OutlierDetector | None = None
         """Ejects endpoints whose requests fail (None when ``outlierDetection`` is off)."""
@@ -191,6 +205,8 @@ class Runtime:
         self.collector.start()
         if self.shared is not None:
             self.shared.start()
+        if self.backlog is not None:
+            self.backlog.start()
         if settings.outlier_detection.enabled:
             self.outlier = OutlierDetector(
                 self.datastore, self.clock, outlier_settings(settings.outlier_detection)
@@ -224,6 +240,8 @@ class Runtime:
             await self.predictor.stop()
         await self.kv_events.stop()
         await self.tokenizers.stop()
+        if self.backlog is not None:
+            await self.backlog.stop()
         if self.shared is not None:
             await self.shared.stop()
 

@@ -172,7 +172,7 @@ class SharedState:
         self._tasks.clear()
         if self.settings.inflight and self.up:
             # Leave at once rather than when the lease runs out.
-            await self._call("inflight", self._leave())
+            await self.call("inflight", self._leave())
         self._zero_peers()
         closing: list[asyncio.Future[Any]] = [
             asyncio.ensure_future(c.aclose()) for c in (self._writer, self._reader)
@@ -190,7 +190,7 @@ class SharedState:
 
     # ------------------------------------------------------------------ degrade
 
-    async def _call(self, task: str, op: Awaitable[T], timeout_s: float | None = None) -> T | None:
+    async def call(self, task: str, op: Awaitable[T], timeout_s: float | None = None) -> T | None:
         """``op`` within the timeout; None (and local state) when it fails or times out.
 
         The call runs as a task of its own that is abandoned (cancelled, not awaited) when
@@ -277,7 +277,7 @@ class SharedState:
             self.snapshot_prefix,
             self._nonce,
         ]
-        result = await self._call("inflight", self._sync(keys=keys, args=args))
+        result = await self.call("inflight", self._sync(keys=keys, args=args))
         if result is None:
             return False
         if result and result[0] == b"1":
@@ -310,7 +310,7 @@ class SharedState:
         every = self.settings.inflight_sync_ms / 1000.0
         retry = self.settings.retry_ms / 1000.0
         while True:
-            ok = await _guarded("in-flight sync", self.sync_inflight())
+            ok = await guarded("in-flight sync", self.sync_inflight())
             await asyncio.sleep(every if ok else retry)
 
     # ------------------------------------------------------------------ prefix index
@@ -328,7 +328,7 @@ class SharedState:
             pipe.xadd(self.stream_key, {"r": self.replica_id, "d": batch}, maxlen=maxlen)
             n += 1
         pipe.pexpire(self.stream_key, int(self.settings.prefix_ttl_ms))
-        if await self._call("prefix-write", pipe.execute()) is None:
+        if await self.call("prefix-write", pipe.execute()) is None:
             self.lost_records += len(records)
             return False
         self.batches_written += n
@@ -338,12 +338,12 @@ class SharedState:
         every = self.settings.prefix_flush_ms / 1000.0
         retry = self.settings.retry_ms / 1000.0
         while True:
-            ok = await _guarded("prefix write", self.flush_prefix())
+            ok = await guarded("prefix write", self.flush_prefix())
             await asyncio.sleep(every if ok else retry)
 
     async def _replay_start(self) -> str | None:
         """The stream id to replay from: ``prefixTtlMs`` before Redis's clock now."""
-        now = await self._call("prefix-read", self._reader.time())
+        now = await self.call("prefix-read", self._reader.time())
         if now is None:
             return None
         seconds, micros = now
@@ -386,7 +386,7 @@ class SharedState:
         """Apply the batches after ``last_id`` (waiting up to ``block_ms`` for some);
         the id to read on from, or None on fallback."""
         timeout = self.timeout_s + (block_ms or 0) / 1000.0
-        got = await self._call(
+        got = await self.call(
             "prefix-read",
             self._xread(last_id, block_ms),
             timeout,
@@ -418,7 +418,7 @@ class SharedState:
                 # older than the TTL (those batches are not replayed at all).
                 last_id = start if last_id is None else later_id(last_id, start)
                 resume = False
-            after = await _guarded("prefix read", self.read_prefix(last_id, READ_BLOCK_MS))
+            after = await guarded("prefix read", self.read_prefix(last_id, READ_BLOCK_MS))
             if after is None:
                 resume = True
                 await asyncio.sleep(retry)
@@ -426,7 +426,7 @@ class SharedState:
                 last_id = after
 
 
-async def _guarded(what: str, step: Awaitable[T]) -> T | None:
+async def guarded(what: str, step: Awaitable[T]) -> T | None:
     """One step of a loop; a bug logs and counts as a failed step instead of ending the
     loop (and sharing) for good."""
     try:
@@ -444,5 +444,6 @@ __all__ = [
     "READ_BLOCK_MS",
     "SharedState",
     "default_replica_id",
+    "guarded",
     "redacted",
 ]

@@ -1,5 +1,6 @@
-"""The shared state's metrics (``sluicegate_shared_state_*`` and, with in-flight sharing,
-``sluicegate_endpoint_peer_inflight_requests``; docs/metrics.md), read from
+"""The shared state's metrics (``sluicegate_shared_state_*``; with in-flight sharing,
+``sluicegate_endpoint_peer_inflight_requests``; with backlog sharing,
+``sluicegate_flow_control_peer_*``; docs/metrics.md), read from
 :class:`~sluicegate.runtime.shared.SharedState` when ``/metrics`` is scraped."""
 
 from __future__ import annotations
@@ -9,7 +10,10 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from sluicegate.clock import Clock
+from sluicegate.flowcontrol.peers import PeerYield
 from sluicegate.runtime.shared import SharedState
+from sluicegate.runtime.shared_backlog import BacklogSync
 
 
 class SharedStateCollector(Collector):
@@ -33,7 +37,7 @@ class SharedStateCollector(Collector):
             "Redis calls that failed or timed out (the replica used local state).",
             labels=["task"],
         )
-        for task in ("inflight", "prefix-write", "prefix-read"):
+        for task in ("inflight", "prefix-write", "prefix-read", "backlog"):
             fallbacks.add_metric([task], s.fallbacks.get(task, 0))
         yield fallbacks
         yield GaugeMetricFamily(
@@ -72,4 +76,55 @@ class SharedStateCollector(Collector):
             yield CounterMetricFamily(f"sluicegate_shared_state_prefix_{name}", text, value=read())
 
 
-__all__ = ["SharedStateCollector"]
+class PeerYieldCollector(Collector):
+    """Flow control across replicas: the other replicas' waiting requests (the last
+    reading) and what the dispatch rule did with them, read when scraped."""
+
+    def __init__(
+        self, sync: BacklogSync, rule: Callable[[], PeerYield | None], clock: Clock
+    ) -> None:
+        self._sync = sync
+        self._rule = rule
+        """The director's dispatch rule (None: nothing held, nothing counted)."""
+        self._clock = clock
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["inference_pool", "priority"]
+        waiting = GaugeMetricFamily(
+            "sluicegate_flow_control_peer_queue_size",
+            "Requests waiting in the other gateway replicas' flow control, by pool and "
+            "priority (last reading; none when older than the lease or Redis is down).",
+            labels=labels,
+        )
+        for pool, bands in self._sync.view.reading(self._clock.now()).items():
+            for priority, n in bands.items():
+                waiting.add_metric([pool, str(priority)], n)
+        yield waiting
+        rule = self._rule() or PeerYield(self._sync.view)
+        for name, text, counts in (
+            (
+                "peer_yields",
+                "Requests that held back for the other replicas' higher-priority requests.",
+                rule.yielded,
+            ),
+            (
+                "peer_yield_releases",
+                "Requests dispatched after holding maxYieldMs while peers' higher bands waited.",
+                rule.released,
+            ),
+        ):
+            family = CounterMetricFamily(f"sluicegate_flow_control_{name}", text, labels=labels)
+            for (pool, priority), n in counts.items():
+                family.add_metric([pool, str(priority)], n)
+            yield family
+        yield CounterMetricFamily(
+            "sluicegate_shared_state_backlog_bad_snapshots",
+            "Other replicas' backlog snapshots skipped as malformed.",
+            value=self._sync.bad_snapshots,
+        )
+
+
+__all__ = ["PeerYieldCollector", "SharedStateCollector"]

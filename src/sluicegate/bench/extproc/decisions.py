@@ -140,7 +140,7 @@ def _messages() -> tuple[Any, Any, Any, list[Any]]:
     return request_headers, response_headers, response_body, bodies
 
 
-async def _drive(port: int, streams: int, seconds: float, warmup_s: float, pid: int) -> DecisionRun:
+async def drive(port: int, streams: int, seconds: float, warmup_s: float, pid: int) -> DecisionRun:
     """``streams`` concurrent whole-request streams against the server on ``port`` (over
     4 channels) for ``warmup_s`` + ``seconds``; counts and CPU of process ``pid`` over
     ``seconds``."""
@@ -220,7 +220,7 @@ def measure_decisions(
                 for streams in streams_levels:
                     console.print(f"extproc decisions: {streams} concurrent streams ...")
                     run = uvloop.run(
-                        _drive(running.grpc_port, streams, seconds, warmup, running.pid)
+                        drive(running.grpc_port, streams, seconds, warmup, running.pid)
                     )
                     run.pinned, run.idle_share = running.pinned, idle
                     runs.append(run)
@@ -253,7 +253,7 @@ def measure_null(
                 f"extproc decisions: do-nothing servicer (+{work_us:.0f} µs of work), "
                 f"{streams} streams ..."
             )
-            run = uvloop.run(_drive(port, streams, seconds, min(2.0, seconds / 3), pid))
+            run = uvloop.run(drive(port, streams, seconds, min(2.0, seconds / 3), pid))
             run.pinned = can_pin(PICKER_CPU)
             return run
         finally:

@@ -127,13 +127,16 @@ class Picker:
 
 
 @contextlib.contextmanager
-def picker(procs: Processes, config: Path, policy: str | None = None) -> Iterator[Picker]:
+def picker(
+    procs: Processes, config: Path, policy: str | None = None, name: str = "extproc"
+) -> Iterator[Picker]:
     """``sluicegate extproc`` on ``PICKER_CPU`` for the pool in ``config``, once it has
-    scraped the replicas (``/readyz``); stopped on exit."""
+    scraped the replicas (``/readyz``); stopped on exit. ``name``: its name among
+    ``procs`` (one per picker when several run)."""
     grpc_port = free_port_block(3)
     health_port, metrics_port = grpc_port + 1, grpc_port + 2
     pid = procs.start(
-        "extproc",
+        name,
         [
             *(sys.executable, "-m", "sluicegate", "--log-level", "warning", "extproc"),
             *("--config", str(config), "--host", "127.0.0.1", "--grace-period", "1"),
@@ -144,9 +147,9 @@ def picker(procs: Processes, config: Path, policy: str | None = None) -> Iterato
         PICKER_CPU,
     )
     try:
-        wait_listening(procs, "extproc", grpc_port, START_TIMEOUT_S)
+        wait_listening(procs, name, grpc_port, START_TIMEOUT_S)
         url = f"http://127.0.0.1:{metrics_port}/readyz"
-        wait_ready(procs, "extproc", url, START_TIMEOUT_S)
+        wait_ready(procs, name, url, START_TIMEOUT_S)
         yield Picker(pid, grpc_port, metrics_port, can_pin(PICKER_CPU))
     finally:
-        procs.stop("extproc", STOP_TIMEOUT_S)
+        procs.stop(name, STOP_TIMEOUT_S)
