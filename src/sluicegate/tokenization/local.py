@@ -33,7 +33,8 @@ import logging
 import threading
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import jinja2
@@ -49,9 +50,14 @@ from sluicegate.tokenization.chat import (
     UnrenderableError,
     template_source,
 )
+from sluicegate.tokenization.deferred import DeferredEncoder, Done
 from sluicegate.tokenization.prefix_cache import CHUNK_BYTES, PrefixTokenCache
+from sluicegate.tokenization.progressive import BlockKeying, Progress, advance, begin, store
 
 log = logging.getLogger(__name__)
+
+Enough = Callable[[Sequence[int]], bool]
+"""Given the block keys so far, whether the decision has what it needs."""
 
 CHARS_PER_TOKEN = 4
 """Characters of text encoded per token wanted, at first, when only a prefix of the
@@ -124,6 +130,11 @@ class LocalTokenizer(PoolTokenizer):
             and _cuts_exactly(self)
         )
         """Whether :meth:`text_ids` may encode only a prompt's prefix (see there)."""
+        self.progressive = self.cut_prefixes and not self.suffix_ids
+        """Whether :meth:`decide` may encode only as far as a decision needs (a
+        tokenizer that puts special tokens after the text encodes it whole)."""
+        self.deferred = DeferredEncoder(self.cache, self._encode, self._lock)
+        """The worker finishing decided prompts after dispatch."""
 
     @classmethod
     def load(cls, settings: TokenizerSettings) -> LocalTokenizer:
@@ -221,11 +232,7 @@ class LocalTokenizer(PoolTokenizer):
         # The cache is not thread-safe: one encode at a time goes through it. On the event
         # loop a busy cache (a worker thread encoding a long prompt) is bypassed rather
         # than waited for.
-        try:
-            asyncio.get_running_loop()
-            on_loop = True
-        except RuntimeError:  # a worker thread (or no loop at all)
-            on_loop = False
+        on_loop = _on_loop()
         if self._lock.acquire(blocking=not on_loop):
             try:
                 return self.cache.encode(text)
@@ -256,6 +263,15 @@ class LocalTokenizer(PoolTokenizer):
         return ids
 
     def _ids(self, request: LLMRequest, max_tokens: int) -> array[int] | None:
+        prompt = self._prompt(request)
+        if prompt is None or isinstance(prompt, array):
+            return prompt
+        text, special = prompt
+        return self.text_ids(text, special, max_tokens)
+
+    def _prompt(self, request: LLMRequest) -> tuple[str, bool] | array[int] | None:
+        """The text to encode and whether special tokens go around it; or the ids a
+        completion gave; or None (the fallback counted)."""
         body = request.body
         if body is None or request.kind not in ("chat", "completions"):
             self.counters.fallback("kind")
@@ -273,7 +289,7 @@ class LocalTokenizer(PoolTokenizer):
             except UnrenderableError:
                 self.counters.fallback("unsupported")
                 return None
-            return self.text_ids(text, special is True, max_tokens)
+            return text, special is True
         given = prompt_token_ids(request)
         if given is not None:
             return given
@@ -281,9 +297,110 @@ class LocalTokenizer(PoolTokenizer):
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             prompt = prompt[0]  # a batch: routed by its first prompt
         if isinstance(prompt, str):
-            return self.text_ids(prompt, special is not False, max_tokens)
+            return prompt, special is not False
         self.counters.fallback("unsupported")
         return None
+
+    # ------------------------------------------------------------ progressive encoding
+
+    def decide(
+        self,
+        request: LLMRequest,
+        keying: BlockKeying,
+        enough: Enough,
+        max_tokens: int = 0,
+        resume: Progress | None = None,
+    ) -> Progress | None:
+        """The prompt encoded only until ``enough(keys)`` (or ``max_tokens`` ids, or its
+        end), through the prefix cache (:mod:`~sluicegate.tokenization.progressive`);
+        ``keying`` without the special tokens, which this adds. None: route
+        approximately (counted). ``resume``: this request's progress from an earlier
+        pass, continued (not counted again)."""
+        started = time.perf_counter()
+        if resume is not None:
+            before = resume.encoded_tokens
+            try:
+                advance(resume, self._encode, enough, max_tokens)
+            finally:
+                self.counters.seconds += time.perf_counter() - started
+            self.cache.counters.tokens_encoded += resume.encoded_tokens - before
+            return resume
+        try:
+            p = self._decide(request, keying, enough, max_tokens)
+        finally:
+            self.counters.seconds += time.perf_counter() - started
+        if p is not None:
+            self.counters.tokenized += 1
+        return p
+
+    def _decide(
+        self, request: LLMRequest, keying: BlockKeying, enough: Enough, max_tokens: int
+    ) -> Progress | None:
+        prompt = self._prompt(request)
+        if prompt is None:
+            return None
+        if isinstance(prompt, array):
+            keys: list[int] = []
+            keying.extend(keys, prompt)
+            return Progress("", b"", [], keying, prompt, 0, keys, True)
+        text, special = prompt
+        if special and self.prefix_ids:
+            keying = replace(keying, lead=tuple(self.prefix_ids))
+        cache = self.cache
+        on_loop = _on_loop()
+        locked = self._lock.acquire(blocking=not on_loop)
+        if locked:
+            try:
+                p = begin(cache, text, keying)
+            finally:
+                self._lock.release()
+        else:  # a worker holds the cache through a whole encode: do without it
+            p = Progress(text, b"", [], keying, array("I"), 0, [], False)
+        known = 0 if p.whole else len(p.ids)
+        if not advance(p, self._encode, enough, max_tokens):
+            cache.counters.mismatches += 1
+            known = 0
+        counters = cache.counters
+        if known:
+            counters.prefix_hits += 1
+            counters.tokens_saved += known
+        elif p.encoded_tokens:
+            counters.misses += 1
+        counters.tokens_encoded += p.encoded_tokens
+        if locked and self._lock.acquire(blocking=not on_loop):
+            try:
+                store(cache, p)
+            finally:
+                self._lock.release()
+        return p
+
+    def finish_later(self, progress: Progress, done: Done | None = None) -> None:
+        """Encode the rest of a decided prompt after dispatch (bounded, counted; see
+        :mod:`~sluicegate.tokenization.deferred`)."""
+        if progress.whole:
+            if done is not None:
+                done(list(progress.keys))
+            return
+        if progress.data:
+            self.deferred.submit(progress, done)
+
+    async def fetch_decision(
+        self, request: LLMRequest, keying: BlockKeying, enough: Enough, max_tokens: int = 0
+    ) -> Progress | None:
+        """:meth:`decide` in a worker thread (a long prompt; ``enough`` must then only
+        read what it looks up)."""
+        return await asyncio.to_thread(self.decide, request, keying, enough, max_tokens)
+
+    async def close(self) -> None:
+        self.deferred.close()
+
+
+def _on_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # a worker thread (or no loop at all)
+        return False
+    return True
 
 
 def _safe_cut(text: str, chars: int) -> int:

@@ -284,6 +284,20 @@ class PreciseIndex:
         self._record(mask, depth, matched)
         return matched
 
+    def holder_mask(self, key: int) -> int:
+        """The bit mask of the endpoints holding ``key`` (bits as :meth:`mask_of` gives;
+        one dict lookup, safe to call from another thread)."""
+        return self._holders.get(key, 0)
+
+    def mask_of(self, endpoints: Iterable[str]) -> int:
+        """The bits of ``endpoints`` (those without entries have none)."""
+        mask = 0
+        for name in endpoints:
+            entries = self._endpoints.get(name)
+            if entries is not None:
+                mask |= entries.bit
+        return mask
+
     def holders(self, key: int) -> frozenset[str]:
         """The endpoints holding the block named ``key``."""
         found: dict[str, int] = {}

@@ -72,6 +72,8 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from functools import partial
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 
@@ -99,9 +101,13 @@ from sluicegate.framework import (
     StateKey,
 )
 from sluicegate.scheduling.approximate import ApproximatePrefix, ApproximatePrefixParameters
+from sluicegate.scheduling.precise_frontier import Frontier, keying
 from sluicegate.scheduling.speculative import SpeculativeEntries
 from sluicegate.tokenization.base import TOKENIZER_SERVICE, PoolTokenizer, TokenizerService
 from sluicegate.tokens import token_id_array
+
+if TYPE_CHECKING:
+    from sluicegate.tokenization.progressive import Progress
 
 """The approximate producer's default ``lruCapacityPerServer`` (16-token blocks)."""
 
@@ -114,6 +120,8 @@ _FETCHED: StateKey[array[int] | None] = StateKey("precise-prefix/token-ids")
 _FETCH_DONE: StateKey[bool] = StateKey("precise-prefix/fetched")
 """Set once the prefetch asked; before that (the host's pass ahead of the prefetch) a
 missing answer is not a fallback yet."""
+_PROGRESS: StateKey[Progress | None] = StateKey("precise-prefix/progress")
+"""A progressive tokenizer's encoding of the prompt (None: it could not tokenize it)."""
 _KEYS: StateKey[list[int]] = StateKey("precise-prefix/keys")
 """The request's block keys, when the pool has event streams (for speculative entries)."""
 
@@ -132,6 +140,7 @@ class PrecisePrefixCacheProducer(
         speculative_ttl_seconds: float = Field(default=2.0, gt=0, le=3600)
         max_speculative_entries: int = Field(default=100_000, ge=1, le=100_000_000)
         approximate_when_none_holds: bool = False
+        encode_whole_prompt: bool = False
 
     params: Parameters
 
@@ -178,30 +187,34 @@ class PrecisePrefixCacheProducer(
             if self.service is not None and counting:
                 self.service.lookups.fallbacks += len(endpoints)
             return
-        ids = self._token_ids(request, state, endpoints[0].pool)
-        if ids is None:  # the pool's tokenizer could not tokenize it: approximate
-            approx = self.approximate.match(request, endpoints)
-            state.put(_APPROXIMATE, approx)
-            state.put(PREFIX_MATCH, approx)
-            assert self.service is not None
-            tokenizer = self._tokenizer(endpoints[0].pool)
-            asked = tokenizer is None or not tokenizer.needs_io or state.get(_FETCH_DONE)
-            if counting and asked:
-                self.service.lookups.fallbacks += len(endpoints)
+        tokenizer = self._tokenizer(endpoints[0].pool)
+        progressive = (
+            tokenizer is not None and tokenizer.progressive and not self.params.encode_whole_prompt
+        )
+        ids = None if progressive else self._token_ids(request, state, endpoints[0].pool)
+        if ids is None and not progressive:
+            self._approximate_only(request, state, endpoints, tokenizer, counting)
             return
         index = subs.index
-        size = self._block_size(subs, endpoints)
-        synced: list[str] = []
-        unknown: list[Endpoint] = []
-        for e in endpoints:
-            learned = index.block_size(e.name)
-            if subs.view(e.name) is View.SYNCED and learned in (0, size):
-                synced.append(e.name)
-            else:
-                unknown.append(e)
+        size, synced, unknown = self._views(subs, endpoints)
         approx = self.approximate.match(request, unknown)
         state.put(_APPROXIMATE, approx)
-        keys = self._keys(request, ids, size)
+        limit = self.params.max_prefix_tokens_to_match
+        if progressive:
+            assert tokenizer is not None
+            progress = self._progress(request, state, tokenizer, subs, size, synced, approx)
+            if progress is None:
+                self._approximate_only(request, state, endpoints, tokenizer, counting)
+                return
+            keys = progress.keys
+            total = progress.estimated_blocks()
+            if limit:
+                keys = keys[: limit // size]
+                total = min(total, limit // size)
+        else:
+            assert ids is not None
+            keys = self._keys(request, ids, size)
+            total = len(keys)
         held = index.longest_prefix(keys) if keys and synced else {}
         matched = {name: held[name] for name in synced if name in held}
         spec = self.speculative
@@ -211,7 +224,6 @@ class PrecisePrefixCacheProducer(
                 depth = spec.extend(name, keys, matched.get(name, 0), now)
                 if depth:
                     matched[name] = depth
-        total = len(keys)
         for e in unknown:
             blocks = approx.matched_blocks.get(e.name, 0)
             if blocks:
@@ -234,7 +246,44 @@ class PrecisePrefixCacheProducer(
                 if blocks:
                     matched[name] = min(total, blocks * cold.block_tokens // size)
         state.put(_KEYS, keys)
-        state.put(PREFIX_MATCH, PrefixMatch(keys, size, matched))
+        state.put(
+            PREFIX_MATCH,
+            PrefixMatch(keys, size, matched, prompt_blocks=total if total != len(keys) else None),
+        )
+
+    def _approximate_only(
+        self,
+        request: LLMRequest,
+        state: CycleState,
+        endpoints: Sequence[Endpoint],
+        tokenizer: PoolTokenizer | None,
+        counting: bool,
+    ) -> None:
+        """The pool's tokenizer could not tokenize the request: the approximate match on
+        every candidate (counted once the tokenizer was asked)."""
+        approx = self.approximate.match(request, endpoints)
+        state.put(_APPROXIMATE, approx)
+        state.put(PREFIX_MATCH, approx)
+        assert self.service is not None
+        asked = tokenizer is None or not tokenizer.needs_io or state.get(_FETCH_DONE)
+        if counting and asked:
+            self.service.lookups.fallbacks += len(endpoints)
+
+    def _views(
+        self, subs: KVEventSubscribers, endpoints: Sequence[Endpoint]
+    ) -> tuple[int, list[str], list[Endpoint]]:
+        """The block size, the candidates whose view is synced at it, and the others."""
+        index = subs.index
+        size = self._block_size(subs, endpoints)
+        synced: list[str] = []
+        unknown: list[Endpoint] = []
+        for e in endpoints:
+            learned = index.block_size(e.name)
+            if subs.view(e.name) is View.SYNCED and learned in (0, size):
+                synced.append(e.name)
+            else:
+                unknown.append(e)
+        return size, synced, unknown
 
     def _subscribers(self, endpoints: Sequence[Endpoint]) -> KVEventSubscribers | None:
         if self.service is None or not endpoints:
@@ -267,14 +316,59 @@ class PrecisePrefixCacheProducer(
         tokenizer = self._tokenizer(endpoints[0].pool) if endpoints else None
         if tokenizer is None or not tokenizer.wants_fetch(request):
             return
-        if self._subscribers(endpoints) is None:
+        subs = self._subscribers(endpoints)
+        if subs is None:
             return
         limit = self.params.max_prefix_tokens_to_match
-        state.put(_FETCHED, await tokenizer.fetch(request, endpoints, limit))
+        if tokenizer.progressive and not self.params.encode_whole_prompt:
+            size, synced, unknown = self._views(subs, endpoints)
+            approx = self.approximate.match(request, unknown)
+            enough = self._frontier(subs, synced, approx, size)
+            state.put(
+                _PROGRESS,
+                await tokenizer.fetch_decision(request, keying(request, size), enough, limit),
+            )
+        else:
+            state.put(_FETCHED, await tokenizer.fetch(request, endpoints, limit))
         state.put(_FETCH_DONE, True)
         # the match from the fetched ids, for fetchers after this one (a remote latency
         # predictor builds its rows from it); nothing is counted in this pass
         self.produce(request, state, endpoints)
+
+    def _frontier(
+        self, subs: KVEventSubscribers, synced: Sequence[str], approx: PrefixMatch, size: int
+    ) -> Frontier:
+        """The ``enough`` test of a progressive decision over these candidates."""
+        need = max(
+            (b * approx.block_tokens // size for b in approx.matched_blocks.values()), default=0
+        )
+        return Frontier(subs.index, synced, self.speculative, need)
+
+    def _progress(
+        self,
+        request: LLMRequest,
+        state: CycleState,
+        tokenizer: PoolTokenizer,
+        subs: KVEventSubscribers,
+        size: int,
+        synced: Sequence[str],
+        approx: PrefixMatch,
+    ) -> Progress | None:
+        """The prompt encoded as far as this decision needs (None: route approximately),
+        continuing what an earlier pass (the prefetch) encoded."""
+        limit = self.params.max_prefix_tokens_to_match
+        done = state.get(_FETCH_DONE)
+        if not done and state.get(PREFETCH_PASS) and tokenizer.wants_fetch(request):
+            return None  # ahead of its fetch
+        earlier = state.get(_PROGRESS) if done else None
+        if done and earlier is None:
+            return None  # the fetch could not tokenize it
+        enough = self._frontier(subs, synced, approx, size)
+        progress = tokenizer.decide(request, keying(request, size), enough, limit, earlier)
+        state.put(_PROGRESS, progress)
+        if state.get(PREFETCH_PASS):
+            state.put(_FETCH_DONE, True)
+        return progress
 
     def _tokenizer(self, pool: str) -> PoolTokenizer | None:
         return None if self.tokenizers is None else self.tokenizers.pools.get(pool)
@@ -325,9 +419,26 @@ class PrecisePrefixCacheProducer(
         spec = self.speculative
         keys = state.get(_KEYS) if spec is not None else None
         if spec is not None and keys:
-            subs = self._subscribers([target])
-            if subs is not None and subs.view(target.name) is View.SYNCED:
-                spec.insert(target.name, keys, self.clock.now())
+            self._speculate(target.name, target.pool, keys)
+        progress = state.get(_PROGRESS)
+        tokenizer = self._tokenizer(target.pool)
+        if progress is not None and tokenizer is not None and tokenizer.progressive:
+            # the rest of the prompt, after dispatch: the prefix cache gets the whole
+            # conversation, and speculation the blocks the decision did not need
+            more = spec is not None and not progress.whole
+            done = partial(self._speculate, target.name, target.pool) if more else None
+            tokenizer.finish_later(progress, done)
+
+    def _speculate(self, endpoint: str, pool: str, keys: list[int]) -> None:
+        """Mark ``keys`` (at most ``maxPrefixTokensToMatch``'s blocks) speculatively held
+        by ``endpoint`` when its view is synced."""
+        spec = self.speculative
+        subs = None if self.service is None else self.service.pools.get(pool)
+        if spec is None or subs is None or subs.view(endpoint) is not View.SYNCED:
+            return
+        limit = self.params.max_prefix_tokens_to_match
+        size = subs.index.block_size(endpoint) or VLLM_DEFAULT_BLOCK_SIZE
+        spec.insert(endpoint, keys[: limit // size] if limit else keys, self.clock.now())
 
     def indexed_blocks(self) -> int:
         return len(self.approximate)
