@@ -367,12 +367,16 @@ class LocalTokenizer(PoolTokenizer):
         elif p.encoded_tokens:
             counters.misses += 1
         counters.tokens_encoded += p.encoded_tokens
-        if locked and self._lock.acquire(blocking=not on_loop):
+        if locked and p.whole:  # a partial encoding is stored when it is finished
+            self._store(p, on_loop)
+        return p
+
+    def _store(self, p: Progress, on_loop: bool) -> None:
+        if self._lock.acquire(blocking=not on_loop):
             try:
-                store(cache, p)
+                store(self.cache, p)
             finally:
                 self._lock.release()
-        return p
 
     def finish_later(self, progress: Progress, done: Done | None = None) -> None:
         """Encode the rest of a decided prompt after dispatch (bounded, counted; see
@@ -381,8 +385,8 @@ class LocalTokenizer(PoolTokenizer):
             if done is not None:
                 done(list(progress.keys))
             return
-        if progress.data:
-            self.deferred.submit(progress, done)
+        if progress.data and not self.deferred.submit(progress, done):
+            self._store(progress, _on_loop())  # dropped: keep at least what was encoded
 
     async def fetch_decision(
         self, request: LLMRequest, keying: BlockKeying, enough: Enough, max_tokens: int = 0

@@ -179,9 +179,21 @@ class PrefixTokenCache:
         self.counters.tokens_saved += len(entry.ids)
         return key, entry
 
+    def rekey(self, key: int, keys: array[int], keying: BlockKeying) -> None:
+        """Replace entry ``key``'s cached block keys (its size bound kept: an entry that
+        would outgrow the cache's bytes keeps none)."""
+        entry = self._entries[key]
+        grow = 8 * (len(keys) - len(entry.keys))
+        if self.nbytes + grow > self.max_bytes:
+            return
+        entry.keys, entry.keying = keys, keying
+        entry.nbytes += grow
+        self.nbytes += grow
+
     def _longest(self, data: bytes, hashes: list[int]) -> tuple[int, _Entry, int] | None:
         """The entry sharing the longest chunk-aligned prefix with ``data`` (its key and
-        itself), and the bytes they share (the entry's whole text when it is a prefix)."""
+        itself), and the bytes they share (exactly: the entry's whole text when it is a
+        prefix, else up to where they first differ)."""
         for k in range(len(hashes) - 1, -1, -1):
             key = self._by_chunk.get(hashes[k])
             if key is None:
@@ -192,7 +204,7 @@ class PrefixTokenCache:
                 self._entries.move_to_end(key)
                 if data.startswith(entry.data):
                     return key, entry, len(entry.data)
-                return key, entry, end
+                return key, entry, _common_end(data, entry.data, end)
         return None
 
     def _continue(self, entry: _Entry, text: str, data: bytes, shared: int) -> _Entry | None:
@@ -261,6 +273,19 @@ class PrefixTokenCache:
                 del self._by_chunk[h]
         if self._by_whole.get(entry.whole) == key:
             del self._by_whole[entry.whole]
+
+
+def _common_end(a: bytes, b: bytes, start: int) -> int:
+    """The length of the common prefix of ``a`` and ``b``, known to be ≥ ``start``: a
+    binary search comparing slices (C memcmp), O(length − start) bytes compared."""
+    lo, hi = start, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _entry_of(

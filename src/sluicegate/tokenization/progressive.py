@@ -47,7 +47,8 @@ from sluicegate.tokenization.prefix_cache import (
 
 FIRST_CHUNK_CHARS = 256
 """Characters encoded by the first chunk past what the cache knows (about 60 tokens of
-English: four 16-token blocks); each later chunk is as long as all before it."""
+English: four 16-token blocks); each later chunk twice the one before. Finishing a prompt
+after dispatch encodes the rest in one piece."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +180,7 @@ def advance(
     while not p.whole and (enough is None or not enough(p.keys)):
         if limit and len(p.ids) >= limit:
             break
-        end = p.chars + p.chunk
+        end = len(text) if enough is None and not limit else p.chars + p.chunk
         if p.check is not None:
             end = max(end, p.chars + p.check[0] + MARGIN_CHARS)
         cut = _safe_cut(text, end, p.chars) if end < len(text) else len(text)
@@ -200,7 +201,7 @@ def advance(
         p.safe_tokens.extend(t + start for t in made.safe_tokens)
         p.ids.extend(ids)
         p.encoded_tokens += len(ids)
-        p.chunk = max(p.chunk, cut - p.chars)
+        p.chunk = max(p.chunk, cut - p.chars) * 2
         p.chars = cut
         p.whole = cut >= len(text)
         p.keying.extend(p.keys, p.ids)
@@ -218,8 +219,11 @@ def store(cache: PrefixTokenCache, p: Progress) -> None:
         data = p.data[: p.chars] if p.text.isascii() else p.text[: p.chars].encode()
         hashes = p.hashes[: len(data) // CHUNK_BYTES]
     if p.stored is not None and p.stored in cache._entries:
-        if cache._entries[p.stored].data == data:
-            return  # nothing new
+        kept = cache._entries[p.stored]
+        if kept.data == data:  # nothing new but, perhaps, the block keys
+            if kept.keying != p.keying and len(p.keys) >= len(kept.keys):
+                cache.rekey(p.stored, array("Q", p.keys), p.keying)
+            return
         cache._drop(p.stored)
     entry = _Entry(data, p.ids, p.safe_chars, p.safe_tokens, [], 0)
     entry.keys = array("Q", p.keys)

@@ -200,9 +200,12 @@ class PrecisePrefixCacheProducer(
         approx = self.approximate.match(request, unknown)
         state.put(_APPROXIMATE, approx)
         limit = self.params.max_prefix_tokens_to_match
+        frontier: Frontier | None = None
         if progressive:
             assert tokenizer is not None
-            progress = self._progress(request, state, tokenizer, subs, size, synced, approx)
+            progress, frontier = self._progress(
+                request, state, tokenizer, subs, size, synced, approx
+            )
             if progress is None:
                 self._approximate_only(request, state, endpoints, tokenizer, counting)
                 return
@@ -215,7 +218,9 @@ class PrecisePrefixCacheProducer(
             assert ids is not None
             keys = self._keys(request, ids, size)
             total = len(keys)
-        held = index.longest_prefix(keys) if keys and synced else {}
+        held = frontier.matched(keys) if frontier is not None else None
+        if held is None:
+            held = index.longest_prefix(keys) if keys and synced else {}
         matched = {name: held[name] for name in synced if name in held}
         spec = self.speculative
         if spec is not None and keys:
@@ -353,22 +358,23 @@ class PrecisePrefixCacheProducer(
         size: int,
         synced: Sequence[str],
         approx: PrefixMatch,
-    ) -> Progress | None:
+    ) -> tuple[Progress | None, Frontier | None]:
         """The prompt encoded as far as this decision needs (None: route approximately),
-        continuing what an earlier pass (the prefetch) encoded."""
+        continuing what an earlier pass (the prefetch) encoded, and the walk that
+        decided how far."""
         limit = self.params.max_prefix_tokens_to_match
         done = state.get(_FETCH_DONE)
         if not done and state.get(PREFETCH_PASS) and tokenizer.wants_fetch(request):
-            return None  # ahead of its fetch
+            return None, None  # ahead of its fetch
         earlier = state.get(_PROGRESS) if done else None
         if done and earlier is None:
-            return None  # the fetch could not tokenize it
+            return None, None  # the fetch could not tokenize it
         enough = self._frontier(subs, synced, approx, size)
         progress = tokenizer.decide(request, keying(request, size), enough, limit, earlier)
         state.put(_PROGRESS, progress)
         if state.get(PREFETCH_PASS):
             state.put(_FETCH_DONE, True)
-        return progress
+        return progress, enough
 
     def _tokenizer(self, pool: str) -> PoolTokenizer | None:
         return None if self.tokenizers is None else self.tokenizers.pools.get(pool)
