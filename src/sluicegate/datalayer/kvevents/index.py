@@ -205,8 +205,12 @@ class PreciseIndex:
         except OverflowError:  # a token id array("I") cannot hold
             self.counters.invalid += n
             return
+        # locals and one counter update per event: this loop is the ingestion's hot path
+        get, held = by_hash.get, holders.get
+        capacity = entries.capacity
+        stored = 0
         for vllm_hash, key in zip(event.block_hashes, keys, strict=True):
-            old = by_hash.get(vllm_hash)
+            old = get(vllm_hash)
             if old is not None:
                 by_hash.move_to_end(vllm_hash)
                 if old == key:
@@ -216,34 +220,48 @@ class PreciseIndex:
                 entries.copies.pop(vllm_hash, None)
                 self._release(entries, old)
             by_hash[vllm_hash] = key
-            mask = holders.get(key, 0)
+            mask = held(key, 0)
             if mask & bit:
                 entries.dup[key] = entries.dup.get(key, 0) + 1
             else:
                 holders[key] = mask | bit
-            self.counters.stored += 1
-            if len(by_hash) > entries.capacity:
+            stored += 1
+            if len(by_hash) > capacity:
                 self._evict_oldest(entries)
+        self.counters.stored += stored
 
     def remove(self, endpoint: str, block_hashes: Iterable[BlockHash]) -> None:
         """Forget the given vLLM hashes on ``endpoint`` (unknown ones are ignored)."""
         entries = self._endpoints.get(endpoint)
         if entries is None:
             return
-        copies = entries.copies
+        copies, pop = entries.copies, entries.by_hash.pop
+        holders, keep, plain = self._holders, ~entries.bit, not entries.dup
+        removed = 0
         for vllm_hash in block_hashes:
-            extra = copies.get(vllm_hash)
-            if extra is not None:  # another physical copy remains
-                if extra > 1:
-                    copies[vllm_hash] = extra - 1
-                else:
-                    del copies[vllm_hash]
-                self.counters.removed += 1
+            if copies:
+                extra = copies.get(vllm_hash)
+                if extra is not None:  # another physical copy remains
+                    if extra > 1:
+                        copies[vllm_hash] = extra - 1
+                    else:
+                        del copies[vllm_hash]
+                    removed += 1
+                    continue
+            key = pop(vllm_hash, None)
+            if key is None:
                 continue
-            key = entries.by_hash.pop(vllm_hash, None)
-            if key is not None:
+            removed += 1
+            if plain:  # _release inlined: no key held twice by this endpoint
+                mask = holders.get(key, 0) & keep
+                if mask:
+                    holders[key] = mask
+                else:
+                    holders.pop(key, None)
+            else:
                 self._release(entries, key)
-                self.counters.removed += 1
+                plain = not entries.dup
+        self.counters.removed += removed
 
     def drop_endpoint(self, endpoint: str, *, keep_capacity: bool = False) -> None:
         """Remove every entry of ``endpoint`` (it left, cleared, restarted or lost events);
