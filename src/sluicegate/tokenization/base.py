@@ -66,6 +66,17 @@ class TokenizerCounters:
         self.fallbacks[reason] += 1
 
 
+@dataclass
+class DeferredCounters:
+    """Totals since start of prompts finished after dispatch (progressive encoding):
+    finished, dropped for a full queue, failed (logged), and the worker's CPU seconds."""
+
+    finished: int = 0
+    dropped: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+
+
 class PoolTokenizer(abc.ABC):
     """One pool's tokenizer: a request's token ids as the pool's servers will see them."""
 
@@ -75,6 +86,8 @@ class PoolTokenizer(abc.ABC):
     """True when ids come from :meth:`fetch` (an awaited call) rather than :meth:`token_ids`."""
     prefix_cache: PrefixTokenCache | None = None
     """Its cache of prompts seen, if it keeps one (for metrics)."""
+    deferred_counters: DeferredCounters | None = None
+    """Its worker's counters, if it finishes prompts after dispatch (for metrics)."""
     progressive: bool = False
     """Whether it offers :meth:`decide`: a prompt encoded only as far as a decision
     needs (:mod:`sluicegate.tokenization.progressive`), the rest after dispatch."""
@@ -168,6 +181,7 @@ class TokenizerService:
 __all__ = [
     "FALLBACK_REASONS",
     "TOKENIZER_SERVICE",
+    "DeferredCounters",
     "FallbackReason",
     "PoolTokenizer",
     "TokenizerCounters",

@@ -20,10 +20,10 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from tokenizers import Encoding
 
+from sluicegate.tokenization.base import DeferredCounters
 from sluicegate.tokenization.prefix_cache import PrefixTokenCache
 from sluicegate.tokenization.progressive import Progress, advance, store
 
@@ -36,45 +36,48 @@ Done = Callable[[list[int]], None]
 _Job = tuple[Progress, Done | None, asyncio.AbstractEventLoop | None]
 
 
-@dataclass
-class DeferredCounters:
-    """Totals since start: prompts finished after dispatch, dropped for a full queue,
-    failed (logged), and the worker's CPU seconds."""
-
-    finished: int = 0
-    dropped: int = 0
-    failed: int = 0
-    seconds: float = 0.0
-
-
 class DeferredEncoder:
     """One worker thread finishing prompts into ``cache`` (see the module docstring)."""
 
     def __init__(
-        self, cache: PrefixTokenCache, encode: Callable[[str], Encoding], lock: threading.Lock
+        self,
+        cache: PrefixTokenCache,
+        encode: Callable[[str], Encoding],
+        lock: threading.Lock,
+        on_drop: Callable[[Progress], None] | None = None,
     ) -> None:
         self.cache = cache
         self.encode = encode
         self.lock = lock
+        self.on_drop = on_drop
+        """Called (on the submitting thread) with a prompt the full queue refused."""
         self.counters = DeferredCounters()
         self._queue: queue.Queue[_Job | None] = queue.Queue(MAX_PENDING)
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
 
-    def submit(self, progress: Progress, done: Done | None = None) -> bool:
-        """Queue ``progress`` to be encoded to its end and stored; False (counted) when
-        the queue is full."""
+    def submit(self, progress: Progress, done: Done | None = None) -> None:
+        """Queue ``progress`` to be encoded to its end and stored (a full queue drops it,
+        counted, and hands it to ``on_drop``). On an event loop it is queued once the
+        current callback returns — the request's handler has dispatched it and yielded —
+        so the worker does not contend with the rest of the decision for the GIL."""
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
         self._ensure_thread()
+        if loop is None:
+            self._enqueue((progress, done, None))
+        else:
+            loop.call_soon(self._enqueue, (progress, done, loop))
+
+    def _enqueue(self, job: _Job) -> None:
         try:
-            self._queue.put_nowait((progress, done, loop))
+            self._queue.put_nowait(job)
         except queue.Full:
             self.counters.dropped += 1
-            return False
-        return True
+            if self.on_drop is not None:
+                self.on_drop(job[0])
 
     def drain(self) -> None:
         """Wait until every queued prompt is finished (benchmarks, tests)."""
@@ -134,4 +137,4 @@ class DeferredEncoder:
             loop.call_soon_threadsafe(done, keys)
 
 
-__all__ = ["MAX_PENDING", "DeferredCounters", "DeferredEncoder"]
+__all__ = ["MAX_PENDING", "DeferredEncoder"]

@@ -133,8 +133,11 @@ class LocalTokenizer(PoolTokenizer):
         self.progressive = self.cut_prefixes and not self.suffix_ids
         """Whether :meth:`decide` may encode only as far as a decision needs (a
         tokenizer that puts special tokens after the text encodes it whole)."""
-        self.deferred = DeferredEncoder(self.cache, self._encode, self._lock)
+        self.deferred = DeferredEncoder(
+            self.cache, self._encode, self._lock, lambda p: self._store(p, _on_loop())
+        )
         """The worker finishing decided prompts after dispatch."""
+        self.deferred_counters = self.deferred.counters
 
     @classmethod
     def load(cls, settings: TokenizerSettings) -> LocalTokenizer:
@@ -385,8 +388,8 @@ class LocalTokenizer(PoolTokenizer):
             if done is not None:
                 done(list(progress.keys))
             return
-        if progress.data and not self.deferred.submit(progress, done):
-            self._store(progress, _on_loop())  # dropped: keep at least what was encoded
+        if progress.data:  # dropped when the queue is full: the cache keeps what it has
+            self.deferred.submit(progress, done)
 
     async def fetch_decision(
         self, request: LLMRequest, keying: BlockKeying, enough: Enough, max_tokens: int = 0
