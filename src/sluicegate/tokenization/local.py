@@ -51,8 +51,15 @@ from sluicegate.tokenization.chat import (
     template_source,
 )
 from sluicegate.tokenization.deferred import DeferredEncoder, Done
-from sluicegate.tokenization.prefix_cache import CHUNK_BYTES, PrefixTokenCache
+from sluicegate.tokenization.prefix_cache import PrefixTokenCache
 from sluicegate.tokenization.progressive import BlockKeying, Progress, advance, begin, store
+from sluicegate.tokenization.selfcheck import (
+    continues_exactly,
+    cuts_exactly,
+    safe_cut,
+    special_around,
+)
+from sluicegate.tokenization.selfcheck import stamp as file_stamp
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +79,6 @@ the encode (measured: docs/configuration.md#tokenizer)."""
 _GIL_FREE_CHARS = 4096
 """Texts at least this long are encoded with ``encode_batch``, which releases the GIL
 (``encode`` holds it) — so another thread, the event loop, runs meanwhile."""
-
-_SELF_CHECK_TEXT = (
-    "<|system|>You are a careful assistant.\n  Answer briefly; don't ramble!\n"
-    "<|user|>What's 12345 + 678?\tShow the steps:   first add units, then tens.\n\n"
-    "<|assistant|>Sure — naïve sums: 12345 + 678 = 13023.\r\n"
-)
 
 
 class LocalTokenizer(PoolTokenizer):
@@ -106,11 +107,11 @@ class LocalTokenizer(PoolTokenizer):
         tokenizer.no_padding()
         self._content = content
         self._full = tokenizer
-        self.prefix_ids, self.suffix_ids = _special_around(tokenizer, content)
+        self.prefix_ids, self.suffix_ids = special_around(tokenizer, content)
         self.cache = self.prefix_cache = PrefixTokenCache(
             self._encode, settings.cache_bytes, settings.cache_entries
         )
-        if not _continues_exactly(self):
+        if not continues_exactly(self._encode):
             log.warning(
                 "tokenizer %s: cutting an encoding at a word start does not reproduce the "
                 "whole encoding; only exact repeats are cached",
@@ -120,14 +121,15 @@ class LocalTokenizer(PoolTokenizer):
         self.config = config
         self._lock = threading.Lock()
         self.stamp: tuple[tuple[int, int] | None, ...] = ()
-        """The files' (mtime_ns, size) when loaded (see :func:`_stamp`)."""
+        """The files' (mtime_ns, size) when loaded (see
+        :func:`~sluicegate.tokenization.selfcheck.stamp`)."""
         # A prompt may be encoded only up to a word boundary when the tokenizer's added
         # tokens cannot straddle or swallow the space it is cut before.
         added = content.get_added_tokens_decoder().values()
         self.cut_prefixes = (
             self.cache.continuation
             and not any(" " in t.content or t.rstrip for t in added)
-            and _cuts_exactly(self)
+            and cuts_exactly(self._encode)
         )
         """Whether :meth:`text_ids` may encode only a prompt's prefix (see there)."""
         self.progressive = self.cut_prefixes and not self.suffix_ids
@@ -143,7 +145,7 @@ class LocalTokenizer(PoolTokenizer):
     def load(cls, settings: TokenizerSettings) -> LocalTokenizer:
         """Read and compile everything ``settings`` names; raises TokenizerLoadError."""
         assert settings.path is not None  # the settings model requires it for local
-        stamp = _stamp(settings)  # before reading: a file changed meanwhile reloads next time
+        stamp = file_stamp(settings)  # before reading: a file changed meanwhile reloads next time
         path = Path(settings.path)
         file = path / "tokenizer.json" if path.is_dir() else path
         directory = file.parent
@@ -192,7 +194,7 @@ class LocalTokenizer(PoolTokenizer):
         return made
 
     def files_unchanged(self) -> bool:
-        return _stamp(self.settings) == self.stamp
+        return file_stamp(self.settings) == self.stamp
 
     def _encode(self, text: str) -> Encoding:
         if len(text) >= _GIL_FREE_CHARS:
@@ -219,10 +221,10 @@ class LocalTokenizer(PoolTokenizer):
         (> 0) ids; whether they are the whole text's. The prefix ends before a space
         that follows a non-space: a word boundary of byte-level BPE's pre-tokenizer
         and of Metaspace, where the words before it come out as in the whole text
-        (checked at load by :func:`_cuts_exactly`)."""
+        (checked at load by :func:`~sluicegate.tokenization.selfcheck.cuts_exactly`)."""
         chars = max_tokens * CHARS_PER_TOKEN
         while self.cut_prefixes and 0 < chars < len(text):
-            cut = _safe_cut(text, chars)
+            cut = safe_cut(text, chars)
             if cut <= 0:
                 break
             ids = self._cached(text[:cut])
@@ -407,80 +409,6 @@ def _on_loop() -> bool:
         asyncio.get_running_loop()
     except RuntimeError:  # a worker thread (or no loop at all)
         return False
-    return True
-
-
-def _safe_cut(text: str, chars: int) -> int:
-    """The last index ≤ ``chars`` of a space preceded by a non-space (0: none found
-    within a bounded search, e.g. a text of spaces)."""
-    at = text.rfind(" ", 0, chars + 1)
-    for _ in range(256):
-        if at <= 0 or not text[at - 1].isspace():
-            return max(at, 0)
-        at = text.rfind(" ", 0, at - 1)
-    return 0
-
-
-def _stamp(settings: TokenizerSettings) -> tuple[tuple[int, int] | None, ...]:
-    """(mtime_ns, size) of each file a local tokenizer is read from (None: absent)."""
-    assert settings.path is not None
-    path = Path(settings.path)
-    directory = path if path.is_dir() else path.parent
-    files = [
-        directory / "tokenizer.json" if path.is_dir() else path,
-        directory / "tokenizer_config.json",
-        directory / "chat_template.jinja",
-    ]
-    if settings.chat_template is not None:
-        files.append(Path(settings.chat_template))
-    out: list[tuple[int, int] | None] = []
-    for file in files:
-        try:
-            st = file.stat()
-        except OSError:
-            out.append(None)
-            continue
-        out.append((st.st_mtime_ns, st.st_size))
-    return tuple(out)
-
-
-def _special_around(full: Tokenizer, content: Tokenizer) -> tuple[list[int], list[int]]:
-    """The ids the post-processor puts before and after a text's ids (e.g. Llama's BOS),
-    found by encoding a sample both ways."""
-    sample = "Hello world"
-    inner = content.encode(sample, add_special_tokens=False).ids
-    outer = full.encode(sample, add_special_tokens=True).ids
-    for start in range(len(outer) - len(inner) + 1):
-        if outer[start : start + len(inner)] == inner:
-            return outer[:start], outer[start + len(inner) :]
-    raise TokenizerLoadError(
-        "the tokenizer's post-processor changes the text's own tokens; not supported"
-    )
-
-
-def _continues_exactly(tok: LocalTokenizer) -> bool:
-    """Whether continuing a cached encoding at a safe point reproduces the whole encoding,
-    on a sample long enough for several chunks (checked once, at load)."""
-    text = _SELF_CHECK_TEXT * (4 * CHUNK_BYTES // len(_SELF_CHECK_TEXT) + 2)
-    whole = array("I", tok._encode(text).ids)
-    for cut in (CHUNK_BYTES + 7, 2 * CHUNK_BYTES + 100, 3 * CHUNK_BYTES + 333):
-        probe = PrefixTokenCache(tok._encode, 1 << 26, 8)
-        probe.encode(text[:cut])
-        if probe.encode(text) != whole or probe.counters.prefix_hits != 1:
-            return False
-    return True
-
-
-def _cuts_exactly(tok: LocalTokenizer) -> bool:
-    """Whether encoding a prefix cut by :func:`_safe_cut` gives the whole encoding's first
-    ids, on a sample (checked once, at load)."""
-    text = _SELF_CHECK_TEXT * 8
-    whole = tok._encode(text).ids
-    for chars in (40, 97, 230, 511, 800):
-        cut = _safe_cut(text, chars)
-        part = tok._encode(text[:cut]).ids
-        if cut <= 0 or part != whole[: len(part)]:
-            return False
     return True
 
 

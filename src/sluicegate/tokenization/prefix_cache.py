@@ -28,7 +28,12 @@ the whole encoding over random texts and cut points with a real byte-level BPE.
 
 **Finding the entry.** Each entry registers chained xxh3 hashes of its text at every
 :data:`CHUNK_BYTES` boundary of its UTF-8, and one of its whole text; a lookup hashes the new text's
-chunks, probes from the longest, and compares the text itself before trusting a hit.
+chunks, probes from the longest, compares the text itself before trusting a hit, and
+finds where the two texts first differ (a binary search over the bytes).
+
+Entries stored by progressive encoding (:mod:`sluicegate.tokenization.progressive`) also
+keep the block keys of their ids (8 bytes per block, counted in the bound), for the
+keying they were made with.
 """
 
 from __future__ import annotations

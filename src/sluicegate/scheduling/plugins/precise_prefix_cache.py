@@ -24,6 +24,17 @@ them; lookups are counted only in the pass in ``submit``. A request the pool's t
 cannot tokenize (the template rejects it, ``/tokenize`` times out) is matched
 approximately on every candidate, and counted by the tokenizer.
 
+Progressive encoding (``local``, unless ``encodeWholePrompt: true``): the prompt is
+encoded only as far as the decision needs — up to the first block no synced candidate
+still matching holds, and at least as far as the unknown candidates' converted
+approximate matches reach (:mod:`sluicegate.scheduling.precise_frontier`,
+:mod:`sluicegate.tokenization.progressive`); the rest is encoded after dispatch by the
+tokenizer's worker. Every candidate's ``matchedBlocks`` (so the cached tokens the latency
+features use) is exactly the whole encoding's; the prompt's block count (``totalBlocks``,
+the scores' denominator) is then estimated from the encoded part's tokens per character,
+and with speculation the blocks past the decision's become speculative entries when the
+worker is done.
+
 Per request: the ids are cut into blocks of the servers' block size — the ``block_size``
 vLLM sends in every ``BlockStored`` (the first synced candidate's; else the scraped
 ``cache_config_info`` block size; else vLLM's default 16) — and keyed by
@@ -56,16 +67,14 @@ pressure (docs/benchmarks/cache-pressure). The lookup counters count such reques
 misses.
 
 Parameters: ``maxPrefixTokensToMatch`` (131072; tokens of the prompt considered, 0 =
-whole prompt), the speculative ones above, ``approximateWhenNoneHolds``, and for the
+whole prompt), the speculative ones above, ``approximateWhenNoneHolds``,
+``encodeWholePrompt`` (false), and for the
 fallback the approximate producer's ``blockSizeTokens`` (64), ``lruCapacityPerServer``
 (31250) and ``autoTune`` (true), with the same meanings and defaults as there
 (docs/plugins.md#approx-prefix-cache-producer).
 
-Cost on top of the approximate producer: one token-id conversion and one xxh3 per block
-of the prompt, one dict lookup per matched block (the index's ``longest_prefix``).
-Measured (CPython 3.11, shared 2-core machine, 8 synced endpoints holding 1/8 … 8/8 of
-the prompt in 16-token blocks): a 16 KB prompt (256 blocks) about 92 µs per request
-(approximate alone: 13 µs), a 1 KB prompt about 26 µs.
+Cost: measured in docs/benchmarks/scheduling.md (``sluicegate bench micro
+tokenization``), the built-in tokenizer's in docs/plugins.md.
 """
 
 from __future__ import annotations
@@ -78,10 +87,8 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.datalayer.kvevents.index import block_keys
 from sluicegate.datalayer.kvevents.service import KV_EVENTS_SERVICE, KVEventsService
 from sluicegate.datalayer.kvevents.subscriber import KVEventSubscribers, View
-from sluicegate.datalayer.kvevents.wire import extra_key_bytes
 from sluicegate.framework import (
     PREFETCH_PASS,
     PREFIX_MATCH,
@@ -216,7 +223,8 @@ class PrecisePrefixCacheProducer(
                 total = min(total, limit // size)
         else:
             assert ids is not None
-            keys = self._keys(request, ids, size)
+            keys = []
+            keying(request, size).extend(keys, ids)
             total = len(keys)
         held = frontier.matched(keys) if frontier is not None else None
         if held is None:
@@ -399,23 +407,6 @@ class PrecisePrefixCacheProducer(
         if ids is not None and 0 < limit < len(ids):
             return ids[:limit]
         return ids
-
-    def _keys(self, request: LLMRequest, ids: array[int], size: int) -> list[int]:
-        """The request's block keys, built as vLLM names blocks (extra keys: the LoRA name
-        on every block, the cache salt after it on the first)."""
-        n = len(ids) // size
-        if not n:
-            return []
-        lora = (request.target_model,) if request.is_adapter else ()
-        extras: list[bytes | None] | None = None
-        if lora or request.cache_salt:
-            rest = extra_key_bytes(lora)
-            extras = [rest] * n
-            extras[0] = extra_key_bytes((*lora, request.cache_salt) if request.cache_salt else lora)
-        try:
-            return block_keys(ids, size, extras)
-        except OverflowError:  # cannot happen: ids are an array("I")
-            return []
 
     def pre_request(self, request: LLMRequest, state: CycleState, result: SchedulingResult) -> None:
         target = result.targets[0]
