@@ -203,3 +203,38 @@ def test_the_deferred_queue_is_bounded(tiny_dir: Path) -> None:
         gate.set()
     tok.deferred.drain()
     assert tok.deferred.counters.finished + tok.deferred.counters.dropped == len(texts)
+
+
+def test_the_cache_stays_within_its_bounds_with_block_keys(tiny_dir: Path) -> None:
+    settings = TokenizerSettings(
+        source="local", path=str(tiny_dir), cache_bytes=200_000, cache_entries=5
+    )
+    tok = LocalTokenizer.load(settings)
+    keying = BlockKeying(BS)
+    for seed in range(40):
+        text = " ".join(corpus(60, seed))
+        body = {"model": "m", "prompt": text, "add_special_tokens": False}
+        request = LLMRequest(str(seed), "m", "m", b"x", 3, 0.0, kind="completions", body=body)
+        p = tok.decide(request, keying, lambda keys: len(keys) >= 2)
+        assert p is not None
+        tok.finish_later(p)
+        tok.deferred.drain()
+        assert tok.cache.nbytes <= 200_000
+        assert len(tok.cache) <= 5
+    kept = list(tok.cache._entries.values())
+    assert kept
+    assert all(len(e.keys) == (len(e.ids) // BS) for e in kept)  # keys came with them
+    assert tok.cache.counters.evictions > 0
+
+
+async def test_closing_never_blocks_and_later_prompts_are_dropped(tiny_dir: Path) -> None:
+    tok = LocalTokenizer.load(TokenizerSettings(source="local", path=str(tiny_dir)))
+    text = " ".join(corpus(40, 1))
+    body = {"model": "m", "prompt": text, "add_special_tokens": False}
+    request = LLMRequest("r", "m", "m", b"x", 3, 0.0, kind="completions", body=body)
+    p = tok.decide(request, BlockKeying(BS), lambda keys: len(keys) >= 1)
+    assert p is not None
+    assert not p.whole
+    await tok.close()
+    tok.finish_later(p)
+    assert tok.deferred.counters.dropped == 1

@@ -15,6 +15,7 @@ the worker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -55,12 +56,16 @@ class DeferredEncoder:
         self._queue: queue.Queue[_Job | None] = queue.Queue(MAX_PENDING)
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
+        self._stopping = False
 
     def submit(self, progress: Progress, done: Done | None = None) -> None:
         """Queue ``progress`` to be encoded to its end and stored (a full queue drops it,
         counted, and hands it to ``on_drop``). On an event loop it is queued once the
         current callback returns — the request's handler has dispatched it and yielded —
         so the worker does not contend with the rest of the decision for the GIL."""
+        if self._stopping:  # closed (its tokenizer was replaced): nothing is finished
+            self.counters.dropped += 1
+            return
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -85,10 +90,12 @@ class DeferredEncoder:
             self._queue.join()
 
     def close(self) -> None:
-        """Stop the worker once what is queued is done (it is a daemon thread: a process
-        exiting does not wait for it)."""
+        """Stop the worker after the prompt it is on (what is still queued is dropped; it
+        is a daemon thread: a process exiting does not wait for it). Never blocks."""
+        self._stopping = True
         if self._thread is not None:
-            self._queue.put(None)
+            with contextlib.suppress(queue.Full):  # busy: it sees the flag after its prompt
+                self._queue.put_nowait(None)  # wakes it when idle
             self._thread = None
 
     def _ensure_thread(self) -> None:
@@ -105,7 +112,7 @@ class DeferredEncoder:
         while True:
             job = self._queue.get()
             try:
-                if job is None:
+                if job is None or self._stopping:
                     return
                 self._finish(*job)
             finally:

@@ -390,8 +390,9 @@ class LocalTokenizer(PoolTokenizer):
             if done is not None:
                 done(list(progress.keys))
             return
-        if progress.data:  # dropped when the queue is full: the cache keeps what it has
-            self.deferred.submit(progress, done)
+        if not progress.data or (self.cache.max_bytes <= 0 and done is None):
+            return  # nothing to finish, or nowhere to keep it
+        self.deferred.submit(progress, done)  # a full queue drops it: the cache keeps what it has
 
     async def fetch_decision(
         self, request: LLMRequest, keying: BlockKeying, enough: Enough, max_tokens: int = 0

@@ -314,8 +314,17 @@ class PreciseIndex:
         return self._holders
 
     def names_of(self, mask: int, depth: int, into: dict[str, int]) -> None:
-        """Set ``into[name] = depth`` for every endpoint whose bit is in ``mask``."""
-        self._record(mask, depth, into)
+        """Set ``into[name] = depth`` for every endpoint whose bit is in ``mask`` (a bit
+        whose endpoint has left meanwhile — a mask read from another thread — is
+        skipped)."""
+        names = self._names
+        while mask:
+            low = mask & -mask
+            slot = low.bit_length() - 1
+            name = names[slot] if slot < len(names) else None
+            if name is not None:
+                into[name] = depth
+            mask ^= low
 
     def mask_of(self, endpoints: Iterable[str]) -> int:
         """The bits of ``endpoints`` (those without entries have none)."""
