@@ -216,16 +216,19 @@ class PrecisePrefixCacheProducer(
             if progress is None:
                 self._approximate_only(request, state, endpoints, tokenizer, counting)
                 return
-            keys = progress.keys
+            # a snapshot: the worker extends the progress's own list after dispatch
+            keys = progress.keys if progress.whole else list(progress.keys)
             total = progress.estimated_blocks()
             if limit:
                 keys = keys[: limit // size]
                 total = min(total, limit // size)
+            estimated = not progress.whole
         else:
             assert ids is not None
             keys = []
             keying(request, size).extend(keys, ids)
             total = len(keys)
+            estimated = False
         held = frontier.matched(keys) if frontier is not None else None
         if held is None:
             held = index.longest_prefix(keys) if keys and synced else {}
@@ -261,7 +264,7 @@ class PrecisePrefixCacheProducer(
         state.put(_KEYS, keys)
         state.put(
             PREFIX_MATCH,
-            PrefixMatch(keys, size, matched, prompt_blocks=total if total != len(keys) else None),
+            PrefixMatch(keys, size, matched, prompt_blocks=total if estimated else None),
         )
 
     def _approximate_only(
