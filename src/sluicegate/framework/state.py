@@ -45,14 +45,17 @@ class PrefixMatch:
     """Leading blocks recorded per endpoint name."""
     index: ReuseDistances | None = None
     """The index matched against (for :meth:`reuse_distance_tokens`)."""
+    prompt_blocks: int | None = None
+    """The prompt's blocks when ``hashes`` stops short of them (the precise producer
+    keys a prompt only as far as any endpoint matches it); None: ``len(hashes)``."""
 
     @property
     def total_blocks(self) -> int:
-        return len(self.hashes)
+        return len(self.hashes) if self.prompt_blocks is None else self.prompt_blocks
 
     def score(self, endpoint: str) -> float:
         """Share of the prompt's blocks the endpoint holds, 0..1 (0 for an empty prompt)."""
-        total = len(self.hashes)
+        total = self.total_blocks
         return self.matched_blocks.get(endpoint, 0) / total if total else 0.0
 
     def reuse_distance_tokens(self, endpoint: str) -> int | None:

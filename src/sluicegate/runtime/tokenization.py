@@ -133,12 +133,29 @@ class TokenizerCollector(Collector):
             "Prompts the prefix cache holds.",
             labels=["pool"],
         )
+        deferred = CounterMetricFamily(
+            "sluicegate_tokenizer_deferred_prompts",
+            "Prompts whose rest was to be encoded after dispatch, by result (finished; "
+            "dropped: the worker's queue was full; failed).",
+            labels=["pool", "result"],
+        )
+        deferred_seconds = CounterMetricFamily(
+            "sluicegate_tokenizer_deferred_seconds",
+            "CPU seconds the worker spent encoding prompts after dispatch.",
+            labels=["pool"],
+        )
         for pool, tokenizer in sorted(pools.items()):
             c = tokenizer.counters
             requests.add_metric([pool, tokenizer.source, "tokenized"], c.tokenized)
             for reason in FALLBACK_REASONS:
                 requests.add_metric([pool, tokenizer.source, reason], c.fallbacks[reason])
             seconds.add_metric([pool, tokenizer.source], c.seconds)
+            d = tokenizer.deferred_counters
+            if d is not None:
+                deferred.add_metric([pool, "finished"], d.finished)
+                deferred.add_metric([pool, "dropped"], d.dropped)
+                deferred.add_metric([pool, "failed"], d.failed)
+                deferred_seconds.add_metric([pool], d.seconds)
             cache = tokenizer.prefix_cache
             if cache is None:
                 continue
@@ -153,6 +170,7 @@ class TokenizerCollector(Collector):
             size.add_metric([pool], cache.nbytes)
             entries.add_metric([pool], len(cache))
         yield from (requests, seconds, lookups, saved, mismatches, evictions, size, entries)
+        yield from (deferred, deferred_seconds)
 
 
 __all__ = ["TokenizerCollector", "TokenizersHost"]

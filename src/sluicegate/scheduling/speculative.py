@@ -75,6 +75,11 @@ class SpeculativeEntries:
             depth += 1
         return depth
 
+    def holds(self, key: int, endpoint: str) -> bool:
+        """Whether an entry (key, endpoint) is kept, expired or not (a look-up that
+        changes nothing: an over-estimate, safe from another thread)."""
+        return (key, endpoint) in self._expiry
+
     def forget(self, endpoint: str) -> None:
         """Drop every entry of ``endpoint`` (it left)."""
         for k in [k for k in self._expiry if k[1] == endpoint]:

@@ -19,7 +19,10 @@ from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.framework import LLMRequest
 
 if TYPE_CHECKING:  # the cache module loads the tokenizers library
+    from sluicegate.tokenization.deferred import Done
+    from sluicegate.tokenization.local import Enough
     from sluicegate.tokenization.prefix_cache import PrefixTokenCache
+    from sluicegate.tokenization.progressive import BlockKeying, Progress
 
 TOKENIZER_SERVICE: Final = "tokenizer"
 """The name under which the host provides a :class:`TokenizerService`
@@ -63,6 +66,17 @@ class TokenizerCounters:
         self.fallbacks[reason] += 1
 
 
+@dataclass
+class DeferredCounters:
+    """Totals since start of prompts finished after dispatch (progressive encoding):
+    finished, dropped for a full queue, failed (logged), and the worker's CPU seconds."""
+
+    finished: int = 0
+    dropped: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+
+
 class PoolTokenizer(abc.ABC):
     """One pool's tokenizer: a request's token ids as the pool's servers will see them."""
 
@@ -72,6 +86,11 @@ class PoolTokenizer(abc.ABC):
     """True when ids come from :meth:`fetch` (an awaited call) rather than :meth:`token_ids`."""
     prefix_cache: PrefixTokenCache | None = None
     """Its cache of prompts seen, if it keeps one (for metrics)."""
+    deferred_counters: DeferredCounters | None = None
+    """Its worker's counters, if it finishes prompts after dispatch (for metrics)."""
+    progressive: bool = False
+    """Whether it offers :meth:`decide`: a prompt encoded only as far as a decision
+    needs (:mod:`sluicegate.tokenization.progressive`), the rest after dispatch."""
 
     def __init__(self, settings: TokenizerSettings) -> None:
         self.settings = settings
@@ -96,6 +115,29 @@ class PoolTokenizer(abc.ABC):
         """:meth:`token_ids` for a request it :meth:`wants_fetch` for, asking one of
         ``endpoints`` when it needs I/O."""
         return self.token_ids(request, max_tokens)
+
+    def decide(
+        self,
+        request: LLMRequest,
+        keying: BlockKeying,
+        enough: Enough,
+        max_tokens: int = 0,
+        resume: Progress | None = None,
+    ) -> Progress | None:
+        """The prompt encoded until ``enough(keys)`` says the decision has what it needs
+        (only when :attr:`progressive`)."""
+        raise NotImplementedError(f"{type(self).__name__} encodes prompts whole")
+
+    async def fetch_decision(
+        self, request: LLMRequest, keying: BlockKeying, enough: Enough, max_tokens: int = 0
+    ) -> Progress | None:
+        """:meth:`decide` for a request it :meth:`wants_fetch` for."""
+        return self.decide(request, keying, enough, max_tokens)
+
+    def finish_later(self, progress: Progress, done: Done | None = None) -> None:
+        """Encode the rest of a decided prompt after dispatch; ``done`` gets its whole
+        block keys (only when :attr:`progressive`)."""
+        raise NotImplementedError(f"{type(self).__name__} encodes prompts whole")
 
     def files_unchanged(self) -> bool:
         """Whether the files it was loaded from are as they were (a reload with the same
@@ -139,6 +181,7 @@ class TokenizerService:
 __all__ = [
     "FALLBACK_REASONS",
     "TOKENIZER_SERVICE",
+    "DeferredCounters",
     "FallbackReason",
     "PoolTokenizer",
     "TokenizerCounters",

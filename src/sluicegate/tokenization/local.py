@@ -33,7 +33,8 @@ import logging
 import threading
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import jinja2
@@ -49,9 +50,21 @@ from sluicegate.tokenization.chat import (
     UnrenderableError,
     template_source,
 )
-from sluicegate.tokenization.prefix_cache import CHUNK_BYTES, PrefixTokenCache
+from sluicegate.tokenization.deferred import DeferredEncoder, Done
+from sluicegate.tokenization.prefix_cache import PrefixTokenCache
+from sluicegate.tokenization.progressive import BlockKeying, Progress, advance, begin, store
+from sluicegate.tokenization.selfcheck import (
+    continues_exactly,
+    cuts_exactly,
+    safe_cut,
+    special_around,
+)
+from sluicegate.tokenization.selfcheck import stamp as file_stamp
 
 log = logging.getLogger(__name__)
+
+Enough = Callable[[Sequence[int]], bool]
+"""Given the block keys so far, whether the decision has what it needs."""
 
 CHARS_PER_TOKEN = 4
 """Characters of text encoded per token wanted, at first, when only a prefix of the
@@ -66,12 +79,6 @@ the encode (measured: docs/configuration.md#tokenizer)."""
 _GIL_FREE_CHARS = 4096
 """Texts at least this long are encoded with ``encode_batch``, which releases the GIL
 (``encode`` holds it) — so another thread, the event loop, runs meanwhile."""
-
-_SELF_CHECK_TEXT = (
-    "<|system|>You are a careful assistant.\n  Answer briefly; don't ramble!\n"
-    "<|user|>What's 12345 + 678?\tShow the steps:   first add units, then tens.\n\n"
-    "<|assistant|>Sure — naïve sums: 12345 + 678 = 13023.\r\n"
-)
 
 
 class LocalTokenizer(PoolTokenizer):
@@ -100,11 +107,11 @@ class LocalTokenizer(PoolTokenizer):
         tokenizer.no_padding()
         self._content = content
         self._full = tokenizer
-        self.prefix_ids, self.suffix_ids = _special_around(tokenizer, content)
+        self.prefix_ids, self.suffix_ids = special_around(tokenizer, content)
         self.cache = self.prefix_cache = PrefixTokenCache(
             self._encode, settings.cache_bytes, settings.cache_entries
         )
-        if not _continues_exactly(self):
+        if not continues_exactly(self._encode):
             log.warning(
                 "tokenizer %s: cutting an encoding at a word start does not reproduce the "
                 "whole encoding; only exact repeats are cached",
@@ -114,22 +121,31 @@ class LocalTokenizer(PoolTokenizer):
         self.config = config
         self._lock = threading.Lock()
         self.stamp: tuple[tuple[int, int] | None, ...] = ()
-        """The files' (mtime_ns, size) when loaded (see :func:`_stamp`)."""
+        """The files' (mtime_ns, size) when loaded (see
+        :func:`~sluicegate.tokenization.selfcheck.stamp`)."""
         # A prompt may be encoded only up to a word boundary when the tokenizer's added
         # tokens cannot straddle or swallow the space it is cut before.
         added = content.get_added_tokens_decoder().values()
         self.cut_prefixes = (
             self.cache.continuation
             and not any(" " in t.content or t.rstrip for t in added)
-            and _cuts_exactly(self)
+            and cuts_exactly(self._encode)
         )
         """Whether :meth:`text_ids` may encode only a prompt's prefix (see there)."""
+        self.progressive = self.cut_prefixes and not self.suffix_ids
+        """Whether :meth:`decide` may encode only as far as a decision needs (a
+        tokenizer that puts special tokens after the text encodes it whole)."""
+        self.deferred = DeferredEncoder(
+            self.cache, self._encode, self._lock, lambda p: self._store(p, _on_loop())
+        )
+        """The worker finishing decided prompts after dispatch."""
+        self.deferred_counters = self.deferred.counters
 
     @classmethod
     def load(cls, settings: TokenizerSettings) -> LocalTokenizer:
         """Read and compile everything ``settings`` names; raises TokenizerLoadError."""
         assert settings.path is not None  # the settings model requires it for local
-        stamp = _stamp(settings)  # before reading: a file changed meanwhile reloads next time
+        stamp = file_stamp(settings)  # before reading: a file changed meanwhile reloads next time
         path = Path(settings.path)
         file = path / "tokenizer.json" if path.is_dir() else path
         directory = file.parent
@@ -178,7 +194,7 @@ class LocalTokenizer(PoolTokenizer):
         return made
 
     def files_unchanged(self) -> bool:
-        return _stamp(self.settings) == self.stamp
+        return file_stamp(self.settings) == self.stamp
 
     def _encode(self, text: str) -> Encoding:
         if len(text) >= _GIL_FREE_CHARS:
@@ -205,10 +221,10 @@ class LocalTokenizer(PoolTokenizer):
         (> 0) ids; whether they are the whole text's. The prefix ends before a space
         that follows a non-space: a word boundary of byte-level BPE's pre-tokenizer
         and of Metaspace, where the words before it come out as in the whole text
-        (checked at load by :func:`_cuts_exactly`)."""
+        (checked at load by :func:`~sluicegate.tokenization.selfcheck.cuts_exactly`)."""
         chars = max_tokens * CHARS_PER_TOKEN
         while self.cut_prefixes and 0 < chars < len(text):
-            cut = _safe_cut(text, chars)
+            cut = safe_cut(text, chars)
             if cut <= 0:
                 break
             ids = self._cached(text[:cut])
@@ -221,11 +237,7 @@ class LocalTokenizer(PoolTokenizer):
         # The cache is not thread-safe: one encode at a time goes through it. On the event
         # loop a busy cache (a worker thread encoding a long prompt) is bypassed rather
         # than waited for.
-        try:
-            asyncio.get_running_loop()
-            on_loop = True
-        except RuntimeError:  # a worker thread (or no loop at all)
-            on_loop = False
+        on_loop = _on_loop()
         if self._lock.acquire(blocking=not on_loop):
             try:
                 return self.cache.encode(text)
@@ -256,6 +268,15 @@ class LocalTokenizer(PoolTokenizer):
         return ids
 
     def _ids(self, request: LLMRequest, max_tokens: int) -> array[int] | None:
+        prompt = self._prompt(request)
+        if prompt is None or isinstance(prompt, array):
+            return prompt
+        text, special = prompt
+        return self.text_ids(text, special, max_tokens)
+
+    def _prompt(self, request: LLMRequest) -> tuple[str, bool] | array[int] | None:
+        """The text to encode and whether special tokens go around it; or the ids a
+        completion gave; or None (the fallback counted)."""
         body = request.body
         if body is None or request.kind not in ("chat", "completions"):
             self.counters.fallback("kind")
@@ -273,7 +294,7 @@ class LocalTokenizer(PoolTokenizer):
             except UnrenderableError:
                 self.counters.fallback("unsupported")
                 return None
-            return self.text_ids(text, special is True, max_tokens)
+            return text, special is True
         given = prompt_token_ids(request)
         if given is not None:
             return given
@@ -281,82 +302,114 @@ class LocalTokenizer(PoolTokenizer):
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             prompt = prompt[0]  # a batch: routed by its first prompt
         if isinstance(prompt, str):
-            return self.text_ids(prompt, special is not False, max_tokens)
+            return prompt, special is not False
         self.counters.fallback("unsupported")
         return None
 
+    # ------------------------------------------------------------ progressive encoding
 
-def _safe_cut(text: str, chars: int) -> int:
-    """The last index ≤ ``chars`` of a space preceded by a non-space (0: none found
-    within a bounded search, e.g. a text of spaces)."""
-    at = text.rfind(" ", 0, chars + 1)
-    for _ in range(256):
-        if at <= 0 or not text[at - 1].isspace():
-            return max(at, 0)
-        at = text.rfind(" ", 0, at - 1)
-    return 0
-
-
-def _stamp(settings: TokenizerSettings) -> tuple[tuple[int, int] | None, ...]:
-    """(mtime_ns, size) of each file a local tokenizer is read from (None: absent)."""
-    assert settings.path is not None
-    path = Path(settings.path)
-    directory = path if path.is_dir() else path.parent
-    files = [
-        directory / "tokenizer.json" if path.is_dir() else path,
-        directory / "tokenizer_config.json",
-        directory / "chat_template.jinja",
-    ]
-    if settings.chat_template is not None:
-        files.append(Path(settings.chat_template))
-    out: list[tuple[int, int] | None] = []
-    for file in files:
+    def decide(
+        self,
+        request: LLMRequest,
+        keying: BlockKeying,
+        enough: Enough,
+        max_tokens: int = 0,
+        resume: Progress | None = None,
+    ) -> Progress | None:
+        """The prompt encoded only until ``enough(keys)`` (or ``max_tokens`` ids, or its
+        end), through the prefix cache (:mod:`~sluicegate.tokenization.progressive`);
+        ``keying`` without the special tokens, which this adds. None: route
+        approximately (counted). ``resume``: this request's progress from an earlier
+        pass, continued (not counted again)."""
+        started = time.perf_counter()
+        if resume is not None:
+            before = resume.encoded_tokens
+            try:
+                advance(resume, self._encode, enough, max_tokens)
+            finally:
+                self.counters.seconds += time.perf_counter() - started
+            self.cache.counters.tokens_encoded += resume.encoded_tokens - before
+            return resume
         try:
-            st = file.stat()
-        except OSError:
-            out.append(None)
-            continue
-        out.append((st.st_mtime_ns, st.st_size))
-    return tuple(out)
+            p = self._decide(request, keying, enough, max_tokens)
+        finally:
+            self.counters.seconds += time.perf_counter() - started
+        if p is not None:
+            self.counters.tokenized += 1
+        return p
+
+    def _decide(
+        self, request: LLMRequest, keying: BlockKeying, enough: Enough, max_tokens: int
+    ) -> Progress | None:
+        prompt = self._prompt(request)
+        if prompt is None:
+            return None
+        if isinstance(prompt, array):
+            keys: list[int] = []
+            keying.extend(keys, prompt)
+            return Progress("", b"", [], keying, prompt, 0, keys, True)
+        text, special = prompt
+        if special and self.prefix_ids:
+            keying = replace(keying, lead=tuple(self.prefix_ids))
+        cache = self.cache
+        on_loop = _on_loop()
+        locked = self._lock.acquire(blocking=not on_loop)
+        if locked:
+            try:
+                p = begin(cache, text, keying)
+            finally:
+                self._lock.release()
+        else:  # a worker holds the cache through a whole encode: do without it
+            p = Progress(text, b"", [], keying, array("I"), 0, [], False)
+        known = 0 if p.whole else len(p.ids)
+        if not advance(p, self._encode, enough, max_tokens):
+            cache.counters.mismatches += 1
+            known = 0
+        counters = cache.counters
+        if known:
+            counters.prefix_hits += 1
+            counters.tokens_saved += known
+        elif p.encoded_tokens:
+            counters.misses += 1
+        counters.tokens_encoded += p.encoded_tokens
+        if locked and p.whole:  # a partial encoding is stored when it is finished
+            self._store(p, on_loop)
+        return p
+
+    def _store(self, p: Progress, on_loop: bool) -> None:
+        if self._lock.acquire(blocking=not on_loop):
+            try:
+                store(self.cache, p)
+            finally:
+                self._lock.release()
+
+    def finish_later(self, progress: Progress, done: Done | None = None) -> None:
+        """Encode the rest of a decided prompt after dispatch (bounded, counted; see
+        :mod:`~sluicegate.tokenization.deferred`)."""
+        if progress.whole:
+            if done is not None:
+                done(list(progress.keys))
+            return
+        if not progress.data or (self.cache.max_bytes <= 0 and done is None):
+            return  # nothing to finish, or nowhere to keep it
+        self.deferred.submit(progress, done)  # a full queue drops it: the cache keeps what it has
+
+    async def fetch_decision(
+        self, request: LLMRequest, keying: BlockKeying, enough: Enough, max_tokens: int = 0
+    ) -> Progress | None:
+        """:meth:`decide` in a worker thread (a long prompt; ``enough`` must then only
+        read what it looks up)."""
+        return await asyncio.to_thread(self.decide, request, keying, enough, max_tokens)
+
+    async def close(self) -> None:
+        self.deferred.close()
 
 
-def _special_around(full: Tokenizer, content: Tokenizer) -> tuple[list[int], list[int]]:
-    """The ids the post-processor puts before and after a text's ids (e.g. Llama's BOS),
-    found by encoding a sample both ways."""
-    sample = "Hello world"
-    inner = content.encode(sample, add_special_tokens=False).ids
-    outer = full.encode(sample, add_special_tokens=True).ids
-    for start in range(len(outer) - len(inner) + 1):
-        if outer[start : start + len(inner)] == inner:
-            return outer[:start], outer[start + len(inner) :]
-    raise TokenizerLoadError(
-        "the tokenizer's post-processor changes the text's own tokens; not supported"
-    )
-
-
-def _continues_exactly(tok: LocalTokenizer) -> bool:
-    """Whether continuing a cached encoding at a safe point reproduces the whole encoding,
-    on a sample long enough for several chunks (checked once, at load)."""
-    text = _SELF_CHECK_TEXT * (4 * CHUNK_BYTES // len(_SELF_CHECK_TEXT) + 2)
-    whole = array("I", tok._encode(text).ids)
-    for cut in (CHUNK_BYTES + 7, 2 * CHUNK_BYTES + 100, 3 * CHUNK_BYTES + 333):
-        probe = PrefixTokenCache(tok._encode, 1 << 26, 8)
-        probe.encode(text[:cut])
-        if probe.encode(text) != whole or probe.counters.prefix_hits != 1:
-            return False
-    return True
-
-
-def _cuts_exactly(tok: LocalTokenizer) -> bool:
-    """Whether encoding a prefix cut by :func:`_safe_cut` gives the whole encoding's first
-    ids, on a sample (checked once, at load)."""
-    text = _SELF_CHECK_TEXT * 8
-    whole = tok._encode(text).ids
-    for chars in (40, 97, 230, 511, 800):
-        cut = _safe_cut(text, chars)
-        part = tok._encode(text[:cut]).ids
-        if cut <= 0 or part != whole[: len(part)]:
-            return False
+def _on_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # a worker thread (or no loop at all)
+        return False
     return True
 
 

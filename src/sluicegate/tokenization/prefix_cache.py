@@ -28,7 +28,12 @@ the whole encoding over random texts and cut points with a real byte-level BPE.
 
 **Finding the entry.** Each entry registers chained xxh3 hashes of its text at every
 :data:`CHUNK_BYTES` boundary of its UTF-8, and one of its whole text; a lookup hashes the new text's
-chunks, probes from the longest, and compares the text itself before trusting a hit.
+chunks, probes from the longest, compares the text itself before trusting a hit, and
+finds where the two texts first differ (a binary search over the bytes).
+
+Entries stored by progressive encoding (:mod:`sluicegate.tokenization.progressive`) also
+keep the block keys of their ids (8 bytes per block, counted in the bound), for the
+keying they were made with.
 """
 
 from __future__ import annotations
@@ -39,15 +44,20 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import xxhash
 from tokenizers import Encoding
 
+if TYPE_CHECKING:
+    from sluicegate.tokenization.progressive import BlockKeying
+
 CHUNK_BYTES = 1024
 """Granularity (bytes of UTF-8) at which a new text's shared prefix with an entry is found."""
-SAFE_STEP_TOKENS = 64
+SAFE_STEP_TOKENS = 16
 """One safe point is kept per this many tokens of an entry (at the word start at or
-before every 64th token)."""
+before every 16th token: a continuation re-encodes one step, 16–32 tokens, to check
+itself; a safe point costs 8 bytes, half a byte per token)."""
 MARGIN_CHARS = 16
 """A safe point used for a continuation lies at least this far before the shared end."""
 _ENTRY_OVERHEAD = 240
@@ -57,6 +67,11 @@ _CHECKPOINT_BYTES = 100
 
 _xxh3 = xxhash.xxh3_64_intdigest
 _WHOLE_SEED = 0x5EED
+
+
+def whole_hash(data: bytes) -> int:
+    """The hash a text is found under when seen whole."""
+    return _xxh3(data, _WHOLE_SEED)
 
 
 def chunk_hashes(data: bytes) -> list[int]:
@@ -82,6 +97,9 @@ class _Entry:
     checkpoints: list[int]
     whole: int
     nbytes: int = 0
+    keys: array[int] = field(default_factory=lambda: array("Q"))
+    """Block keys of its ids (progressive encoding), for :attr:`keying`."""
+    keying: BlockKeying | None = None
 
 
 @dataclass
@@ -132,15 +150,10 @@ class PrefixTokenCache:
             self.counters.tokens_encoded += len(ids)
             return ids
         data = text.encode()
-        whole = _xxh3(data, _WHOLE_SEED)
-        key = self._by_whole.get(whole)
-        if key is not None:
-            entry = self._entries[key]
-            if entry.data == data:
-                self._entries.move_to_end(key)
-                self.counters.hits += 1
-                self.counters.tokens_saved += len(entry.ids)
-                return entry.ids
+        whole = whole_hash(data)
+        hit = self.lookup_whole(data, whole)
+        if hit is not None:
+            return hit[1].ids
         hashes = chunk_hashes(data)
         base = self._longest(data, hashes) if self.continuation else None
         if base is not None:
@@ -158,9 +171,34 @@ class PrefixTokenCache:
         self._store(made, hashes, whole, None)
         return made.ids
 
+    def lookup_whole(self, data: bytes, whole: int | None = None) -> tuple[int, _Entry] | None:
+        """The entry of exactly ``data`` (counted as a hit), if one is kept."""
+        key = self._by_whole.get(whole_hash(data) if whole is None else whole)
+        if key is None:
+            return None
+        entry = self._entries[key]
+        if entry.data != data:
+            return None
+        self._entries.move_to_end(key)
+        self.counters.hits += 1
+        self.counters.tokens_saved += len(entry.ids)
+        return key, entry
+
+    def rekey(self, key: int, keys: array[int], keying: BlockKeying) -> None:
+        """Replace entry ``key``'s cached block keys (its size bound kept: an entry that
+        would outgrow the cache's bytes keeps none)."""
+        entry = self._entries[key]
+        grow = 8 * (len(keys) - len(entry.keys))
+        if self.nbytes + grow > self.max_bytes:
+            return
+        entry.keys, entry.keying = keys, keying
+        entry.nbytes += grow
+        self.nbytes += grow
+
     def _longest(self, data: bytes, hashes: list[int]) -> tuple[int, _Entry, int] | None:
         """The entry sharing the longest chunk-aligned prefix with ``data`` (its key and
-        itself), and the bytes they share (the entry's whole text when it is a prefix)."""
+        itself), and the bytes they share (exactly: the entry's whole text when it is a
+        prefix, else up to where they first differ)."""
         for k in range(len(hashes) - 1, -1, -1):
             key = self._by_chunk.get(hashes[k])
             if key is None:
@@ -171,7 +209,7 @@ class PrefixTokenCache:
                 self._entries.move_to_end(key)
                 if data.startswith(entry.data):
                     return key, entry, len(entry.data)
-                return key, entry, end
+                return key, entry, _common_end(data, entry.data, end)
         return None
 
     def _continue(self, entry: _Entry, text: str, data: bytes, shared: int) -> _Entry | None:
@@ -201,17 +239,21 @@ class PrefixTokenCache:
         self.counters.tokens_encoded += len(tail_ids)
         return made
 
-    def _store(self, entry: _Entry, hashes: list[int], whole: int, supersedes: int | None) -> None:
+    def _store(
+        self, entry: _Entry, hashes: list[int], whole: int, supersedes: int | None
+    ) -> int | None:
+        """Keep ``entry`` (its key; None when it alone exceeds the bound)."""
         entry.checkpoints = hashes
         entry.whole = whole
         entry.nbytes = (
             sys.getsizeof(entry.data)
             + 4 * (len(entry.ids) + len(entry.safe_chars) + len(entry.safe_tokens))
+            + 8 * len(entry.keys)
             + _CHECKPOINT_BYTES * len(hashes)
             + _ENTRY_OVERHEAD
         )
         if entry.nbytes > self.max_bytes:
-            return
+            return None
         if supersedes is not None and supersedes in self._entries:
             # its text is a prefix of this one: this one serves both
             self._drop(supersedes)
@@ -226,6 +268,7 @@ class PrefixTokenCache:
             oldest = next(iter(self._entries))
             self._drop(oldest)
             self.counters.evictions += 1
+        return key if key in self._entries else None
 
     def _drop(self, key: int) -> None:
         entry = self._entries.pop(key)
@@ -235,6 +278,19 @@ class PrefixTokenCache:
                 del self._by_chunk[h]
         if self._by_whole.get(entry.whole) == key:
             del self._by_whole[entry.whole]
+
+
+def _common_end(a: bytes, b: bytes, start: int) -> int:
+    """The length of the common prefix of ``a`` and ``b``, known to be ≥ ``start``: a
+    binary search comparing slices (C memcmp), O(length − start) bytes compared."""
+    lo, hi = start, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _entry_of(
@@ -282,4 +338,4 @@ def _entry_of(
     return _Entry(data, ids, safe_chars, safe_tokens, [], 0)
 
 
-__all__ = ["CHUNK_BYTES", "CacheCounters", "PrefixTokenCache", "chunk_hashes"]
+__all__ = ["CHUNK_BYTES", "CacheCounters", "PrefixTokenCache", "chunk_hashes", "whole_hash"]

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -205,8 +205,12 @@ class PreciseIndex:
         except OverflowError:  # a token id array("I") cannot hold
             self.counters.invalid += n
             return
+        # locals and one counter update per event: this loop is the ingestion's hot path
+        get, held = by_hash.get, holders.get
+        capacity = entries.capacity
+        stored = 0
         for vllm_hash, key in zip(event.block_hashes, keys, strict=True):
-            old = by_hash.get(vllm_hash)
+            old = get(vllm_hash)
             if old is not None:
                 by_hash.move_to_end(vllm_hash)
                 if old == key:
@@ -216,34 +220,48 @@ class PreciseIndex:
                 entries.copies.pop(vllm_hash, None)
                 self._release(entries, old)
             by_hash[vllm_hash] = key
-            mask = holders.get(key, 0)
+            mask = held(key, 0)
             if mask & bit:
                 entries.dup[key] = entries.dup.get(key, 0) + 1
             else:
                 holders[key] = mask | bit
-            self.counters.stored += 1
-            if len(by_hash) > entries.capacity:
+            stored += 1
+            if len(by_hash) > capacity:
                 self._evict_oldest(entries)
+        self.counters.stored += stored
 
     def remove(self, endpoint: str, block_hashes: Iterable[BlockHash]) -> None:
         """Forget the given vLLM hashes on ``endpoint`` (unknown ones are ignored)."""
         entries = self._endpoints.get(endpoint)
         if entries is None:
             return
-        copies = entries.copies
+        copies, pop = entries.copies, entries.by_hash.pop
+        holders, keep, plain = self._holders, ~entries.bit, not entries.dup
+        removed = 0
         for vllm_hash in block_hashes:
-            extra = copies.get(vllm_hash)
-            if extra is not None:  # another physical copy remains
-                if extra > 1:
-                    copies[vllm_hash] = extra - 1
-                else:
-                    del copies[vllm_hash]
-                self.counters.removed += 1
+            if copies:
+                extra = copies.get(vllm_hash)
+                if extra is not None:  # another physical copy remains
+                    if extra > 1:
+                        copies[vllm_hash] = extra - 1
+                    else:
+                        del copies[vllm_hash]
+                    removed += 1
+                    continue
+            key = pop(vllm_hash, None)
+            if key is None:
                 continue
-            key = entries.by_hash.pop(vllm_hash, None)
-            if key is not None:
+            removed += 1
+            if plain:  # _release inlined: no key held twice by this endpoint
+                mask = holders.get(key, 0) & keep
+                if mask:
+                    holders[key] = mask
+                else:
+                    holders.pop(key, None)
+            else:
                 self._release(entries, key)
-                self.counters.removed += 1
+                plain = not entries.dup
+        self.counters.removed += removed
 
     def drop_endpoint(self, endpoint: str, *, keep_capacity: bool = False) -> None:
         """Remove every entry of ``endpoint`` (it left, cleared, restarted or lost events);
@@ -283,6 +301,39 @@ class PreciseIndex:
             depth += 1
         self._record(mask, depth, matched)
         return matched
+
+    def holder_mask(self, key: int) -> int:
+        """The bit mask of the endpoints holding ``key`` (bits as :meth:`mask_of` gives;
+        one dict lookup, safe to call from another thread)."""
+        return self._holders.get(key, 0)
+
+    @property
+    def holder_masks(self) -> Mapping[int, int]:
+        """Key → holder bit mask, read-only (a walk over many keys looks them up here
+        rather than through :meth:`holder_mask`, one call fewer per key)."""
+        return self._holders
+
+    def names_of(self, mask: int, depth: int, into: dict[str, int]) -> None:
+        """Set ``into[name] = depth`` for every endpoint whose bit is in ``mask`` (a bit
+        whose endpoint has left meanwhile — a mask read from another thread — is
+        skipped)."""
+        names = self._names
+        while mask:
+            low = mask & -mask
+            slot = low.bit_length() - 1
+            name = names[slot] if slot < len(names) else None
+            if name is not None:
+                into[name] = depth
+            mask ^= low
+
+    def mask_of(self, endpoints: Iterable[str]) -> int:
+        """The bits of ``endpoints`` (those without entries have none)."""
+        mask = 0
+        for name in endpoints:
+            entries = self._endpoints.get(name)
+            if entries is not None:
+                mask |= entries.bit
+        return mask
 
     def holders(self, key: int) -> frozenset[str]:
         """The endpoints holding the block named ``key``."""

@@ -155,8 +155,13 @@ def extra_key_bytes(entry: tuple[object, ...] | list[object] | None) -> bytes | 
     return _canonical.encode(list(entry))
 
 
+_STORED: Final = (WireStoredArray, WireStoredMap)
+_REMOVED: Final = (WireRemovedArray, WireRemovedMap)
+
+
 def _convert(event: WireArrayEvent | WireMapEvent) -> KVEvent:
-    if isinstance(event, WireStoredArray | WireStoredMap):
+    # the type tuples are built once: ``A | B`` in the call would build a union each time
+    if isinstance(event, _STORED):
         extras = (
             None
             if event.extra_keys is None
@@ -172,7 +177,7 @@ def _convert(event: WireArrayEvent | WireMapEvent) -> KVEvent:
             medium=event.medium,
             group_idx=event.group_idx,
         )
-    if isinstance(event, WireRemovedArray | WireRemovedMap):
+    if isinstance(event, _REMOVED):
         return BlockRemoved(tuple(event.block_hashes), event.medium, event.group_idx)
     return AllBlocksCleared()
 

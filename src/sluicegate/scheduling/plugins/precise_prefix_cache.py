@@ -24,6 +24,17 @@ them; lookups are counted only in the pass in ``submit``. A request the pool's t
 cannot tokenize (the template rejects it, ``/tokenize`` times out) is matched
 approximately on every candidate, and counted by the tokenizer.
 
+Progressive encoding (``local``, unless ``encodeWholePrompt: true``): the prompt is
+encoded only as far as the decision needs — up to the first block no synced candidate
+still matching holds, and at least as far as the unknown candidates' converted
+approximate matches reach (:mod:`sluicegate.scheduling.precise_frontier`,
+:mod:`sluicegate.tokenization.progressive`); the rest is encoded after dispatch by the
+tokenizer's worker. Every candidate's ``matchedBlocks`` (so the cached tokens the latency
+features use) is exactly the whole encoding's; the prompt's block count (``totalBlocks``,
+the scores' denominator) is then estimated from the encoded part's tokens per character,
+and with speculation the blocks past the decision's become speculative entries when the
+worker is done.
+
 Per request: the ids are cut into blocks of the servers' block size — the ``block_size``
 vLLM sends in every ``BlockStored`` (the first synced candidate's; else the scraped
 ``cache_config_info`` block size; else vLLM's default 16) — and keyed by
@@ -56,30 +67,28 @@ pressure (docs/benchmarks/cache-pressure). The lookup counters count such reques
 misses.
 
 Parameters: ``maxPrefixTokensToMatch`` (131072; tokens of the prompt considered, 0 =
-whole prompt), the speculative ones above, ``approximateWhenNoneHolds``, and for the
+whole prompt), the speculative ones above, ``approximateWhenNoneHolds``,
+``encodeWholePrompt`` (false), and for the
 fallback the approximate producer's ``blockSizeTokens`` (64), ``lruCapacityPerServer``
 (31250) and ``autoTune`` (true), with the same meanings and defaults as there
 (docs/plugins.md#approx-prefix-cache-producer).
 
-Cost on top of the approximate producer: one token-id conversion and one xxh3 per block
-of the prompt, one dict lookup per matched block (the index's ``longest_prefix``).
-Measured (CPython 3.11, shared 2-core machine, 8 synced endpoints holding 1/8 … 8/8 of
-the prompt in 16-token blocks): a 16 KB prompt (256 blocks) about 92 µs per request
-(approximate alone: 13 µs), a 1 KB prompt about 26 µs.
+Cost: measured in docs/benchmarks/scheduling.md (``sluicegate bench micro
+tokenization``), the built-in tokenizer's in docs/plugins.md.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from functools import partial
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.datalayer.kvevents.index import block_keys
 from sluicegate.datalayer.kvevents.service import KV_EVENTS_SERVICE, KVEventsService
 from sluicegate.datalayer.kvevents.subscriber import KVEventSubscribers, View
-from sluicegate.datalayer.kvevents.wire import extra_key_bytes
 from sluicegate.framework import (
     PREFETCH_PASS,
     PREFIX_MATCH,
@@ -99,9 +108,13 @@ from sluicegate.framework import (
     StateKey,
 )
 from sluicegate.scheduling.approximate import ApproximatePrefix, ApproximatePrefixParameters
+from sluicegate.scheduling.precise_frontier import Frontier, keying
 from sluicegate.scheduling.speculative import SpeculativeEntries
 from sluicegate.tokenization.base import TOKENIZER_SERVICE, PoolTokenizer, TokenizerService
 from sluicegate.tokens import token_id_array
+
+if TYPE_CHECKING:
+    from sluicegate.tokenization.progressive import Progress
 
 """The approximate producer's default ``lruCapacityPerServer`` (16-token blocks)."""
 
@@ -114,6 +127,8 @@ _FETCHED: StateKey[array[int] | None] = StateKey("precise-prefix/token-ids")
 _FETCH_DONE: StateKey[bool] = StateKey("precise-prefix/fetched")
 """Set once the prefetch asked; before that (the host's pass ahead of the prefetch) a
 missing answer is not a fallback yet."""
+_PROGRESS: StateKey[Progress | None] = StateKey("precise-prefix/progress")
+"""A progressive tokenizer's encoding of the prompt (None: it could not tokenize it)."""
 _KEYS: StateKey[list[int]] = StateKey("precise-prefix/keys")
 """The request's block keys, when the pool has event streams (for speculative entries)."""
 
@@ -132,6 +147,7 @@ class PrecisePrefixCacheProducer(
         speculative_ttl_seconds: float = Field(default=2.0, gt=0, le=3600)
         max_speculative_entries: int = Field(default=100_000, ge=1, le=100_000_000)
         approximate_when_none_holds: bool = False
+        encode_whole_prompt: bool = False
 
     params: Parameters
 
@@ -178,31 +194,44 @@ class PrecisePrefixCacheProducer(
             if self.service is not None and counting:
                 self.service.lookups.fallbacks += len(endpoints)
             return
-        ids = self._token_ids(request, state, endpoints[0].pool)
-        if ids is None:  # the pool's tokenizer could not tokenize it: approximate
-            approx = self.approximate.match(request, endpoints)
-            state.put(_APPROXIMATE, approx)
-            state.put(PREFIX_MATCH, approx)
-            assert self.service is not None
-            tokenizer = self._tokenizer(endpoints[0].pool)
-            asked = tokenizer is None or not tokenizer.needs_io or state.get(_FETCH_DONE)
-            if counting and asked:
-                self.service.lookups.fallbacks += len(endpoints)
+        tokenizer = self._tokenizer(endpoints[0].pool)
+        progressive = (
+            tokenizer is not None and tokenizer.progressive and not self.params.encode_whole_prompt
+        )
+        ids = None if progressive else self._token_ids(request, state, endpoints[0].pool)
+        if ids is None and not progressive:
+            self._approximate_only(request, state, endpoints, tokenizer, counting)
             return
         index = subs.index
-        size = self._block_size(subs, endpoints)
-        synced: list[str] = []
-        unknown: list[Endpoint] = []
-        for e in endpoints:
-            learned = index.block_size(e.name)
-            if subs.view(e.name) is View.SYNCED and learned in (0, size):
-                synced.append(e.name)
-            else:
-                unknown.append(e)
+        size, synced, unknown = self._views(subs, endpoints)
         approx = self.approximate.match(request, unknown)
         state.put(_APPROXIMATE, approx)
-        keys = self._keys(request, ids, size)
-        held = index.longest_prefix(keys) if keys and synced else {}
+        limit = self.params.max_prefix_tokens_to_match
+        frontier: Frontier | None = None
+        if progressive:
+            assert tokenizer is not None
+            progress, frontier = self._progress(
+                request, state, tokenizer, subs, size, synced, approx
+            )
+            if progress is None:
+                self._approximate_only(request, state, endpoints, tokenizer, counting)
+                return
+            # a snapshot: the worker extends the progress's own list after dispatch
+            keys = progress.keys if progress.whole else list(progress.keys)
+            total = progress.estimated_blocks()
+            if limit:
+                keys = keys[: limit // size]
+                total = min(total, limit // size)
+            estimated = not progress.whole
+        else:
+            assert ids is not None
+            keys = []
+            keying(request, size).extend(keys, ids)
+            total = len(keys)
+            estimated = False
+        held = frontier.matched(keys) if frontier is not None else None
+        if held is None:
+            held = index.longest_prefix(keys) if keys and synced else {}
         matched = {name: held[name] for name in synced if name in held}
         spec = self.speculative
         if spec is not None and keys:
@@ -211,7 +240,6 @@ class PrecisePrefixCacheProducer(
                 depth = spec.extend(name, keys, matched.get(name, 0), now)
                 if depth:
                     matched[name] = depth
-        total = len(keys)
         for e in unknown:
             blocks = approx.matched_blocks.get(e.name, 0)
             if blocks:
@@ -234,7 +262,44 @@ class PrecisePrefixCacheProducer(
                 if blocks:
                     matched[name] = min(total, blocks * cold.block_tokens // size)
         state.put(_KEYS, keys)
-        state.put(PREFIX_MATCH, PrefixMatch(keys, size, matched))
+        state.put(
+            PREFIX_MATCH,
+            PrefixMatch(keys, size, matched, prompt_blocks=total if estimated else None),
+        )
+
+    def _approximate_only(
+        self,
+        request: LLMRequest,
+        state: CycleState,
+        endpoints: Sequence[Endpoint],
+        tokenizer: PoolTokenizer | None,
+        counting: bool,
+    ) -> None:
+        """The pool's tokenizer could not tokenize the request: the approximate match on
+        every candidate (counted once the tokenizer was asked)."""
+        approx = self.approximate.match(request, endpoints)
+        state.put(_APPROXIMATE, approx)
+        state.put(PREFIX_MATCH, approx)
+        assert self.service is not None
+        asked = tokenizer is None or not tokenizer.needs_io or state.get(_FETCH_DONE)
+        if counting and asked:
+            self.service.lookups.fallbacks += len(endpoints)
+
+    def _views(
+        self, subs: KVEventSubscribers, endpoints: Sequence[Endpoint]
+    ) -> tuple[int, list[str], list[Endpoint]]:
+        """The block size, the candidates whose view is synced at it, and the others."""
+        index = subs.index
+        size = self._block_size(subs, endpoints)
+        synced: list[str] = []
+        unknown: list[Endpoint] = []
+        for e in endpoints:
+            learned = index.block_size(e.name)
+            if subs.view(e.name) is View.SYNCED and learned in (0, size):
+                synced.append(e.name)
+            else:
+                unknown.append(e)
+        return size, synced, unknown
 
     def _subscribers(self, endpoints: Sequence[Endpoint]) -> KVEventSubscribers | None:
         if self.service is None or not endpoints:
@@ -267,14 +332,60 @@ class PrecisePrefixCacheProducer(
         tokenizer = self._tokenizer(endpoints[0].pool) if endpoints else None
         if tokenizer is None or not tokenizer.wants_fetch(request):
             return
-        if self._subscribers(endpoints) is None:
+        subs = self._subscribers(endpoints)
+        if subs is None:
             return
         limit = self.params.max_prefix_tokens_to_match
-        state.put(_FETCHED, await tokenizer.fetch(request, endpoints, limit))
+        if tokenizer.progressive and not self.params.encode_whole_prompt:
+            size, synced, unknown = self._views(subs, endpoints)
+            approx = self.approximate.match(request, unknown)
+            enough = self._frontier(subs, synced, approx, size)
+            state.put(
+                _PROGRESS,
+                await tokenizer.fetch_decision(request, keying(request, size), enough, limit),
+            )
+        else:
+            state.put(_FETCHED, await tokenizer.fetch(request, endpoints, limit))
         state.put(_FETCH_DONE, True)
         # the match from the fetched ids, for fetchers after this one (a remote latency
         # predictor builds its rows from it); nothing is counted in this pass
         self.produce(request, state, endpoints)
+
+    def _frontier(
+        self, subs: KVEventSubscribers, synced: Sequence[str], approx: PrefixMatch, size: int
+    ) -> Frontier:
+        """The ``enough`` test of a progressive decision over these candidates."""
+        need = max(
+            (b * approx.block_tokens // size for b in approx.matched_blocks.values()), default=0
+        )
+        return Frontier(subs.index, synced, self.speculative, need)
+
+    def _progress(
+        self,
+        request: LLMRequest,
+        state: CycleState,
+        tokenizer: PoolTokenizer,
+        subs: KVEventSubscribers,
+        size: int,
+        synced: Sequence[str],
+        approx: PrefixMatch,
+    ) -> tuple[Progress | None, Frontier | None]:
+        """The prompt encoded as far as this decision needs (None: route approximately),
+        continuing what an earlier pass (the prefetch) encoded, and the walk that
+        decided how far."""
+        limit = self.params.max_prefix_tokens_to_match
+        done = state.get(_FETCH_DONE)
+        if not done and state.get(PREFETCH_PASS) and tokenizer.wants_fetch(request):
+            return None, None  # ahead of its fetch
+        earlier = state.get(_PROGRESS) if done else None
+        if done and earlier is None:
+            return None, None  # the fetch could not tokenize it
+        enough = self._frontier(subs, synced, approx, size)
+        progress = tokenizer.decide(request, keying(request, size), enough, limit, earlier)
+        state.put(_PROGRESS, progress)
+        if state.get(PREFETCH_PASS):
+            state.put(_FETCH_DONE, True)
+        return progress, enough
 
     def _tokenizer(self, pool: str) -> PoolTokenizer | None:
         return None if self.tokenizers is None else self.tokenizers.pools.get(pool)
@@ -300,23 +411,6 @@ class PrecisePrefixCacheProducer(
             return ids[:limit]
         return ids
 
-    def _keys(self, request: LLMRequest, ids: array[int], size: int) -> list[int]:
-        """The request's block keys, built as vLLM names blocks (extra keys: the LoRA name
-        on every block, the cache salt after it on the first)."""
-        n = len(ids) // size
-        if not n:
-            return []
-        lora = (request.target_model,) if request.is_adapter else ()
-        extras: list[bytes | None] | None = None
-        if lora or request.cache_salt:
-            rest = extra_key_bytes(lora)
-            extras = [rest] * n
-            extras[0] = extra_key_bytes((*lora, request.cache_salt) if request.cache_salt else lora)
-        try:
-            return block_keys(ids, size, extras)
-        except OverflowError:  # cannot happen: ids are an array("I")
-            return []
-
     def pre_request(self, request: LLMRequest, state: CycleState, result: SchedulingResult) -> None:
         target = result.targets[0]
         approx = state.get(_APPROXIMATE)
@@ -325,9 +419,26 @@ class PrecisePrefixCacheProducer(
         spec = self.speculative
         keys = state.get(_KEYS) if spec is not None else None
         if spec is not None and keys:
-            subs = self._subscribers([target])
-            if subs is not None and subs.view(target.name) is View.SYNCED:
-                spec.insert(target.name, keys, self.clock.now())
+            self._speculate(target.name, target.pool, keys)
+        progress = state.get(_PROGRESS)
+        tokenizer = self._tokenizer(target.pool)
+        if progress is not None and tokenizer is not None and tokenizer.progressive:
+            # the rest of the prompt, after dispatch: the prefix cache gets the whole
+            # conversation, and speculation the blocks the decision did not need
+            more = spec is not None and not progress.whole
+            done = partial(self._speculate, target.name, target.pool) if more else None
+            tokenizer.finish_later(progress, done)
+
+    def _speculate(self, endpoint: str, pool: str, keys: list[int]) -> None:
+        """Mark ``keys`` (at most ``maxPrefixTokensToMatch``'s blocks) speculatively held
+        by ``endpoint`` when its view is synced."""
+        spec = self.speculative
+        subs = None if self.service is None else self.service.pools.get(pool)
+        if spec is None or subs is None or subs.view(endpoint) is not View.SYNCED:
+            return
+        limit = self.params.max_prefix_tokens_to_match
+        size = subs.index.block_size(endpoint) or VLLM_DEFAULT_BLOCK_SIZE
+        spec.insert(endpoint, keys[: limit // size] if limit else keys, self.clock.now())
 
     def indexed_blocks(self) -> int:
         return len(self.approximate)

@@ -1,0 +1,127 @@
+"""The ``bench micro tokenization`` section of docs/benchmarks/scheduling.md: precise
+prefix decisions with the model's tokenizer, 100k-token prompts
+(:mod:`sluicegate.bench.tokenization_cost`) and KV-event ingestion
+(:mod:`sluicegate.bench.kv_ingestion_cost`)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from pathlib import Path
+
+from sluicegate.bench.kv_ingestion_cost import ingestion
+from sluicegate.bench.tokenization_cost import (
+    BLOCK,
+    BPEClock,
+    decision_rows,
+    load_tokenizer,
+    long_rows,
+)
+
+
+def report(quick: bool, machine: str) -> str:
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        tok = load_tokenizer(Path(tmp))
+        bpe = BPEClock(tok)
+        rows = decision_rows(tok, quick, bpe)
+        longs = long_rows(tok, quick, bpe)
+    runs = sorted(asyncio.run(ingestion(100 if quick else 1000, 8, 16)) for _ in range(3))
+    per_block = runs[1]  # the median of three
+    # peak: a server prefilling 40k tokens/s stores 2,500 blocks/s of 16 tokens and, with a
+    # full cache, evicts as many: 5,000 block events/s; ten of them 50,000/s
+    peak = 10 * 2 * 40_000 / BLOCK
+    lines = [
+        "## Precise prefix: tokenization and KV-event ingestion",
+        "",
+        "Decisions of the `precise-prefix` preset on 10 synced endpoints holding 1/10 … 10/10 "
+        "of a prompt, with `spec.tokenizer: {source: local}` (cl100k_base, ChatML-style "
+        "template): parse, render the chat template, tokenize (through the prefix cache), "
+        "key the 16-token blocks, look them up, score, pick. The prompt is encoded only as "
+        "far as the decision needs — up to the first block no endpoint still matching "
+        "holds — and the rest after dispatch by the tokenizer's worker thread. Decisions "
+        "run on an event loop as in the gateway: the rest is handed to the worker once the "
+        "decision's callback returns, and the worker is drained between decisions (its "
+        "CPU time is the *after dispatch* column: off the request path, but CPU the "
+        "gateway spends per request all the same). Goals (issue 17): p50 ≤ 0.5 ms for a "
+        "16 KB chat prompt; ≤ 2 ms for a 100k-token prompt whose first 95 % was seen.",
+        "",
+        "Cases: *never seen* — a new conversation no endpoint holds; *12 KB system prompt "
+        "seen* — the endpoints hold 1/10 … 10/10 of the first such prompt, all share its "
+        "12 KB system prompt; *previous turn seen and held* — the previous turn was routed "
+        "and the endpoints hold 1/10 … 10/10 of it (the decision must encode across its "
+        "end); the 100k-token chats share a 95 % prefix the endpoints hold 1/10 … 10/10 of.",
+        "",
+        "```",
+        "nice -n 10 sluicegate bench micro tokenization --out docs/benchmarks/scheduling.md",
+        "```",
+        "",
+        f"Machine: {machine}; 1-minute load average {load:.1f} at the start (other work "
+        "shared the cores: the wall clock waits for them, the CPU columns do not).",
+        "",
+        "Wall-clock p50/p90/mean; the p50 of the thread's CPU time (the decision's own "
+        "cost — the wall clock also counts waiting for a core on a shared machine); the "
+        "p50 of the CPU time inside the `tokenizers` library's BPE `encode` on the request "
+        "path; and the p50 of the worker's CPU time finishing the prompt after dispatch. "
+        "The *tokenization* rows encode the whole prompt (what the worker does).",
+        "",
+        "| case | p50 | p90 | mean | CPU p50 | of which BPE | after dispatch (CPU) | n |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, t in rows:
+        lines.append(
+            f"| {name} (µs) | {t.p50:.0f} | {t.p90:.0f} | {t.mean:.0f} | {t.cpu_p50:.0f} | "
+            f"{t.bpe_p50:.0f} | {t.after_p50:.0f} | {t.n} |"
+        )
+    for name, t in longs:
+        after = f"{t.after_p50:.1f}" if t.after_p50 else "—"
+        lines.append(
+            f"| {name} | {t.p50:.1f} | {t.p90:.1f} | {t.mean:.1f} | {t.cpu_p50:.1f} | "
+            f"{t.bpe_p50:.1f} | {after} | {t.n} |"
+        )
+    lines += [
+        "",
+        "Outside `encode`, a decision costs "
+        f"{rows[3][1].cpu_p50 - rows[3][1].bpe_p50:.0f} µs of CPU for the 16 KB next turn "
+        f"and {longs[2][1].cpu_p50 - longs[2][1].bpe_p50:.1f} ms for the 100k-token one: "
+        "parsing the body, rendering the template, finding the cached prefix and reading "
+        "its cached ids and block keys, the walk over the blocks the endpoints hold (one "
+        "dict look-up per held block, about 7,600 for the 100k-token prompt), scoring, and "
+        "the approximate index's learning from the prompt (one hash per 64-token block of "
+        "its bytes). The prompt block count in the scores is estimated from the encoded "
+        "part's tokens per character when the decision stopped early (matched blocks and "
+        "cached tokens are exact: `tests/tokenization/test_tok_progressive.py`).",
+        "",
+        "Goals: "
+        + "; ".join(
+            f"{name}: {t.cpu_p50:.0f} µs CPU p50 — {'met' if t.cpu_p50 <= 500 else 'not met'}"
+            for name, t in rows
+        )
+        + f"; 100k-token, 95 % seen: {longs[2][1].cpu_p50:.1f} ms — "
+        + ("met" if longs[2][1].cpu_p50 <= 2.0 else "not met")
+        + ". The *back to back* row is the same decisions with no other work between "
+        "them: the CPU's caches stay warm. In the other rows the worker's encode of the "
+        "previous prompt's rest runs between two decisions and evicts the BPE's tables "
+        "and the interpreter's working set, and the next decision pays for it (its first "
+        "small encode takes 2–3× longer, measured) — a gateway serving other requests "
+        "between decisions sits between the two.",
+        "",
+        f"KV-event ingestion: {per_block:.2f} µs of process CPU per block event, median of "
+        f"3 runs ({runs[0]:.2f}–{runs[2]:.2f}) (stores and removals, 16 blocks per event, "
+        "16 events per message; ZeroMQ receive, msgspec decode, index update). Peak "
+        "estimate: a server prefilling 40k tokens/s stores 2,500 blocks/s and, with a full "
+        f"cache, evicts as many; 10 servers: {peak:,.0f} block events/s → "
+        f"{peak * per_block / 1e4:.1f} % of a core (range {peak * runs[0] / 1e4:.1f}–"
+        f"{peak * runs[2] / 1e4:.1f} %; goal ≤ 5 %). At this cost 5 % of a core ingests "
+        f"{0.05e6 / per_block:,.0f} block events/s, i.e. 10 servers each prefilling "
+        f"{0.05e6 / per_block / 20 * BLOCK:,.0f} new tokens/s. Measured without ZeroMQ, "
+        "about half is msgspec decoding a stored block's 16 token ids into Python ints, "
+        "the rest the index: one key hash and four dict operations per stored block, two "
+        "per removed one.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+__all__ = ["report"]

@@ -1,0 +1,147 @@
+"""The rest of a prompt, encoded after dispatch: a routing decision encodes only as far
+as it needs (:mod:`~sluicegate.tokenization.progressive`); the rest is encoded here, in
+one worker thread per tokenizer, so its prefix cache holds the whole conversation for the
+next turn.
+
+Bounded: at most :data:`MAX_PENDING` prompts wait; one arriving when that many wait is
+dropped and counted (``dropped``) — the cache then keeps what the decision encoded, and a
+next turn encodes the rest itself. The BPE runs without the cache's lock (the
+``tokenizers`` library releases the GIL for texts of 4,096 characters or more), the store
+under it. ``done(keys)``, when given, receives the prompt's whole block keys — on the
+event loop the request was decided on (``call_soon_threadsafe``), or, without one, in
+the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+from tokenizers import Encoding
+
+from sluicegate.tokenization.base import DeferredCounters
+from sluicegate.tokenization.prefix_cache import PrefixTokenCache
+from sluicegate.tokenization.progressive import Progress, advance, store
+
+log = logging.getLogger(__name__)
+
+MAX_PENDING = 64
+"""Prompts waiting to be finished, at most (about 64 × the prompt's size in memory)."""
+
+Done = Callable[[list[int]], None]
+_Job = tuple[Progress, Done | None, asyncio.AbstractEventLoop | None]
+
+
+class DeferredEncoder:
+    """One worker thread finishing prompts into ``cache`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        cache: PrefixTokenCache,
+        encode: Callable[[str], Encoding],
+        lock: threading.Lock,
+        on_drop: Callable[[Progress], None] | None = None,
+    ) -> None:
+        self.cache = cache
+        self.encode = encode
+        self.lock = lock
+        self.on_drop = on_drop
+        """Called (on the submitting thread) with a prompt the full queue refused."""
+        self.counters = DeferredCounters()
+        self._queue: queue.Queue[_Job | None] = queue.Queue(MAX_PENDING)
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._stopping = False
+
+    def submit(self, progress: Progress, done: Done | None = None) -> None:
+        """Queue ``progress`` to be encoded to its end and stored (a full queue drops it,
+        counted, and hands it to ``on_drop``). On an event loop it is queued once the
+        current callback returns — the request's handler has dispatched it and yielded —
+        so the worker does not contend with the rest of the decision for the GIL."""
+        if self._stopping:  # closed (its tokenizer was replaced): nothing is finished
+            self.counters.dropped += 1
+            return
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        self._ensure_thread()
+        if loop is None:
+            self._enqueue((progress, done, None))
+        else:
+            loop.call_soon(self._enqueue, (progress, done, loop))
+
+    def _enqueue(self, job: _Job) -> None:
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            self.counters.dropped += 1
+            if self.on_drop is not None:
+                self.on_drop(job[0])
+
+    def drain(self) -> None:
+        """Wait until every queued prompt is finished (benchmarks, tests)."""
+        if self._thread is not None:
+            self._queue.join()
+
+    def close(self) -> None:
+        """Stop the worker after the prompt it is on (what is still queued is dropped; it
+        is a daemon thread: a process exiting does not wait for it). Never blocks."""
+        self._stopping = True
+        if self._thread is not None:
+            with contextlib.suppress(queue.Full):  # busy: it sees the flag after its prompt
+                self._queue.put_nowait(None)  # wakes it when idle
+            self._thread = None
+
+    def _ensure_thread(self) -> None:
+        if self._thread is not None:
+            return
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="tokenizer-deferred", daemon=True
+                )
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                if job is None or self._stopping:
+                    return
+                self._finish(*job)
+            finally:
+                self._queue.task_done()
+
+    def _finish(
+        self, p: Progress, done: Done | None, loop: asyncio.AbstractEventLoop | None
+    ) -> None:
+        started = time.thread_time()
+        try:
+            before = p.encoded_tokens
+            advance(p, self.encode, None)
+            with self.lock:
+                store(self.cache, p)
+                self.cache.counters.tokens_encoded += p.encoded_tokens - before
+        except Exception:  # a worker must survive any one prompt
+            self.counters.failed += 1
+            log.exception("finishing a prompt's encoding after dispatch failed")
+            return
+        finally:
+            self.counters.seconds += time.thread_time() - started
+        self.counters.finished += 1
+        if done is None:
+            return
+        keys = list(p.keys)
+        if loop is None:
+            done(keys)
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(done, keys)
+
+
+__all__ = ["MAX_PENDING", "DeferredEncoder"]
