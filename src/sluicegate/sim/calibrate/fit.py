@@ -5,6 +5,7 @@ the model's shape (layers, hidden size, KV bytes per token) is fixed::
 
     step_ms = LIN(n)                                 piecewise linear: one value per knot
             + f · [decode_seqs > 0]                  f = layers · attention_fixed_ms_per_layer
+            + g · sequences                          g = step_ms_per_seq (decoding + prefilling)
             + a · Σctx_decode                        a = layers · kv_bytes_per_layer / BW · 1e3
             + b · Σ c·(p + c/2)                      b = 4 · hidden · layers / FLOPS · 1e3
 
@@ -13,9 +14,13 @@ interpolated between, as the built-in profiles interpolate vidur's table) and th
 per-step overhead inside ``LIN`` (``step_overhead_ms`` 0). The fit minimises the sum of
 squared *relative* errors (rows weighted by 1/measured), so short and long iterations
 count alike. A term the points cannot tell apart from the others (no decode point next
-to a prefill point of the same size for ``f``; no cached-prefix point for ``b``; one
-context per batch size for ``a``) or that comes out negative is fixed at 0 and the rest
-refitted.
+to a prefill point of the same size for ``f``; decodes at fewer than two batch sizes for
+``g`` — one sequence per prefill is a constant ``LIN`` absorbs; no cached-prefix point for
+``b``; one context per batch size for ``a``) or that comes out negative is fixed at 0 and
+the rest refitted.
+
+The per-request overhead outside the iterations (``request_overhead_ms``) is not a step
+term: :func:`fit_profile` takes it as measured (the server's TTFT minus its prefill time).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import numpy.typing as npt
 from sluicegate.sim.calibrate.probes import Point
 from sluicegate.sim.profiles import EngineProfile, LinearOpsCurve
 
-_TERMS = ("f", "a", "b")
+_TERMS = ("f", "g", "a", "b")
 _TINY = 1e-12
 """A coefficient at or below this (ms per unit) counts as zero: BW or FLOPS 'infinite'."""
 
@@ -39,6 +44,7 @@ class Fit:
     knots: tuple[float, ...]
     lin_ms: tuple[float, ...]
     f_ms: float
+    g_ms_per_seq: float
     a_ms_per_token: float
     b_ms_per_unit: float
     fixed: tuple[str, ...]
@@ -56,7 +62,13 @@ def attention_units(chunks: tuple[tuple[int, int], ...]) -> float:
 def predict(profile: EngineProfile, point: Point) -> float:
     """The profile's duration (ms) of the iteration ``point`` describes."""
     flops = sum(profile.prefill_attention_flops(c, p) for c, p in point.chunks)
-    return profile.step_ms(point.batched_tokens, point.decode_seqs, point.decode_context, flops)
+    return profile.step_ms(
+        point.batched_tokens,
+        point.decode_seqs,
+        point.decode_context,
+        flops,
+        prefill_seqs=len(point.chunks),
+    )
 
 
 def _hat(knots: list[float], n: float) -> npt.NDArray[np.float64]:
@@ -88,7 +100,7 @@ def _solve(
         extra = [j for j in active if j >= k]
         bad: int | None = None
         if rank < len(active) and extra:
-            # the last extra term whose column the others already span (b, then a, then f)
+            # the last extra term whose column the others already span (b, a, g, then f)
             bad = next((j for j in reversed(extra) if _rank(design, active, j) == rank), extra[-1])
         else:
             negative = [j for j, c in zip(active, coef, strict=True) if j >= k and c < 0]
@@ -105,8 +117,9 @@ def _rank(design: npt.NDArray[np.float64], active: list[int], without: int) -> i
     return int(np.linalg.matrix_rank(design[:, [j for j in active if j != without]]))
 
 
-def fit_profile(points: list[Point], base: EngineProfile) -> Fit:
-    """The profile ``base`` with its step-time parameters fitted to ``points``."""
+def fit_profile(points: list[Point], base: EngineProfile, request_overhead_ms: float = 0.0) -> Fit:
+    """The profile ``base`` with its step-time parameters fitted to ``points`` and the
+    per-request overhead ``request_overhead_ms`` (measured, not fitted)."""
     if not points:
         raise ValueError("no measured point to fit")
     knots = sorted({float(p.batched_tokens) for p in points})
@@ -119,6 +132,7 @@ def fit_profile(points: list[Point], base: EngineProfile) -> Fit:
                     _hat(knots, p.batched_tokens),
                     [
                         1.0 if p.decode_seqs else 0.0,
+                        float(p.decode_seqs + len(p.chunks)),
                         float(p.decode_context),
                         attention_units(p.chunks),
                     ],
@@ -128,14 +142,15 @@ def fit_profile(points: list[Point], base: EngineProfile) -> Fit:
     design = np.array(rows)
     measured = np.array([p.measured_ms for p in points])
     weight = 1.0 / np.maximum(measured, 1e-6)
-    present = [j for j in range(k, k + 3) if np.any(design[:, j] != 0)]
-    unused = [_TERMS[j - k] for j in range(k, k + 3) if j not in present]
+    n_terms = len(_TERMS)
+    present = [j for j in range(k, k + n_terms) if np.any(design[:, j] != 0)]
+    unused = [_TERMS[j - k] for j in range(k, k + n_terms) if j not in present]
     cols = list(range(k)) + present
     names = [_TERMS[j - k] for j in present]
     coef_sub, dropped = _solve(design[:, cols] * weight[:, None], measured * weight, k, names)
-    coef = np.zeros(k + 3)
+    coef = np.zeros(k + n_terms)
     coef[cols] = coef_sub
-    f, a, b = (float(coef[k + i]) for i in range(3))
+    f, g, a, b = (float(coef[k + i]) for i in range(n_terms))
     lin = tuple(float(v) for v in coef[:k])
     slope = max(0.0, (lin[-1] - lin[-2]) / (knots[-1] - knots[-2])) if k >= 2 else 0.0
     layers = base.num_layers
@@ -143,6 +158,8 @@ def fit_profile(points: list[Point], base: EngineProfile) -> Fit:
         base,
         linear_ops=LinearOpsCurve(tuple(knots), lin, lin[-1] - slope * knots[-1], slope),
         step_overhead_ms=0.0,
+        step_ms_per_seq=g,
+        request_overhead_ms=request_overhead_ms,
         attention_fixed_ms_per_layer=f / layers,
         memory_bandwidth_bytes_per_s=(
             layers * base.kv_bytes_per_token_per_layer * 1e3 / a if a > _TINY else 1e30
@@ -150,4 +167,4 @@ def fit_profile(points: list[Point], base: EngineProfile) -> Fit:
         attention_flops_per_s=4.0 * base.hidden_size * layers * 1e3 / b if b > _TINY else 1e30,
     )
     fixed = tuple(t for t in _TERMS if t in unused or t in dropped)
-    return Fit(profile, tuple(knots), lin, f, a, b, fixed)
+    return Fit(profile, tuple(knots), lin, f, g, a, b, fixed)

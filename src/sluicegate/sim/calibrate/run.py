@@ -206,13 +206,18 @@ async def calibrate(o: CalibrateOptions, progress: Progress | None = None) -> Ca
         if progress is not None:
             progress("fitting", len(steps), len(steps))
     outside = statistics.median(prober.outside_ms) if prober.outside_ms else 0.0
-    if outside >= 1.0:  # worth saying (the simulator's own is 0)
+    if prober.outside_ms:
         prober.notes.append(
-            f"the server's TTFT exceeds its prefill time by a median {outside:.2f} ms on an "
-            "idle server (API server, scheduling, transfer): not part of the simulated steps"
+            f"request_overhead_ms {outside:.3f}: the server's TTFT exceeds its prefill time "
+            f"by this median on an idle server ({len(prober.outside_ms)} prefills; API "
+            "server, scheduling, transfer)"
+        )
+    else:
+        prober.notes.append(
+            "request_overhead_ms 0: the server exports no TTFT and prefill-time histograms"
         )
     merged = merge_passes(points)
-    fit = fit_profile(merged, profile)
+    fit = fit_profile(merged, profile, max(0.0, outside))
     return Calibration(fit, merged, prober.notes, o.target, kv_source)
 
 
