@@ -98,6 +98,8 @@ async def test_calibrate_recovers_a_known_profile_and_round_trips(tmp_path: Path
                 time_scale=TIME_SCALE,
             )
         )
+    print("\n" + result.table())  # the fit's error per point (pytest -s shows it)
+    print(f"fixed: {result.fit.fixed}; o {result.fit.o_ms:.3f} ms; notes: {result.notes}")
     kinds = {p.kind for p in result.points}
     assert kinds == {"prefill", "cached-prefill", "decode", "mixed"}, result.notes
     fitted = result.fit.profile
@@ -217,7 +219,9 @@ def test_fit_recovers_exact_step_times_and_parameters() -> None:
     known = parse_profile(KNOWN)
     points = _synthetic(lambda p: predict(known, p), SHAPES)
     fit = fit_profile(points, get_profile("llama3-8b-h100"))
-    assert fit.fixed == ()
+    # no first-token latency beyond the steps in these points: o fits to 0 (or is dropped)
+    assert set(fit.fixed) <= {"o"}
+    assert fit.o_ms == pytest.approx(0.0, abs=1e-9)
     for p in points:
         assert predict(fit.profile, p) == pytest.approx(p.measured_ms, rel=1e-6)
     assert fit.profile.memory_bandwidth_bytes_per_s == pytest.approx(1e12, rel=1e-6)
@@ -226,6 +230,21 @@ def test_fit_recovers_exact_step_times_and_parameters() -> None:
     assert fit.profile.step_overhead_ms == 0.0
     assert fit.f_ms == pytest.approx(32 * 0.02, rel=1e-6)
     assert fit.profile.step_ms_per_seq == pytest.approx(0.05, rel=1e-6)
+
+
+def test_fit_separates_a_first_token_latency_from_the_steps() -> None:
+    """A server whose prefill times (to the first token) run 2 ms past the iteration, as
+    vLLM's on CPU do: o carries the 2 ms, the step terms stay the profile's, and the
+    per-request overhead is o plus the measured TTFT-minus-prefill time."""
+    known = parse_profile(KNOWN)
+    points = _synthetic(lambda p: predict(known, p) + (2.0 if p.first_token else 0.0), SHAPES)
+    fit = fit_profile(points, get_profile("llama3-8b-h100"), request_overhead_ms=1.5)
+    assert fit.fixed == ()
+    assert fit.o_ms == pytest.approx(2.0, rel=1e-6)
+    assert fit.profile.request_overhead_ms == pytest.approx(3.5, rel=1e-6)
+    for p in points:
+        assert predict(fit.profile, p) == pytest.approx(predict(known, p), rel=1e-6)
+        assert fit.predict_ms(p) == pytest.approx(p.measured_ms, rel=1e-6)
 
 
 def test_fit_fixes_terms_the_points_cannot_tell_apart() -> None:

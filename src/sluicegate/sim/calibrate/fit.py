@@ -3,14 +3,16 @@
 The profile's step time (:meth:`EngineProfile.step_ms`) is linear in its unknowns once
 the model's shape (layers, hidden size, KV bytes per token) is fixed::
 
-    step_ms = LIN(n)                                 piecewise linear: one value per knot
+    measured = LIN(n)                                piecewise linear: one value per knot
+            + o · [runs to a first token]            o: first-token latency beyond the step
             + f · [decode_seqs > 0]                  f = layers · attention_fixed_ms_per_layer
             + g · sequences                          g = step_ms_per_seq (decoding + prefilling)
             + a · Σctx_decode                        a = layers · kv_bytes_per_layer / BW · 1e3
             + b · Σ c·(p + c/2)                      b = 4 · hidden · layers / FLOPS · 1e3
 
-with ``LIN``'s knots at the distinct token counts measured (so ``LIN`` is exact there and
-interpolated between, as the built-in profiles interpolate vidur's table) and the
+(the step time is the sum without ``o``) with ``LIN``'s knots at the distinct token
+counts measured (so ``LIN`` is exact there and interpolated between, as the built-in
+profiles interpolate vidur's table) and the
 per-step overhead inside ``LIN`` (``step_overhead_ms`` 0). The fit minimises the sum of
 squared *relative* errors (rows weighted by 1/measured), so short and long iterations
 count alike. A term the points cannot tell apart from the others (no decode point next
@@ -19,8 +21,14 @@ to a prefill point of the same size for ``f``; decodes at fewer than two batch s
 ``b``; one context per batch size for ``a``) or that comes out negative is fixed at 0 and
 the rest refitted.
 
-The per-request overhead outside the iterations (``request_overhead_ms``) is not a step
-term: :func:`fit_profile` takes it as measured (the server's TTFT minus its prefill time).
+``o`` is why a server's prefill time (or a client's time to first token) of ``n``
+tokens exceeds a decode iteration of ``n`` sequences on a tiny model: the first token of a
+request costs more than its iteration (whatever the server does around it: waking an idle
+engine, handing the token to its API server), while token-to-token gaps (inter-token
+latency) do not carry it. Decode points next to prefill points of the same size and a
+mixed point tell it from ``f``; it is not engine time, so it goes into the profile's
+per-request overhead: ``request_overhead_ms`` = ``o`` + the server's TTFT minus its
+prefill time on an idle server (passed in as measured).
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ import numpy.typing as npt
 from sluicegate.sim.calibrate.probes import Point
 from sluicegate.sim.profiles import EngineProfile, LinearOpsCurve
 
-_TERMS = ("f", "g", "a", "b")
+_TERMS = ("f", "g", "a", "b", "o")
 _TINY = 1e-12
 """A coefficient at or below this (ms per unit) counts as zero: BW or FLOPS 'infinite'."""
 
@@ -43,6 +51,7 @@ class Fit:
     profile: EngineProfile
     knots: tuple[float, ...]
     lin_ms: tuple[float, ...]
+    o_ms: float
     f_ms: float
     g_ms_per_seq: float
     a_ms_per_token: float
@@ -51,7 +60,9 @@ class Fit:
     """Terms fixed at 0 (not identifiable from the points, or fitted negative)."""
 
     def predict_ms(self, point: Point) -> float:
-        return predict(self.profile, point)
+        """What the fit says was measured at ``point``: its step time, plus ``o`` if the
+        measurement runs to a first token."""
+        return predict(self.profile, point) + (self.o_ms if point.first_token else 0.0)
 
 
 def attention_units(chunks: tuple[tuple[int, int], ...]) -> float:
@@ -100,7 +111,8 @@ def _solve(
         extra = [j for j in active if j >= k]
         bad: int | None = None
         if rank < len(active) and extra:
-            # the last extra term whose column the others already span (b, a, g, then f)
+            # the last extra term whose column the others already span (o, b, a, g, then f):
+            # o first, so a first-token latency is only fitted when the points show it
             bad = next((j for j in reversed(extra) if _rank(design, active, j) == rank), extra[-1])
         else:
             negative = [j for j, c in zip(active, coef, strict=True) if j >= k and c < 0]
@@ -135,6 +147,7 @@ def fit_profile(points: list[Point], base: EngineProfile, request_overhead_ms: f
                         float(p.decode_seqs + len(p.chunks)),
                         float(p.decode_context),
                         attention_units(p.chunks),
+                        1.0 if p.first_token else 0.0,
                     ],
                 ]
             )
@@ -150,7 +163,7 @@ def fit_profile(points: list[Point], base: EngineProfile, request_overhead_ms: f
     coef_sub, dropped = _solve(design[:, cols] * weight[:, None], measured * weight, k, names)
     coef = np.zeros(k + n_terms)
     coef[cols] = coef_sub
-    f, g, a, b = (float(coef[k + i]) for i in range(n_terms))
+    f, g, a, b, o = (float(coef[k + i]) for i in range(n_terms))
     lin = tuple(float(v) for v in coef[:k])
     slope = max(0.0, (lin[-1] - lin[-2]) / (knots[-1] - knots[-2])) if k >= 2 else 0.0
     layers = base.num_layers
@@ -159,7 +172,7 @@ def fit_profile(points: list[Point], base: EngineProfile, request_overhead_ms: f
         linear_ops=LinearOpsCurve(tuple(knots), lin, lin[-1] - slope * knots[-1], slope),
         step_overhead_ms=0.0,
         step_ms_per_seq=g,
-        request_overhead_ms=request_overhead_ms,
+        request_overhead_ms=request_overhead_ms + o,
         attention_fixed_ms_per_layer=f / layers,
         memory_bandwidth_bytes_per_s=(
             layers * base.kv_bytes_per_token_per_layer * 1e3 / a if a > _TINY else 1e30
@@ -167,4 +180,4 @@ def fit_profile(points: list[Point], base: EngineProfile, request_overhead_ms: f
         attention_flops_per_s=4.0 * base.hidden_size * layers * 1e3 / b if b > _TINY else 1e30,
     )
     fixed = tuple(t for t in _TERMS if t in unused or t in dropped)
-    return Fit(profile, tuple(knots), lin, f, g, a, b, fixed)
+    return Fit(profile, tuple(knots), lin, o, f, g, a, b, fixed)

@@ -71,6 +71,13 @@ class Point:
     """The plan step that measured it (points of several passes merge by it)."""
 
     @property
+    def first_token(self) -> bool:
+        """Whether the value runs to a request's first token (a prefill time or time to
+        first token) rather than between two tokens (a decode gap, a mixed point measured
+        by the decoders' gap)."""
+        return self.kind != "decode" and not (self.kind == "mixed" and self.source == "client")
+
+    @property
     def label(self) -> str:
         if self.kind == "decode":
             return f"decode B={self.decode_seqs} ctx={self.decode_context // self.decode_seqs}"

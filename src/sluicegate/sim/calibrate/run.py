@@ -132,7 +132,12 @@ def plan(prober: Prober, o: CalibrateOptions, profile: EngineProfile, max_len: i
     d = o.decode_tokens
     longest = min(budget, max_len - 2)
     batches = sorted({b for b in o.batch_sizes if 1 <= b <= profile.max_num_seqs})
-    lengths = sorted({*batches, *(n for n in PREFILL_LENGTHS if n <= longest)})
+    wanted = {*batches, *(n for n in PREFILL_LENGTHS if n <= longest)}
+    if longest > max(wanted) and longest < PREFILL_LENGTHS[-1]:
+        # the longest prompt the server takes, when no probe length reaches it: the fit
+        # then interpolates, rather than extrapolates, every prompt the server can run
+        wanted.add(longest)
+    lengths = sorted(wanted)
     steps: list[Step] = []
     for n in lengths:
         steps.append((f"prefill {n}", partial(_wrap, prober.prefill, n, o.repeats)))
