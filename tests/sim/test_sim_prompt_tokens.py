@@ -128,6 +128,10 @@ def test_profile_file_tokenizer_paths(tokenizer_dir: Path, tmp_path: Path) -> No
     path.write_text(dump_profile(replace(profile, tokenizer="missing.json")))
     with pytest.raises(ProfileFileError, match=r"tokenizer: .*missing\.json does not exist"):
         load_profile_file(path)
+    (tmp_path / "bad.json").write_text("{}")
+    path.write_text(dump_profile(replace(profile, tokenizer="bad.json")))
+    with pytest.raises(ProfileFileError, match=r"tokenizer: cannot load tokenizer"):
+        load_profile_file(path)
     # the default stays the built-in tokenizer
     assert get_profile("tiny").tokenizer is None
     assert Engine(get_profile("tiny")).prompt_tokens is None

@@ -206,6 +206,13 @@ def load_profile_file(path: str | Path) -> EngineProfile:
             tokenizer = p.parent / tokenizer
         if not tokenizer.exists():
             raise ProfileFileError(f"{p}: tokenizer: {tokenizer} does not exist")
+        from sluicegate.sim.prompt_tokens import PromptTokens
+        from sluicegate.tokenization.base import TokenizerLoadError
+
+        try:  # refused here, naming the field, rather than when an engine starts
+            PromptTokens.load(str(tokenizer))
+        except TokenizerLoadError as exc:
+            raise ProfileFileError(f"{p}: tokenizer: {exc}") from None
         profile = dataclasses.replace(profile, tokenizer=str(tokenizer.absolute()))
     return profile
 
