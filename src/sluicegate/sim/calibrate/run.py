@@ -223,6 +223,11 @@ async def calibrate(o: CalibrateOptions, progress: Progress | None = None) -> Ca
         )
     merged = merge_passes(points)
     fit = fit_profile(merged, profile, max(0.0, outside))
+    if fit.o_ms > 0:
+        prober.notes.append(
+            f"first-token latency o {fit.o_ms:.3f} ms (prefill times beyond their iterations, "
+            f"fitted): request_overhead_ms {fit.profile.request_overhead_ms:.3f} in all"
+        )
     return Calibration(fit, merged, prober.notes, o.target, kv_source)
 
 
