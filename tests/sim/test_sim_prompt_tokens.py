@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
@@ -111,6 +113,25 @@ def test_engines_of_a_profile_with_a_tokenizer_share_blocks_by_token_ids(
         0,
     )
     assert plain.prompt_tokens == -(-len(f"{head} quick dogs") // 4) < a.prompt_tokens
+
+
+async def test_a_simulated_server_counts_in_the_model_tokens(
+    tokenizer_dir: Path, sim_cluster: Any
+) -> None:
+    """Over HTTP: ``/tokenize`` and the usage of a completion agree with the tokenizer."""
+    cluster = await sim_cluster(
+        replicas=1, profile=replace(get_profile("tiny"), tokenizer=str(tokenizer_dir))
+    )
+    url = cluster.replicas[0].url
+    text = " ".join(WORDS * 5)
+    ids = _ids(tokenizer_dir, text)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        async with http.post(url + "/tokenize", json={"prompt": text}) as r:
+            assert (await r.json())["tokens"] == ids
+        body = {"model": "tiny-llama", "prompt": text, "max_tokens": 2}
+        async with http.post(url + "/v1/completions", json=body) as r:
+            assert r.status == 200
+            assert (await r.json())["usage"]["prompt_tokens"] == len(ids)
 
 
 def test_profile_file_tokenizer_paths(tokenizer_dir: Path, tmp_path: Path) -> None:
