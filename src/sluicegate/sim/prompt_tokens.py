@@ -25,9 +25,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sluicegate.api.tokenizer import TokenizerSettings
-from sluicegate.framework import LLMRequest
-
 if TYPE_CHECKING:
     from sluicegate.tokenization.local import LocalTokenizer
 
@@ -49,7 +46,8 @@ class PromptTokens:
         ``tokenizer_config.json`` and ``chat_template.jinja`` beside it when present);
         :class:`~sluicegate.tokenization.base.TokenizerLoadError` if it cannot be read."""
         # imported here: the engine imports this module, and most simulations never load
-        # a tokenizer (tokenizers and jinja2 cost a noticeable start-up time)
+        # a tokenizer (tokenizers, jinja2 and the settings model cost ~0.15 s of start-up)
+        from sluicegate.api.tokenizer import TokenizerSettings
         from sluicegate.tokenization.local import LocalTokenizer
 
         settings = TokenizerSettings(
@@ -64,6 +62,8 @@ class PromptTokens:
         """The prompt of request ``body`` (chat ``messages`` if ``chat``, else a
         completion ``prompt``) as packed model token ids; None when the tokenizer cannot
         render it."""
+        from sluicegate.framework import LLMRequest  # imported on first use (see load)
+
         request = LLMRequest(
             request_id="",
             model="",
