@@ -24,7 +24,9 @@ from sluicegate.sim.profile_file import dump_profile, load_profile_file, parse_p
 from sluicegate.sim.profiles import get_profile
 
 # Step times of 4–55 ms: long beside the shared test machine's timer jitter, short enough
-# that the whole calibration takes seconds. Every term of the step time is non-zero.
+# that the whole calibration takes seconds. Every term of the step time is non-zero, the
+# per-sequence cost (1.6 ms at 32 sequences) and the per-request overhead outside the
+# iterations included (a tiny model on CPU is dominated by such costs).
 KNOWN = """
 name: known
 model_name: known-model
@@ -36,6 +38,8 @@ attention_fixed_ms_per_layer: 0.02
 memory_bandwidth_bytes_per_s: 1.0e12
 attention_flops_per_s: 1.0e14
 step_overhead_ms: 0.5
+step_ms_per_seq: 0.05
+request_overhead_ms: 3.0
 """
 
 
@@ -94,6 +98,8 @@ async def test_calibrate_recovers_a_known_profile_and_round_trips(tmp_path: Path
                 time_scale=TIME_SCALE,
             )
         )
+    print("\n" + result.table())  # the fit's error per point (pytest -s shows it)
+    print(f"fixed: {result.fit.fixed}; o {result.fit.o_ms:.3f} ms; notes: {result.notes}")
     kinds = {p.kind for p in result.points}
     assert kinds == {"prefill", "cached-prefill", "decode", "mixed"}, result.notes
     fitted = result.fit.profile
@@ -106,6 +112,9 @@ async def test_calibrate_recovers_a_known_profile_and_round_trips(tmp_path: Path
         if not _within(predict(fitted, p), predict(known, p), 0.10)
     ]
     assert not off, "\n".join(off)
+    # The per-request overhead outside the iterations: the server's TTFT minus prefill time.
+    assert _within(fitted.request_overhead_ms, known.request_overhead_ms, 0.10)
+    assert any(p.source == "server" for p in result.points if p.kind == "decode")
     # The printed error per point is the fit's against what was measured.
     table = result.table()
     assert all(p.label in table for p in result.points)
@@ -192,11 +201,14 @@ def _synthetic(profile_points: Callable[[Point], float], points: list[Point]) ->
 
 
 SHAPES = [
+    Point("prefill", 1, 0, 0, ((1, 0),), 0, 1, ""),
+    Point("prefill", 8, 0, 0, ((8, 0),), 0, 1, ""),
     Point("prefill", 32, 0, 0, ((32, 0),), 0, 1, ""),
     Point("prefill", 512, 0, 0, ((512, 0),), 0, 1, ""),
     Point("prefill", 2048, 0, 0, ((2048, 0),), 0, 1, ""),
     Point("cached-prefill", 512, 0, 0, ((512, 2048),), 0, 1, ""),
     Point("decode", 1, 1, 100, (), 0, 1, ""),
+    Point("decode", 8, 8, 8 * 300, (), 0, 1, ""),
     Point("decode", 32, 32, 32 * 60, (), 0, 1, ""),
     Point("decode", 32, 32, 32 * 1000, (), 0, 1, ""),
     Point("mixed", 512, 32, 32 * 60, ((480, 0),), 0, 1, ""),
@@ -207,7 +219,9 @@ def test_fit_recovers_exact_step_times_and_parameters() -> None:
     known = parse_profile(KNOWN)
     points = _synthetic(lambda p: predict(known, p), SHAPES)
     fit = fit_profile(points, get_profile("llama3-8b-h100"))
-    assert fit.fixed == ()
+    # no first-token latency beyond the steps in these points: o fits to 0 (or is dropped)
+    assert set(fit.fixed) <= {"o"}
+    assert fit.o_ms == pytest.approx(0.0, abs=1e-9)
     for p in points:
         assert predict(fit.profile, p) == pytest.approx(p.measured_ms, rel=1e-6)
     assert fit.profile.memory_bandwidth_bytes_per_s == pytest.approx(1e12, rel=1e-6)
@@ -215,12 +229,28 @@ def test_fit_recovers_exact_step_times_and_parameters() -> None:
     # Overhead and the decode constant are folded as documented: LIN carries the overhead.
     assert fit.profile.step_overhead_ms == 0.0
     assert fit.f_ms == pytest.approx(32 * 0.02, rel=1e-6)
+    assert fit.profile.step_ms_per_seq == pytest.approx(0.05, rel=1e-6)
+
+
+def test_fit_separates_a_first_token_latency_from_the_steps() -> None:
+    """A server whose prefill times (to the first token) run 2 ms past the iteration, as
+    vLLM's on CPU do: o carries the 2 ms, the step terms stay the profile's, and the
+    per-request overhead is o plus the measured TTFT-minus-prefill time."""
+    known = parse_profile(KNOWN)
+    points = _synthetic(lambda p: predict(known, p) + (2.0 if p.first_token else 0.0), SHAPES)
+    fit = fit_profile(points, get_profile("llama3-8b-h100"), request_overhead_ms=1.5)
+    assert fit.fixed == ()
+    assert fit.o_ms == pytest.approx(2.0, rel=1e-6)
+    assert fit.profile.request_overhead_ms == pytest.approx(3.5, rel=1e-6)
+    for p in points:
+        assert predict(fit.profile, p) == pytest.approx(predict(known, p), rel=1e-6)
+        assert fit.predict_ms(p) == pytest.approx(p.measured_ms, rel=1e-6)
 
 
 def test_fit_fixes_terms_the_points_cannot_tell_apart() -> None:
     known = parse_profile(KNOWN)
     no_cached = [p for p in SHAPES if p.kind != "cached-prefill" and p.kind != "mixed"]
-    no_cached = [p for p in no_cached if not (p.kind == "prefill" and p.batched_tokens > 32)]
+    no_cached = [p for p in no_cached if not (p.kind == "prefill" and p.batched_tokens != 32)]
     fit = fit_profile(_synthetic(lambda p: predict(known, p), no_cached), known)
     # b (prefill attention) rides on the LIN knots alone: fixed at 0, the fit still exact.
     assert "b" in fit.fixed

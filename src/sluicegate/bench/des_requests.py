@@ -40,7 +40,7 @@ def engine_sequence(
     Raises :class:`~sluicegate.sim.api.ApiError` for a body the server would refuse, or a
     prompt plus its output budget over the engine's context (``max_model_len``, capped by
     its KV capacity in tokens)."""
-    params = parse_generate(body, chat)
+    params = parse_generate(body, chat, engine.prompt_tokens)
     lora = target if target != model else None
     limit = min(engine.profile.max_model_len, engine.profile.kv_capacity_tokens)
     seq = new_sequence(

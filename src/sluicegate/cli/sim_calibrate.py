@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+from pathlib import Path
 
 from sluicegate.cli.common import Subparsers, console, fail
 
@@ -72,12 +74,29 @@ def add_parser(sub: Subparsers) -> None:
         default=1.0,
         help="for a `sluicegate sim --time-scale X` target: X (default 1)",
     )
+    cal.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="PATH",
+        help="the served model's tokenizer.json (or its folder), written into the profile: "
+        "the simulator then sizes text prompts in the model's tokens, as the server does "
+        "(default: built-in 4-byte tokens)",
+    )
     cal.set_defaults(func=_cmd_calibrate)
+
+
+def _relative_to(path: str, folder: Path) -> str:
+    """``path`` as a profile file in ``folder`` names it: a relative path becomes relative
+    to ``folder`` (a profile's paths are relative to its own folder); ``~/…`` and absolute
+    paths are kept as given."""
+    if path.startswith("~") or os.path.isabs(path):
+        return path
+    return os.path.relpath(os.path.abspath(path), os.path.abspath(folder))
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     import asyncio
-    from pathlib import Path
+    from dataclasses import replace
 
     from rich.progress import Progress
 
@@ -101,6 +120,16 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     ):
         if value is not None and not (math.isfinite(value) and value > 0):
             return fail(f"{flag} must be a positive number, got {value}")
+    tokenizer = None
+    if args.tokenizer is not None:
+        from sluicegate.sim.prompt_tokens import PromptTokens
+        from sluicegate.tokenization.base import TokenizerLoadError
+
+        try:
+            PromptTokens.load(args.tokenizer)
+        except TokenizerLoadError as exc:
+            return fail(f"--tokenizer: {exc}")
+        tokenizer = _relative_to(args.tokenizer, Path(args.out).parent)
     options = CalibrateOptions(
         target=args.target,
         model=args.model,
@@ -133,6 +162,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     for note in result.notes:
         print(f"note: {note}")
     out = Path(args.out)
-    out.write_text(dump_profile(fit.profile, result.document()))
+    profile = replace(fit.profile, tokenizer=tokenizer)
+    out.write_text(dump_profile(profile, result.document()))
     console.print(f"wrote {out} (profile {fit.profile.name})")
     return 0

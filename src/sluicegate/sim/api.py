@@ -8,12 +8,15 @@ status and name the offending field.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 
 from sluicegate.lax import LaxValueError, as_bool, as_float, as_int
 from sluicegate.sim.text import PromptError, render_chat, render_prompt, token_logprobs
+
+if TYPE_CHECKING:
+    from sluicegate.sim.prompt_tokens import PromptTokens
 
 MAX_N = 64
 """Most choices one request may ask for (vLLM's limit, ``VLLM_MAX_N_SEQUENCES``, is 16,384:
@@ -84,15 +87,17 @@ class GenerateRequest:
         return 0
 
 
-def parse_generate(raw: bytes, chat: bool) -> GenerateRequest:
-    """Parse and validate a ``/v1/completions`` (or chat, if ``chat``) request body."""
+def parse_generate(raw: bytes, chat: bool, tokens: PromptTokens | None = None) -> GenerateRequest:
+    """Parse and validate a ``/v1/completions`` (or chat, if ``chat``) request body;
+    with ``tokens``, a prompt it can render is sized in that model's tokens
+    (:mod:`sluicegate.sim.prompt_tokens`)."""
     try:
-        return _parse_generate(raw, chat)
+        return _parse_generate(raw, chat, tokens)
     except LaxValueError as exc:
         raise ApiError(400, str(exc), exc.field) from None
 
 
-def _parse_generate(raw: bytes, chat: bool) -> GenerateRequest:
+def _parse_generate(raw: bytes, chat: bool, tokens: PromptTokens | None) -> GenerateRequest:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -116,6 +121,8 @@ def _parse_generate(raw: bytes, chat: bool) -> GenerateRequest:
         raise ApiError(400, str(exc), "messages" if chat else "prompt") from None
     if not prompt:
         raise ApiError(400, "the prompt is empty", "messages" if chat else "prompt")
+    if tokens is not None:
+        prompt = tokens.encode(body, chat) or prompt
 
     max_tokens: int | None = None
     for field in ("max_completion_tokens", "max_tokens"):

@@ -20,6 +20,7 @@ time: results of a step taken at ``now`` become visible at ``now + duration``.
 
 from __future__ import annotations
 
+import bisect
 import copy
 import enum
 import math
@@ -32,6 +33,7 @@ import xxhash
 
 from sluicegate.sim.kvcache import BlockPool
 from sluicegate.sim.profiles import EngineProfile
+from sluicegate.sim.prompt_tokens import load_prompt_tokens
 from sluicegate.sim.text import output_bytes
 from sluicegate.tokens import (
     BYTES_PER_TOKEN,
@@ -117,7 +119,10 @@ class StepResult:
 
     @property
     def idle(self) -> bool:
-        return self.batched_tokens == 0
+        """Nothing ran and nothing will become schedulable by itself: wait for a request
+        to arrive or leave. (A step that only waits for an arriving request to reach the
+        engine — ``request_overhead_ms`` — has no tokens but a duration.)"""
+        return self.batched_tokens == 0 and self.duration == 0.0
 
 
 @dataclass(slots=True)
@@ -146,6 +151,9 @@ class Engine:
         self.pool = BlockPool(profile.num_gpu_blocks)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.arriving: list[Sequence] = []
+        """Added but not yet schedulable (``profile.request_overhead_ms``), in order of
+        the time they reach the scheduler."""
         self.counters = EngineCounters()
         self.num_deferred = 0
         """Waiting sequences skipped in the last step for LoRA capacity."""
@@ -153,6 +161,9 @@ class Engine:
         self._by_id: dict[str, Sequence] = {}
         self.kv_events: KVEventLog | None = None
         """What the KV cache did this step, when KV events are on (see :meth:`log_kv_events`)."""
+        self.prompt_tokens = load_prompt_tokens(profile.tokenizer)
+        """The model tokenizer sizing text prompts for this engine (the profile's
+        ``tokenizer``; None: built-in tokens). Used where requests become sequences."""
 
     def log_kv_events(self, events: KVEventLog | None) -> None:
         """Log every prefix-cache store, eviction and clear into ``events`` (None: stop)."""
@@ -178,8 +189,25 @@ class Engine:
         if self.enable_prefix_caching:
             seq.hashes = block_hashes(seq.prompt, self.profile.block_size, seq.hash_seed)
         seq.status = SeqStatus.WAITING
-        self.waiting.append(seq)
+        if self.profile.request_overhead_ms > 0:
+            bisect.insort(self.arriving, seq, key=self._ready_at)
+        else:
+            self.waiting.append(seq)
         self._by_id[seq.request_id] = seq
+
+    def _ready_at(self, seq: Sequence) -> float:
+        """When an added ``seq`` reaches the scheduler (seconds)."""
+        return seq.arrival + self.profile.request_overhead_ms / 1000.0
+
+    def _admit_arrived(self, now: float) -> None:
+        """Move the arriving sequences that have reached the scheduler by ``now`` to the
+        waiting queue (the 1 ns slack absorbs float rounding of ``now``)."""
+        arriving = self.arriving
+        n = 0
+        while n < len(arriving) and self._ready_at(arriving[n]) <= now + 1e-9:
+            self.waiting.append(arriving[n])
+            n += 1
+        del arriving[:n]
 
     def abort(self, request_id: str, now: float) -> Sequence | None:
         """Remove a request wherever it is; returns it, or None if unknown or finished."""
@@ -187,7 +215,11 @@ class Engine:
         if seq is None:
             return None
         if seq.status is SeqStatus.WAITING:
-            self.waiting.remove(seq)
+            arriving = [s for s in self.arriving if s is not seq]
+            if len(arriving) < len(self.arriving):
+                self.arriving = arriving
+            else:
+                self.waiting.remove(seq)
         elif seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
         self.pool.release(seq.blocks)
@@ -205,14 +237,17 @@ class Engine:
         twin.enable_prefix_caching = self.enable_prefix_caching
         twin.pool = self.pool.fork()
         twin.kv_events = None
+        twin.prompt_tokens = self.prompt_tokens
         twin.counters = replace(
             self.counters, finished_by_reason=dict(self.counters.finished_by_reason)
         )
         twin.num_deferred = self.num_deferred
         twin._gpu_loras = self._gpu_loras.copy()
-        copies = {id(s): _fork_sequence(s) for s in (*self.running, *self.waiting)}
+        every = (*self.running, *self.waiting, *self.arriving)
+        copies = {id(s): _fork_sequence(s) for s in every}
         twin.running = [copies[id(s)] for s in self.running]
         twin.waiting = deque(copies[id(s)] for s in self.waiting)
+        twin.arriving = [copies[id(s)] for s in self.arriving]
         twin._by_id = {s.request_id: s for s in copies.values()}
         return twin
 
@@ -220,7 +255,7 @@ class Engine:
         return self._by_id.get(request_id)
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.waiting or self.arriving)
 
     @property
     def num_requests(self) -> int:
@@ -240,6 +275,8 @@ class Engine:
         budget = p.max_num_batched_tokens
         result = StepResult()
         scheduled: list[tuple[Sequence, int]] = []
+        if self.arriving:
+            self._admit_arrived(now)
 
         running = self.running
         bs = p.block_size
@@ -280,10 +317,14 @@ class Engine:
             self._schedule_waiting(now, budget, scheduled, result)
 
         if not scheduled:
+            if self.arriving and not result.preempted:
+                # Nothing to run until the next arriving request reaches the scheduler.
+                result.duration = max(1e-9, self._ready_at(self.arriving[0]) - now)
             return result
 
         # Execute: account time, then advance every scheduled sequence.
         batched = 0
+        prefill_seqs = 0
         decode_seqs = 0
         decode_ctx = 0
         prefill_flops = 0.0
@@ -296,8 +337,11 @@ class Engine:
                 decode_seqs += 1
                 decode_ctx += seq.num_computed + 1
             else:
+                prefill_seqs += 1
                 prefill_flops += p.prefill_attention_flops(k, seq.num_computed)
-        step_ms = p.step_ms(batched, decode_seqs, decode_ctx, prefill_flops, with_lora)
+        step_ms = p.step_ms(
+            batched, decode_seqs, decode_ctx, prefill_flops, with_lora, prefill_seqs
+        )
         step_ms += p.lora_load_ms * len(result.loaded_loras)
         duration = step_ms / 1000.0
         done_at = now + duration

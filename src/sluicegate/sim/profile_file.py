@@ -13,6 +13,8 @@ the same names (the scheduler limits are vLLM's option names), and the linear-op
       points: [[1, 5.9], [512, 14.7], [2048, 48.0]]
       tail_slope_ms_per_token: 0.0213   # optional: beyond the last point (default: the
       tail_intercept_ms: 4.5            #   line through the last two points)
+    tokenizer: ~/models/my-model/tokenizer.json   # optional: size text prompts with the
+                                # model's tokenizer (relative to this file's folder)
     calibration: {...}          # optional and ignored: what `sim calibrate` measured
 
 Without ``base`` every field without a default in ``EngineProfile`` is required. Unknown
@@ -123,6 +125,10 @@ class ProfileSpec(_Strict):
     lora_step_factor: Positive | None = None
     attention_fixed_ms_per_layer: NonNegative | None = None
     step_overhead_ms: NonNegative | None = None
+    step_ms_per_seq: NonNegative | None = None
+    request_overhead_ms: NonNegative | None = None
+    tokenizer: Annotated[str, Field(min_length=1)] | None = None
+    """A ``tokenizer.json`` sizing text prompts (relative to the file's folder)."""
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] | None = None
     accelerator: Annotated[str, Field(min_length=1, max_length=63)] | None = None
     """The hardware class the profile's endpoints report (e.g. ``h100-80gb``)."""
@@ -186,13 +192,29 @@ def parse_profile(text: str, where: str = "profile") -> EngineProfile:
 
 
 def load_profile_file(path: str | Path) -> EngineProfile:
-    """Read a profile file (see the module docstring)."""
+    """Read a profile file (see the module docstring). A relative ``tokenizer`` path is
+    relative to the file's folder (``~`` is the user's home); it must exist."""
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as exc:
         raise ProfileFileError(f"{p}: cannot read: {exc.strerror}") from None
-    return parse_profile(text, str(p))
+    profile = parse_profile(text, str(p))
+    if profile.tokenizer is not None:
+        tokenizer = Path(profile.tokenizer).expanduser()
+        if not tokenizer.is_absolute():
+            tokenizer = p.parent / tokenizer
+        if not tokenizer.exists():
+            raise ProfileFileError(f"{p}: tokenizer: {tokenizer} does not exist")
+        from sluicegate.sim.prompt_tokens import PromptTokens
+        from sluicegate.tokenization.base import TokenizerLoadError
+
+        try:  # refused here, naming the field, rather than when an engine starts
+            PromptTokens.load(str(tokenizer))
+        except TokenizerLoadError as exc:
+            raise ProfileFileError(f"{p}: tokenizer: {exc}") from None
+        profile = dataclasses.replace(profile, tokenizer=str(tokenizer.absolute()))
+    return profile
 
 
 def profile_document(

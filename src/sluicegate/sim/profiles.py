@@ -8,7 +8,7 @@ https://github.com/microsoft/vidur at 7d475133), reduced to four terms::
     step_ms = LIN(n)                                   linear ops (QKV, O, MLP, norms), table
             + layers * (attn_fixed_ms + ctx * kv_bytes_per_layer / bandwidth)   decode attention
             + sum over prefill chunks of 4 * c * (p + c/2) * hidden * layers / flops
-            + overhead_ms
+            + overhead_ms + ms_per_seq * sequences in the iteration
 
 where ``n`` is the number of tokens in the iteration (prefill-chunk tokens plus one per
 decoding sequence), ``ctx`` the total context of the decoding sequences, and a prefill
@@ -109,6 +109,20 @@ class EngineProfile:
     lora_step_factor: float = 1.1
     attention_fixed_ms_per_layer: float = 0.010
     step_overhead_ms: float = 0.3
+    step_ms_per_seq: float = 0.0
+    """Time (ms) per sequence an iteration schedules (prefilling or decoding): the
+    per-request work of a step beside the model — scheduling, sampling, output processing
+    and detokenising. Negligible beside a large model's step on a GPU (the built-in
+    profiles: 0); a tiny model on CPU spends a good part of each step on it."""
+    request_overhead_ms: float = 0.0
+    """Time (ms) from a request's arrival until the engine can schedule it, spent outside
+    the engine's iterations (the API server parsing and tokenising it and handing it to
+    the engine; the first token's way back). It adds to time to first token and occupies
+    no engine time. ``sim calibrate`` measures it as the server's TTFT minus its prefill
+    time on an idle server."""
+    tokenizer: str | None = None
+    """A Hugging Face ``tokenizer.json`` the simulator sizes text prompts with, as the real
+    server's model does (None: the built-in 4-byte tokens). See ``sim/prompt_tokens.py``."""
     gpu_memory_utilization: float = 0.92
     accelerator: str | None = None
     """Hardware class of the GPU (``h100-80gb``…; :mod:`sluicegate.api.hardware`): the
@@ -148,8 +162,10 @@ class EngineProfile:
         decode_context_tokens: int,
         prefill_attention_flops: float,
         with_lora: bool = False,
+        prefill_seqs: int = 0,
     ) -> float:
-        """Duration (ms) of one iteration; 0 when nothing is batched."""
+        """Duration (ms) of one iteration; 0 when nothing is batched. ``prefill_seqs``:
+        sequences with a prefill chunk in it (beside the ``decode_seqs`` decoding)."""
         if batched_tokens <= 0:
             return 0.0
         ms = (
@@ -159,12 +175,12 @@ class EngineProfile:
         )
         if with_lora:
             ms *= self.lora_step_factor
-        return ms + self.step_overhead_ms
+        return ms + self.step_overhead_ms + self.step_ms_per_seq * (decode_seqs + prefill_seqs)
 
     def prefill_ms(self, prompt_tokens: int) -> float:
         """Time (ms) of one iteration prefilling a single ``prompt_tokens`` prompt."""
         flops = self.prefill_attention_flops(prompt_tokens, 0)
-        return self.step_ms(prompt_tokens, 0, 0, flops)
+        return self.step_ms(prompt_tokens, 0, 0, flops, prefill_seqs=1)
 
     def decode_ms(self, batch: int, context_per_seq: int) -> float:
         """Time (ms) of one decode iteration for ``batch`` sequences of equal context."""

@@ -189,6 +189,9 @@ async def tokenize(replica: Replica, request: web.Request) -> web.Response:
             raise api.ApiError(400, "'prompt' or 'messages' is required")
     except PromptError as exc:
         raise api.ApiError(400, str(exc)) from None
+    model_tokens = replica.driver.engine.prompt_tokens
+    if model_tokens is not None:  # the profile's tokenizer: the ids the engine counts
+        prompt = model_tokens.encode(body, "messages" in body) or prompt
     padded = prompt + b"\0" * (-len(prompt) % 4)
     tokens = [int.from_bytes(padded[i : i + 4], "little") for i in range(0, len(padded), 4)]
     return json_reply(

@@ -212,7 +212,7 @@ class Replica:
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         await inject_faults(self)
-        params = api.parse_generate(await request.read(), chat)
+        params = api.parse_generate(await request.read(), chat, self.driver.engine.prompt_tokens)
         lora = self._resolve_model(params.model)
         request_id = self.check_context(params)
         event = asyncio.Event()  # wakes the handler for any of the request's choices

@@ -3,19 +3,32 @@
 The profile's step time (:meth:`EngineProfile.step_ms`) is linear in its unknowns once
 the model's shape (layers, hidden size, KV bytes per token) is fixed::
 
-    step_ms = LIN(n)                                 piecewise linear: one value per knot
+    measured = LIN(n)                                piecewise linear: one value per knot
+            + o · [runs to a first token]            o: first-token latency beyond the step
             + f · [decode_seqs > 0]                  f = layers · attention_fixed_ms_per_layer
+            + g · sequences                          g = step_ms_per_seq (decoding + prefilling)
             + a · Σctx_decode                        a = layers · kv_bytes_per_layer / BW · 1e3
             + b · Σ c·(p + c/2)                      b = 4 · hidden · layers / FLOPS · 1e3
 
-with ``LIN``'s knots at the distinct token counts measured (so ``LIN`` is exact there and
-interpolated between, as the built-in profiles interpolate vidur's table) and the
+(the step time is the sum without ``o``) with ``LIN``'s knots at the distinct token
+counts measured (so ``LIN`` is exact there and interpolated between, as the built-in
+profiles interpolate vidur's table) and the
 per-step overhead inside ``LIN`` (``step_overhead_ms`` 0). The fit minimises the sum of
 squared *relative* errors (rows weighted by 1/measured), so short and long iterations
 count alike. A term the points cannot tell apart from the others (no decode point next
-to a prefill point of the same size for ``f``; no cached-prefix point for ``b``; one
-context per batch size for ``a``) or that comes out negative is fixed at 0 and the rest
-refitted.
+to a prefill point of the same size for ``f``; decodes at fewer than two batch sizes for
+``g`` — one sequence per prefill is a constant ``LIN`` absorbs; no cached-prefix point for
+``b``; one context per batch size for ``a``) or that comes out negative is fixed at 0 and
+the rest refitted.
+
+``o`` is why a server's prefill time (or a client's time to first token) of ``n``
+tokens exceeds a decode iteration of ``n`` sequences on a tiny model: the first token of a
+request costs more than its iteration (whatever the server does around it: waking an idle
+engine, handing the token to its API server), while token-to-token gaps (inter-token
+latency) do not carry it. Decode points next to prefill points of the same size and a
+mixed point tell it from ``f``; it is not engine time, so it goes into the profile's
+per-request overhead: ``request_overhead_ms`` = ``o`` + the server's TTFT minus its
+prefill time on an idle server (passed in as measured).
 """
 
 from __future__ import annotations
@@ -28,7 +41,7 @@ import numpy.typing as npt
 from sluicegate.sim.calibrate.probes import Point
 from sluicegate.sim.profiles import EngineProfile, LinearOpsCurve
 
-_TERMS = ("f", "a", "b")
+_TERMS = ("f", "g", "a", "b", "o")
 _TINY = 1e-12
 """A coefficient at or below this (ms per unit) counts as zero: BW or FLOPS 'infinite'."""
 
@@ -38,14 +51,18 @@ class Fit:
     profile: EngineProfile
     knots: tuple[float, ...]
     lin_ms: tuple[float, ...]
+    o_ms: float
     f_ms: float
+    g_ms_per_seq: float
     a_ms_per_token: float
     b_ms_per_unit: float
     fixed: tuple[str, ...]
     """Terms fixed at 0 (not identifiable from the points, or fitted negative)."""
 
     def predict_ms(self, point: Point) -> float:
-        return predict(self.profile, point)
+        """What the fit says was measured at ``point``: its step time, plus ``o`` if the
+        measurement runs to a first token."""
+        return predict(self.profile, point) + (self.o_ms if point.first_token else 0.0)
 
 
 def attention_units(chunks: tuple[tuple[int, int], ...]) -> float:
@@ -56,7 +73,13 @@ def attention_units(chunks: tuple[tuple[int, int], ...]) -> float:
 def predict(profile: EngineProfile, point: Point) -> float:
     """The profile's duration (ms) of the iteration ``point`` describes."""
     flops = sum(profile.prefill_attention_flops(c, p) for c, p in point.chunks)
-    return profile.step_ms(point.batched_tokens, point.decode_seqs, point.decode_context, flops)
+    return profile.step_ms(
+        point.batched_tokens,
+        point.decode_seqs,
+        point.decode_context,
+        flops,
+        prefill_seqs=len(point.chunks),
+    )
 
 
 def _hat(knots: list[float], n: float) -> npt.NDArray[np.float64]:
@@ -88,7 +111,8 @@ def _solve(
         extra = [j for j in active if j >= k]
         bad: int | None = None
         if rank < len(active) and extra:
-            # the last extra term whose column the others already span (b, then a, then f)
+            # the last extra term whose column the others already span (o, b, a, g, then f):
+            # o first, so a first-token latency is only fitted when the points show it
             bad = next((j for j in reversed(extra) if _rank(design, active, j) == rank), extra[-1])
         else:
             negative = [j for j, c in zip(active, coef, strict=True) if j >= k and c < 0]
@@ -105,8 +129,9 @@ def _rank(design: npt.NDArray[np.float64], active: list[int], without: int) -> i
     return int(np.linalg.matrix_rank(design[:, [j for j in active if j != without]]))
 
 
-def fit_profile(points: list[Point], base: EngineProfile) -> Fit:
-    """The profile ``base`` with its step-time parameters fitted to ``points``."""
+def fit_profile(points: list[Point], base: EngineProfile, request_overhead_ms: float = 0.0) -> Fit:
+    """The profile ``base`` with its step-time parameters fitted to ``points`` and the
+    per-request overhead ``request_overhead_ms`` (measured, not fitted)."""
     if not points:
         raise ValueError("no measured point to fit")
     knots = sorted({float(p.batched_tokens) for p in points})
@@ -119,8 +144,10 @@ def fit_profile(points: list[Point], base: EngineProfile) -> Fit:
                     _hat(knots, p.batched_tokens),
                     [
                         1.0 if p.decode_seqs else 0.0,
+                        float(p.decode_seqs + len(p.chunks)),
                         float(p.decode_context),
                         attention_units(p.chunks),
+                        1.0 if p.first_token else 0.0,
                     ],
                 ]
             )
@@ -128,14 +155,15 @@ def fit_profile(points: list[Point], base: EngineProfile) -> Fit:
     design = np.array(rows)
     measured = np.array([p.measured_ms for p in points])
     weight = 1.0 / np.maximum(measured, 1e-6)
-    present = [j for j in range(k, k + 3) if np.any(design[:, j] != 0)]
-    unused = [_TERMS[j - k] for j in range(k, k + 3) if j not in present]
+    n_terms = len(_TERMS)
+    present = [j for j in range(k, k + n_terms) if np.any(design[:, j] != 0)]
+    unused = [_TERMS[j - k] for j in range(k, k + n_terms) if j not in present]
     cols = list(range(k)) + present
     names = [_TERMS[j - k] for j in present]
     coef_sub, dropped = _solve(design[:, cols] * weight[:, None], measured * weight, k, names)
-    coef = np.zeros(k + 3)
+    coef = np.zeros(k + n_terms)
     coef[cols] = coef_sub
-    f, a, b = (float(coef[k + i]) for i in range(3))
+    f, g, a, b, o = (float(coef[k + i]) for i in range(n_terms))
     lin = tuple(float(v) for v in coef[:k])
     slope = max(0.0, (lin[-1] - lin[-2]) / (knots[-1] - knots[-2])) if k >= 2 else 0.0
     layers = base.num_layers
@@ -143,6 +171,8 @@ def fit_profile(points: list[Point], base: EngineProfile) -> Fit:
         base,
         linear_ops=LinearOpsCurve(tuple(knots), lin, lin[-1] - slope * knots[-1], slope),
         step_overhead_ms=0.0,
+        step_ms_per_seq=g,
+        request_overhead_ms=request_overhead_ms + o,
         attention_fixed_ms_per_layer=f / layers,
         memory_bandwidth_bytes_per_s=(
             layers * base.kv_bytes_per_token_per_layer * 1e3 / a if a > _TINY else 1e30
@@ -150,4 +180,4 @@ def fit_profile(points: list[Point], base: EngineProfile) -> Fit:
         attention_flops_per_s=4.0 * base.hidden_size * layers * 1e3 / b if b > _TINY else 1e30,
     )
     fixed = tuple(t for t in _TERMS if t in unused or t in dropped)
-    return Fit(profile, tuple(knots), lin, f, a, b, fixed)
+    return Fit(profile, tuple(knots), lin, o, f, g, a, b, fixed)

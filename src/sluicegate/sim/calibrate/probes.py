@@ -14,9 +14,12 @@ per-prompt nonce, so no probe finds another probe's blocks in the server's prefi
 - ``cached-prefill``: a warm-up prompt of ``p`` tokens, then the same prompt followed by
   ``c`` new ones: a chunk of ``c`` tokens after ``p`` cached (what hit the cache is read
   from ``vllm:prefix_cache_hits`` or the response's ``cached_tokens``).
-- ``decode``: ``B`` streams of exactly ``D`` tokens (``min_tokens`` = ``max_tokens``,
-  ``ignore_eos``) sent together; the median gap between a stream's tokens while all ``B``
-  are decoding (after the last one's first token, before the first one ends).
+- ``decode``: ``B`` requests of exactly ``D`` tokens (``min_tokens`` = ``max_tokens``,
+  ``ignore_eos``) sent together, measured while all ``B`` are decoding (after the last
+  one's first token, before the first one ends): by the server's mean inter-token latency
+  over that window (``vllm:inter_token_latency_seconds`` scraped at its two ends: the
+  server's own view, which the held-out check and the lab compare against) when it
+  exports it, else by the median gap between a stream's tokens.
 - ``mixed``: during a decode run, one more prompt of ``P`` tokens: its prefill shares an
   iteration with the ``B`` decoding sequences (server prefill time, else the decoders'
   gap around its first token).
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 
 from sluicegate.sim.calibrate.client import (
     ITERATION_TOKENS,
+    ITL,
     PREFILL_TIME,
     PREFIX_HITS,
     TTFT,
@@ -65,6 +69,13 @@ class Point:
     """``server`` (the server's histograms) or ``client`` (client timings)."""
     probe: str = ""
     """The plan step that measured it (points of several passes merge by it)."""
+
+    @property
+    def first_token(self) -> bool:
+        """Whether the value runs to a request's first token (a prefill time or time to
+        first token) rather than between two tokens (a decode gap, a mixed point measured
+        by the decoders' gap)."""
+        return self.kind != "decode" and not (self.kind == "mixed" and self.source == "client")
 
     @property
     def label(self) -> str:
@@ -208,8 +219,11 @@ class Prober:
             for e in started
         ]
         mixed: list[tuple[float, str, float]] = []  # (ms, source, first-token time)
+        window: tuple[float, float, float, float] | None = None  # (ITL s, count, t0, t1)
         try:
             await _started(started, streams)
+            if not inject:
+                window = await self._itl_window(streams)
             for _ in range(inject):
                 if any(s.done() for s in streams):
                     break
@@ -223,6 +237,23 @@ class Prober:
                 s.cancel()
         points = []
         decode = _decode_point(results[batch - timed :], results, batch, self.time_scale)
+        if decode is not None and window is not None:
+            itl_s, count, t0, t1 = window
+            ref = results[-1]
+            inside = [n for t, n in zip(ref.times, ref.tokens, strict=True) if t0 <= t <= t1]
+            if inside:
+                # a token j of a sequence is made by an iteration reading prompt + j − 1
+                per_seq = ref.prompt_tokens + round(statistics.median(inside)) - 1
+                decode = Point(
+                    "decode",
+                    batch,
+                    batch,
+                    batch * per_seq,
+                    (),
+                    itl_s / count * 1e3,
+                    int(count),
+                    "server",
+                )
         if decode is not None:
             points.append(decode)
         else:
@@ -246,6 +277,25 @@ class Prober:
                 )
             )
         return points
+
+    async def _itl_window(
+        self, streams: list[asyncio.Task[Stream]]
+    ) -> tuple[float, float, float, float] | None:
+        """The server's inter-token latencies between now (every request decoding) and
+        the first request's end: (summed s, count, window start, end in loop time); None
+        without the histogram or with fewer than 4 observations."""
+        loop = asyncio.get_running_loop()
+        before = await self.target.scrape()
+        if before is None or ITL not in before.histograms:
+            return None
+        t0 = loop.time()
+        await asyncio.wait(streams, return_when=asyncio.FIRST_COMPLETED)
+        t1 = loop.time()
+        after = await self.target.scrape()
+        delta = before.delta(after, ITL) if after is not None else None
+        if delta is None or delta[1] < 4:
+            return None
+        return delta[0], delta[1], t0, t1
 
 
 async def _started(events: list[asyncio.Event], tasks: list[asyncio.Task[Stream]]) -> None:

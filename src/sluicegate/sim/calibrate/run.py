@@ -132,7 +132,12 @@ def plan(prober: Prober, o: CalibrateOptions, profile: EngineProfile, max_len: i
     d = o.decode_tokens
     longest = min(budget, max_len - 2)
     batches = sorted({b for b in o.batch_sizes if 1 <= b <= profile.max_num_seqs})
-    lengths = sorted({*batches, *(n for n in PREFILL_LENGTHS if n <= longest)})
+    wanted = {*batches, *(n for n in PREFILL_LENGTHS if n <= longest)}
+    if longest > max(wanted) and longest < PREFILL_LENGTHS[-1]:
+        # the longest prompt the server takes, when no probe length reaches it: the fit
+        # then interpolates, rather than extrapolates, every prompt the server can run
+        wanted.add(longest)
+    lengths = sorted(wanted)
     steps: list[Step] = []
     for n in lengths:
         steps.append((f"prefill {n}", partial(_wrap, prober.prefill, n, o.repeats)))
@@ -206,13 +211,23 @@ async def calibrate(o: CalibrateOptions, progress: Progress | None = None) -> Ca
         if progress is not None:
             progress("fitting", len(steps), len(steps))
     outside = statistics.median(prober.outside_ms) if prober.outside_ms else 0.0
-    if outside >= 1.0:  # worth saying (the simulator's own is 0)
+    if prober.outside_ms:
         prober.notes.append(
-            f"the server's TTFT exceeds its prefill time by a median {outside:.2f} ms on an "
-            "idle server (API server, scheduling, transfer): not part of the simulated steps"
+            f"request_overhead_ms {outside:.3f}: the server's TTFT exceeds its prefill time "
+            f"by this median on an idle server ({len(prober.outside_ms)} prefills; API "
+            "server, scheduling, transfer)"
+        )
+    else:
+        prober.notes.append(
+            "request_overhead_ms 0: the server exports no TTFT and prefill-time histograms"
         )
     merged = merge_passes(points)
-    fit = fit_profile(merged, profile)
+    fit = fit_profile(merged, profile, max(0.0, outside))
+    if fit.o_ms > 0:
+        prober.notes.append(
+            f"first-token latency o {fit.o_ms:.3f} ms (prefill times beyond their iterations, "
+            f"fitted): request_overhead_ms {fit.profile.request_overhead_ms:.3f} in all"
+        )
     return Calibration(fit, merged, prober.notes, o.target, kv_source)
 
 

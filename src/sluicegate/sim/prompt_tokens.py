@@ -1,0 +1,96 @@
+"""Sizing simulated prompts in a real model's tokens (a profile's ``tokenizer``).
+
+The simulator counts a prompt in built-in tokens: 4 UTF-8 bytes each
+(:mod:`sluicegate.tokens`). That is close to a large vocabulary's count on English text,
+but a small one makes many more tokens of the same text (the lab's tiny vLLM test model:
+about 3 × more), so a scenario run on real servers and in the simulator would put
+different numbers of tokens into the engines and the KV caches. A profile that names a
+Hugging Face ``tokenizer.json`` (``tokenizer:`` in a profile file, e.g. the one
+``sluicegate sim calibrate`` measured with) makes the simulated server do what vLLM does
+with a text prompt: render chat messages with the model's chat template and encode the
+text with the model's tokenizer (:class:`~sluicegate.tokenization.local.LocalTokenizer`,
+vLLM 0.32's rules for special tokens). The token ids are then packed as 4-byte built-in
+tokens (little-endian, as a prompt of token ids already is), so every count, KV block and
+block hash downstream is in the model's tokens — a prompt of ``n`` model tokens is ``n``
+simulated tokens, and two prompts share cached blocks exactly when their token ids do, as
+in vLLM. A prompt the tokenizer cannot render (a chat without a template, an unsupported
+shape) keeps its built-in tokens.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sluicegate.tokenization.local import LocalTokenizer
+
+CACHE_BYTES = 16 * 1024 * 1024
+"""Bound of the tokenizer's cache of prompts seen (a simulated server sees the same
+shared prefixes and conversation histories again and again)."""
+CACHE_ENTRIES = 1024
+
+
+class PromptTokens:
+    """A model tokenizer sizing one simulated server's prompts."""
+
+    def __init__(self, tokenizer: LocalTokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def load(cls, path: str) -> PromptTokens:
+        """The tokenizer at ``path`` (a ``tokenizer.json`` or its folder, with
+        ``tokenizer_config.json`` and ``chat_template.jinja`` beside it when present);
+        :class:`~sluicegate.tokenization.base.TokenizerLoadError` if it cannot be read."""
+        # imported here: the engine imports this module, and most simulations never load
+        # a tokenizer (tokenizers, jinja2 and the settings model cost ~0.15 s of start-up)
+        from sluicegate.api.tokenizer import TokenizerSettings
+        from sluicegate.tokenization.local import LocalTokenizer
+
+        settings = TokenizerSettings(
+            source="local",
+            path=str(Path(path).expanduser()),
+            cache_bytes=CACHE_BYTES,
+            cache_entries=CACHE_ENTRIES,
+        )
+        return cls(LocalTokenizer.load(settings))
+
+    def encode(self, body: Mapping[str, object], chat: bool) -> bytes | None:
+        """The prompt of request ``body`` (chat ``messages`` if ``chat``, else a
+        completion ``prompt``) as packed model token ids; None when the tokenizer cannot
+        render it."""
+        from sluicegate.framework import LLMRequest  # imported on first use (see load)
+
+        request = LLMRequest(
+            request_id="",
+            model="",
+            target_model="",
+            prompt=b"",
+            prompt_tokens=0,
+            arrival=0.0,
+            kind="chat" if chat else "completions",
+            body=body,
+        )
+        ids = self.tokenizer.token_ids(request)
+        if ids is None or not ids:
+            return None
+        return pack(ids)
+
+
+def pack(ids: array[int]) -> bytes:
+    """Token ids as built-in tokens: 4 bytes each, little-endian."""
+    packed = array("I", ids)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def load_prompt_tokens(path: str | None) -> PromptTokens | None:
+    """:meth:`PromptTokens.load` of a profile's ``tokenizer`` (None: built-in tokens)."""
+    return None if path is None else PromptTokens.load(path)
+
+
+__all__ = ["PromptTokens", "load_prompt_tokens", "pack"]

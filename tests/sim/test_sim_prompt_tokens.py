@@ -1,0 +1,165 @@
+"""A profile's ``tokenizer``: the simulator (its HTTP API and the discrete-event lab) sizes
+text prompts in the model's tokens, as vLLM does; without one, built-in 4-byte tokens."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+
+from sluicegate.bench.des_requests import engine_sequence
+from sluicegate.sim.api import parse_generate
+from sluicegate.sim.engine import Engine
+from sluicegate.sim.profile_file import ProfileFileError, dump_profile, load_profile_file
+from sluicegate.sim.profiles import get_profile
+from sluicegate.sim.prompt_tokens import PromptTokens, pack
+from sluicegate.tokenization.base import TokenizerLoadError
+from sluicegate.tokens import count_bytes_tokens
+
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+WORDS = "the quick brown fox jumps over lazy dogs while seven wizards quietly box".split()
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small word-piece-ish BPE (about 2 characters per token on its own words)."""
+    out = tmp_path_factory.mktemp("tok")
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.BpeTrainer(
+        vocab_size=60, special_tokens=["<unk>", "<s>", "<|user|>", "<|assistant|>"]
+    )
+    tok.train_from_iterator([" ".join(WORDS)] * 50, trainer=trainer)
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", bos)]
+    )
+    tok.save(str(out / "tokenizer.json"))
+    config = {"bos_token": "<s>", "unk_token": "<unk>", "chat_template": TEMPLATE}
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    return out
+
+
+def _ids(tokenizer_dir: Path, text: str, special: bool = True) -> list[int]:
+    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    return list(tok.encode(text, add_special_tokens=special).ids)
+
+
+def test_completion_prompts_are_sized_in_the_model_tokens(tokenizer_dir: Path) -> None:
+    tokens = PromptTokens.load(str(tokenizer_dir))
+    text = " ".join(WORDS * 3)
+    body = orjson.dumps({"model": "m", "prompt": text, "max_tokens": 4})
+    ids = _ids(tokenizer_dir, text)  # with the BOS, as vLLM encodes a completion
+    sized = parse_generate(body, False, tokens)
+    assert sized.prompt == pack(ids)
+    assert count_bytes_tokens(sized.prompt) == len(ids)
+    # Built-in: 4 bytes per token, fewer tokens than this small vocabulary makes.
+    assert count_bytes_tokens(parse_generate(body, False).prompt) == -(-len(text) // 4)
+    assert len(ids) > -(-len(text) // 4)
+    # A prompt of token ids is taken as it is, either way.
+    given = orjson.dumps({"model": "m", "prompt": [5, 6, 7]})
+    assert parse_generate(given, False, tokens).prompt == parse_generate(given, False).prompt
+
+
+def test_chat_prompts_render_the_models_template(tokenizer_dir: Path) -> None:
+    tokens = PromptTokens.load(str(tokenizer_dir))
+    messages = [{"role": "user", "content": "the lazy fox"}]
+    body = orjson.dumps({"model": "m", "messages": messages})
+    rendered = "<s><|user|>\nthe lazy fox\n<|assistant|>\n"
+    # the template writes the BOS; chat text is encoded without special tokens (vLLM)
+    assert parse_generate(body, True, tokens).prompt == pack(
+        _ids(tokenizer_dir, rendered, special=False)
+    )
+
+
+def test_engines_of_a_profile_with_a_tokenizer_share_blocks_by_token_ids(
+    tokenizer_dir: Path,
+) -> None:
+    profile = replace(get_profile("tiny"), tokenizer=str(tokenizer_dir))
+    engine = Engine(profile)
+    assert engine.prompt_tokens is not None
+    assert engine.fork().prompt_tokens is engine.prompt_tokens
+    head = " ".join(WORDS * 40)
+
+    def seq(question: str, rid: str) -> object:
+        body = orjson.dumps({"model": "m", "prompt": f"{head} {question}", "max_tokens": 2})
+        return engine_sequence(body, False, "m", rid, 0.0, engine, "m", 0)
+
+    a, b = seq("quick dogs", "a"), seq("seven wizards box", "b")
+    assert a.prompt_tokens == len(_ids(tokenizer_dir, f"{head} quick dogs"))
+    engine.add(a)
+    engine.add(b)
+    shared = len(_ids(tokenizer_dir, head)) // profile.block_size
+    assert shared >= 2
+    assert a.hashes[:shared] == b.hashes[:shared]
+    # Without the tokenizer the same prompt is counted in built-in tokens.
+    plain = engine_sequence(
+        orjson.dumps({"model": "m", "prompt": f"{head} quick dogs", "max_tokens": 2}),
+        False,
+        "m",
+        "c",
+        0.0,
+        Engine(get_profile("tiny")),
+        "m",
+        0,
+    )
+    assert plain.prompt_tokens == -(-len(f"{head} quick dogs") // 4) < a.prompt_tokens
+
+
+async def test_a_simulated_server_counts_in_the_model_tokens(
+    tokenizer_dir: Path, sim_cluster: Any
+) -> None:
+    """Over HTTP: ``/tokenize`` and the usage of a completion agree with the tokenizer."""
+    cluster = await sim_cluster(
+        replicas=1, profile=replace(get_profile("tiny"), tokenizer=str(tokenizer_dir))
+    )
+    url = cluster.replicas[0].url
+    text = " ".join(WORDS * 5)
+    ids = _ids(tokenizer_dir, text)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        async with http.post(url + "/tokenize", json={"prompt": text}) as r:
+            assert (await r.json())["tokens"] == ids
+        body = {"model": "tiny-llama", "prompt": text, "max_tokens": 2}
+        async with http.post(url + "/v1/completions", json=body) as r:
+            assert r.status == 200
+            assert (await r.json())["usage"]["prompt_tokens"] == len(ids)
+
+
+def test_profile_file_tokenizer_paths(tokenizer_dir: Path, tmp_path: Path) -> None:
+    profile = replace(get_profile("tiny"), tokenizer="tok/tokenizer.json")
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_bytes(
+        (tokenizer_dir / "tokenizer.json").read_bytes()
+    )
+    path = tmp_path / "p.yaml"
+    path.write_text(dump_profile(profile))
+    # relative to the file's folder, whatever the working directory
+    loaded = load_profile_file(path)
+    assert loaded.tokenizer == str(tmp_path / "tok" / "tokenizer.json")
+    assert Engine(loaded).prompt_tokens is not None
+    path.write_text(dump_profile(replace(profile, tokenizer="missing.json")))
+    with pytest.raises(ProfileFileError, match=r"tokenizer: .*missing\.json does not exist"):
+        load_profile_file(path)
+    (tmp_path / "bad.json").write_text("{}")
+    path.write_text(dump_profile(replace(profile, tokenizer="bad.json")))
+    with pytest.raises(ProfileFileError, match=r"tokenizer: cannot load tokenizer"):
+        load_profile_file(path)
+    # the default stays the built-in tokenizer
+    assert get_profile("tiny").tokenizer is None
+    assert Engine(get_profile("tiny")).prompt_tokens is None
+
+
+def test_a_file_that_is_no_tokenizer_is_a_load_error(tmp_path: Path) -> None:
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("{}")
+    with pytest.raises(TokenizerLoadError):
+        PromptTokens.load(str(bad))
