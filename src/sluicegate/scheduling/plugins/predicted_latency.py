@@ -94,8 +94,9 @@ from sluicegate.latency.predictor import LatencyPredictor, PredictionQuery, Pred
 _ROWS: StateKey[dict[str, FeatureRow]] = StateKey("latency-feature-rows")
 _CHOSEN: StateKey[tuple[str, FeatureRow, str | None]] = StateKey("latency-chosen-row")
 """The chosen endpoint, its row and the hardware class its sample is filed under."""
-_SCALES: StateKey[tuple[float, float]] = StateKey("latency-calibration-scales")
-"""The TTFT and TPOT scales the request's predictions were multiplied by."""
+_SCALES: StateKey[dict[str | None, tuple[float, float]]] = StateKey("latency-calibration-scales")
+"""The TTFT and TPOT scales the request's predictions were multiplied by, per hardware
+class (None: rows without one, or a hardware-blind producer)."""
 _PREFETCHED: StateKey[tuple[dict[str, FeatureRow], Predictions | None, float]] = StateKey(
     "latency-prefetched"
 )
@@ -262,9 +263,13 @@ class PredictedLatencyProducer(
         if predictions is None:
             state.put(PREDICTION_OUTCOME, PredictionOutcome(status))
             return
+        classes = self._classes(endpoints) or [None] * len(endpoints)
         calibration = self.calibration
-        scales = (calibration.ttft.scale, calibration.tpot.scale) if calibration else (1.0, 1.0)
-        by_endpoint = self._with_headroom(request, endpoints, predictions, scales)
+        scales = {
+            c: calibration.scales(c) if calibration is not None else (1.0, 1.0)
+            for c in set(classes)
+        }
+        by_endpoint = self._with_headroom(request, endpoints, predictions, classes, scales)
         if not by_endpoint:  # nothing finite came back
             state.put(PREDICTION_OUTCOME, PredictionOutcome("unavailable"))
             return
@@ -305,14 +310,15 @@ class PredictedLatencyProducer(
         request: LLMRequest,
         endpoints: Sequence[Endpoint],
         predictions: Predictions,
-        scales: tuple[float, float],
+        classes: Sequence[str | None],
+        scales: dict[str | None, tuple[float, float]],
     ) -> dict[str, EndpointPrediction]:
-        ttft_scale, tpot_scale = scales
         factor = self.params.slo_buffer_factor
         ttft_slo = request.slo_ttft_ms or 0.0
         streaming = self.params.streaming_mode and request.stream
         out: dict[str, EndpointPrediction] = {}
         for i, e in enumerate(endpoints):
+            ttft_scale, tpot_scale = scales[classes[i]]
             ttft = float(predictions.ttft_ms[i]) * ttft_scale
             tpot = float(predictions.tpot_ms[i]) * tpot_scale
             if not math.isfinite(ttft) or not math.isfinite(tpot):
@@ -363,13 +369,13 @@ class PredictedLatencyProducer(
             # first token, when it came, still tells the calibration how TTFT went.
             if self.calibration is not None and outcome.first_token_at is not None:
                 ttft = (outcome.first_token_at - outcome.dispatched_at) * 1000.0
-                self._calibrate(self.calibration, state, chosen[0], ttft, None)
+                self._calibrate(self.calibration, state, chosen, ttft, None)
             return
         sample = self._sample(request, chosen[1], chosen[2], outcome)
         if sample is None:
             return
         if self.calibration is not None:
-            self._calibrate(self.calibration, state, chosen[0], sample.ttft_ms, sample.tpot_ms)
+            self._calibrate(self.calibration, state, chosen, sample.ttft_ms, sample.tpot_ms)
         if self.predictor is not None:
             self.predictor.observe(sample)
 
@@ -377,19 +383,22 @@ class PredictedLatencyProducer(
     def _calibrate(
         calibration: LatencyCalibration,
         state: CycleState,
-        endpoint: str,
+        chosen: tuple[str, FeatureRow, str | None],
         ttft_ms: float | None,
         tpot_ms: float | None,
     ) -> None:
-        """Feed the prediction the request was routed on, unscaled, and what happened."""
+        """Feed the prediction the request was routed on, unscaled, and what happened, to
+        the chosen endpoint's class's trackers."""
+        endpoint, _, cls = chosen
         predicted = (state.get(PREDICTIONS) or {}).get(endpoint)
-        scales = state.get(_SCALES)
+        scales = (state.get(_SCALES) or {}).get(cls)
         if predicted is None or scales is None:
             return  # scheduled without predictions
+        ttft_tracker, tpot_tracker = calibration.trackers(cls)
         if ttft_ms is not None:
-            calibration.ttft.update(predicted.ttft_ms / scales[0], ttft_ms)
+            ttft_tracker.update(predicted.ttft_ms / scales[0], ttft_ms)
         if tpot_ms is not None and predicted.tpot_ms > 0:  # 0: no TPOT model yet
-            calibration.tpot.update(predicted.tpot_ms / scales[1], tpot_ms)
+            tpot_tracker.update(predicted.tpot_ms / scales[1], tpot_ms)
 
     def _sample(
         self, request: LLMRequest, row: FeatureRow, cls: str | None, outcome: ResponseOutcome
