@@ -111,8 +111,8 @@ def test_each_class_is_rescaled_by_its_own_outcomes() -> None:
     for _ in range(60):
         serve(plugin, endpoints, 0, 0.1)
         serve(plugin, endpoints, 1, 0.3)
-    assert calibration.scales(H100)[0] == pytest.approx(1.0)
-    assert calibration.scales(A100)[0] == pytest.approx(3.0)
+    assert calibration.scales(H100, 100.0)[0] == pytest.approx(1.0)
+    assert calibration.scales(A100, 100.0)[0] == pytest.approx(3.0)
     assert scaled(plugin, endpoints) == pytest.approx([100.0, 300.0])
     assert calibration.ttft.observations == 0  # the unnamed pair saw nothing
 
@@ -132,8 +132,8 @@ def test_a_hardware_blind_producer_calibrates_one_pair() -> None:
 
 def test_classes_are_bounded_and_share_the_unnamed_pair_beyond() -> None:
     calibration = LatencyCalibration(0.9, max_classes=1)
-    first = calibration.trackers(H100)
-    assert calibration.trackers(H100) is first
+    first = calibration.of(H100)
+    assert calibration.of(H100) is first
     assert calibration.trackers(A100) == (calibration.ttft, calibration.tpot)
     assert calibration.trackers(None) == (calibration.ttft, calibration.tpot)
     assert list(calibration.classes) == [H100]
@@ -148,3 +148,44 @@ def test_a_hardware_aware_predictor_calibrates_per_class() -> None:
     predictor = HardwareAwarePredictor(ManualClock(), PredictorSettings(max_classes=3))
     assert predictor.calibration is not None
     assert predictor.calibration.max_classes == 3
+
+
+def test_a_streamed_ttft_calibrates_at_its_first_token_and_only_once() -> None:
+    """The TTFT feeds its class's tracker when the first token arrives (not a generation
+    later, at the end), and the end of the request does not count it again."""
+    calibration = LatencyCalibration(0.9, max_classes=4)
+    clock = ManualClock()
+    context = PluginContext(clock, 0, services={PREDICTOR_SERVICE: Flat(calibration)})
+    params = {"streamingMode": True, "hardwareAware": True}
+    plugin = REGISTRY.create("predicted-latency-producer", "p", params, context)
+    assert isinstance(plugin, PredictedLatencyProducer)
+    endpoints = pool()
+    r, state, target = request(1), CycleState(), endpoints[1]
+    plugin.produce(r, state, endpoints)
+    plugin.pre_request(r, state, SchedulingResult({"default": ProfileResult([target])}, "default"))
+    ttft_tracker, tpot_tracker = calibration.trackers(A100)
+    clock.advance(0.3)
+    plugin.on_first_token(r, state, endpoints[0], clock.now())  # not its endpoint: ignored
+    assert ttft_tracker.observations == 0
+    plugin.on_first_token(r, state, target, clock.now())
+    assert ttft_tracker.observations == 1
+    assert ttft_tracker.misses == 1  # 300 ms against a prediction of 100
+    plugin.on_complete(r, state, ResponseOutcome(target, 0.0, 0.3, 0.39, 10, True))
+    assert ttft_tracker.observations == 1
+    assert tpot_tracker.observations == 1
+
+
+def test_ttft_is_calibrated_per_prediction_size() -> None:
+    """Short predictions with a heavy tail (queued behind long prefills: ×3) do not inflate
+    the long ones, which are right: each size bin gets its own scale once it has enough
+    observations; a bin without them uses the class's all-sizes scale."""
+    calibration = LatencyCalibration(0.9, max_classes=4)
+    trackers = calibration.of(A100)
+    for i in range(200):
+        trackers.observe_ttft(30.0, 30.0 * (3.0 if i % 4 == 0 else 1.0))  # bin < 64 ms
+        trackers.observe_ttft(400.0, 400.0)  # bin 256–512 ms
+    assert calibration.scales(A100, 30.0)[0] == pytest.approx(3.0)
+    assert calibration.scales(A100, 400.0)[0] == pytest.approx(1.0)
+    # Nothing observed between 64 and 256 ms: the all-sizes scale (1 in 8 ratios is 3).
+    assert calibration.scales(A100, 100.0)[0] == pytest.approx(trackers.ttft.scale)
+    assert trackers.ttft.scale == pytest.approx(3.0)

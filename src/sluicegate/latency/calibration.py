@@ -81,51 +81,119 @@ class QuantileTracker:
         return len(self._ratios)
 
 
+TTFT_BIN_EDGES_MS = (64.0, 128.0, 256.0, 512.0)
+"""Edges of the TTFT calibration's bins, by the unscaled prediction (ms): five bins."""
+
+
+def ttft_bin(predicted_ms: float) -> int:
+    """The calibration bin of an unscaled TTFT prediction (0 … len(edges))."""
+    for i, edge in enumerate(TTFT_BIN_EDGES_MS):
+        if predicted_ms < edge:
+            return i
+    return len(TTFT_BIN_EDGES_MS)
+
+
+@dataclass(slots=True)
+class ClassTrackers:
+    """One class's trackers: TTFT and TPOT over all its routed requests, and TTFT per bin
+    of the unscaled prediction (:data:`TTFT_BIN_EDGES_MS`).
+
+    TTFT per bin because its errors are additive more than proportional: a short prompt
+    queued behind a long prefill waits what that prefill takes, whatever its own size, so
+    the ratio observed ÷ predicted of the smallest predictions has by far the heaviest
+    tail, and one scale over all sizes — their α-quantile — inflated every prediction by
+    it (heterogeneous-pool, 80 req/s: the A100s' TTFT scale sat at its bound of 4 while the
+    median A100 request took a fifth of its scaled prediction, so requests near the SLO,
+    where validity is decided, were judged by the tail of requests far below it). Each bin
+    is split conformal calibration of its own (Mondrian); a bin with fewer than the
+    tracker's ``min_observations`` uses the all-sizes scale."""
+
+    ttft: QuantileTracker
+    tpot: QuantileTracker
+    ttft_bins: tuple[QuantileTracker, ...]
+
+    @classmethod
+    def new(cls, alpha: float) -> ClassTrackers:
+        bins = tuple(QuantileTracker(alpha) for _ in range(len(TTFT_BIN_EDGES_MS) + 1))
+        return cls(QuantileTracker(alpha), QuantileTracker(alpha), bins)
+
+    def ttft_scale(self, predicted_ms: float) -> float:
+        """The TTFT multiplier for an unscaled prediction of ``predicted_ms``."""
+        tracker = self.ttft_bins[ttft_bin(predicted_ms)]
+        return tracker.scale if tracker.kept >= tracker.min_observations else self.ttft.scale
+
+    def observe_ttft(self, predicted_ms: float, observed_ms: float) -> None:
+        """One routed request's unscaled TTFT prediction and its observed TTFT (ms)."""
+        self.ttft.update(predicted_ms, observed_ms)
+        if predicted_ms > 0.0:
+            self.ttft_bins[ttft_bin(predicted_ms)].update(predicted_ms, observed_ms)
+
+
 @dataclass(slots=True)
 class LatencyCalibration:
-    """One tracker per predicted target (TTFT, TPOT), for a predictor of the α-quantile;
-    with ``max_classes`` > 0, one such pair per hardware class as well.
+    """Online calibration for a predictor of the α-quantile: per hardware class (at most
+    ``max_classes``), TTFT and TPOT trackers with TTFT binned by prediction size
+    (:class:`ClassTrackers`).
 
-    Per class because one scale for a mixed pool is the α-quantile of a mixture: on the
-    ``heterogeneous-pool`` scenario (2 × H100 + 4 × A100, 60 req/s, seed 0) the shared
-    TTFT scale sat at its 4.0 bound while the median A100 request took 0.19 of its scaled
-    prediction, so most requests the A100s served in time were predicted to miss and
-    sheddable ones were shed. ``ttft``/``tpot`` are the unnamed class's pair (a
-    hardware-blind producer, or rows without a class): a pool of one class, or of none
-    named, is calibrated exactly as before. Classes beyond ``max_classes`` share the
-    unnamed pair (bounded memory)."""
+    Per class because one scale for a mixed pool is the α-quantile of a mixture of error
+    distributions (heterogeneous-pool, 60 req/s: one TTFT scale for H100s and A100s sat at
+    its bound of 4 and sheddable requests the A100s would have served in time were shed).
+    The unnamed class's trackers (a hardware-blind producer, rows without a class, and
+    classes beyond ``max_classes``: bounded memory) are ``pool``; ``ttft``/``tpot`` are its
+    all-sizes trackers, for the pool-wide metrics."""
 
     alpha: float
     max_classes: int = 0
-    ttft: QuantileTracker = field(init=False)
-    tpot: QuantileTracker = field(init=False)
-    classes: dict[str, tuple[QuantileTracker, QuantileTracker]] = field(init=False)
-    """The (TTFT, TPOT) trackers of each hardware class seen (at most ``max_classes``)."""
+    pool: ClassTrackers = field(init=False)
+    classes: dict[str, ClassTrackers] = field(init=False)
+    """The trackers of each hardware class seen (at most ``max_classes``)."""
 
     def __post_init__(self) -> None:
         if self.max_classes < 0:
             raise ValueError("max_classes must be >= 0")
-        self.ttft = QuantileTracker(self.alpha)
-        self.tpot = QuantileTracker(self.alpha)
+        self.pool = ClassTrackers.new(self.alpha)
         self.classes = {}
 
-    def trackers(self, hardware_class: str | None) -> tuple[QuantileTracker, QuantileTracker]:
-        """The (TTFT, TPOT) trackers that scale and learn from rows of ``hardware_class``
-        (None, per-class calibration off, or classes full: the unnamed pair)."""
+    @property
+    def ttft(self) -> QuantileTracker:
+        """The unnamed class's TTFT tracker over all prediction sizes."""
+        return self.pool.ttft
+
+    @ttft.setter
+    def ttft(self, tracker: QuantileTracker) -> None:
+        self.pool.ttft = tracker
+
+    @property
+    def tpot(self) -> QuantileTracker:
+        """The unnamed class's TPOT tracker."""
+        return self.pool.tpot
+
+    @tpot.setter
+    def tpot(self, tracker: QuantileTracker) -> None:
+        self.pool.tpot = tracker
+
+    def of(self, hardware_class: str | None) -> ClassTrackers:
+        """The trackers that scale and learn from rows of ``hardware_class`` (None, per-class
+        calibration off, or classes full: the unnamed class's)."""
         if hardware_class is None or self.max_classes == 0:
-            return self.ttft, self.tpot
-        pair = self.classes.get(hardware_class)
-        if pair is None:
+            return self.pool
+        trackers = self.classes.get(hardware_class)
+        if trackers is None:
             if len(self.classes) >= self.max_classes:
-                return self.ttft, self.tpot
-            pair = (QuantileTracker(self.alpha), QuantileTracker(self.alpha))
-            self.classes[hardware_class] = pair
-        return pair
+                return self.pool
+            trackers = self.classes[hardware_class] = ClassTrackers.new(self.alpha)
+        return trackers
 
-    def scales(self, hardware_class: str | None) -> tuple[float, float]:
-        """The (TTFT, TPOT) multipliers for rows of ``hardware_class``."""
-        ttft, tpot = self.trackers(hardware_class)
-        return ttft.scale, tpot.scale
+    def trackers(self, hardware_class: str | None) -> tuple[QuantileTracker, QuantileTracker]:
+        """The all-sizes (TTFT, TPOT) trackers of ``hardware_class`` (see :meth:`of`)."""
+        trackers = self.of(hardware_class)
+        return trackers.ttft, trackers.tpot
+
+    def scales(self, hardware_class: str | None, ttft_ms: float) -> tuple[float, float]:
+        """The (TTFT, TPOT) multipliers for a row of ``hardware_class`` whose unscaled TTFT
+        prediction is ``ttft_ms``."""
+        trackers = self.of(hardware_class)
+        return trackers.ttft_scale(ttft_ms), trackers.tpot.scale
 
 
-__all__ = ["WINDOW", "LatencyCalibration", "QuantileTracker"]
+__all__ = ["TTFT_BIN_EDGES_MS", "WINDOW", "ClassTrackers", "LatencyCalibration", "QuantileTracker"]

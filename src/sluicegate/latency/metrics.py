@@ -299,7 +299,7 @@ def calibration_metrics(calibration: LatencyCalibration | None) -> Iterator[Metr
         labels=["class", "target"],
     )
     for cls, pair in calibration.classes.items():
-        for target, tracker in zip(("ttft", "tpot"), pair, strict=True):
+        for target, tracker in (("ttft", pair.ttft), ("tpot", pair.tpot)):
             class_scale.add_metric([cls, target], tracker.scale)
             class_observed.add_metric([cls, target], tracker.observations)
     yield class_scale
