@@ -176,16 +176,42 @@ def test_a_streamed_ttft_calibrates_at_its_first_token_and_only_once() -> None:
 
 
 def test_ttft_is_calibrated_per_prediction_size() -> None:
-    """Short predictions with a heavy tail (queued behind long prefills: ×3) do not inflate
-    the long ones, which are right: each size bin gets its own scale once it has enough
-    observations; a bin without them uses the class's all-sizes scale."""
+    """On a mixed pool, short predictions with a heavy tail (queued behind long prefills:
+    ×3) do not inflate the long ones, which are right: each size bin gets its own scale
+    once it has enough observations; a bin without them uses the class's all-sizes
+    scale. A pool of one class keeps the all-sizes scale."""
     calibration = LatencyCalibration(0.9, max_classes=4)
     trackers = calibration.of(A100)
     for i in range(200):
         trackers.observe_ttft(30.0, 30.0 * (3.0 if i % 4 == 0 else 1.0))  # bin < 64 ms
         trackers.observe_ttft(400.0, 400.0)  # bin 256–512 ms
+    # One class so far: the all-sizes scale for every size, as before.
+    assert not calibration.mixed
+    assert calibration.scales(A100, 400.0)[0] == pytest.approx(3.0)
+    calibration.of(H100)  # a second class: a mixed pool
+    assert calibration.mixed
     assert calibration.scales(A100, 30.0)[0] == pytest.approx(3.0)
     assert calibration.scales(A100, 400.0)[0] == pytest.approx(1.0)
     # Nothing observed between 64 and 256 ms: the all-sizes scale (1 in 8 ratios is 3).
     assert calibration.scales(A100, 100.0)[0] == pytest.approx(trackers.ttft.scale)
     assert trackers.ttft.scale == pytest.approx(3.0)
+
+
+def test_on_a_pool_of_one_class_ttft_calibrates_when_the_request_ends() -> None:
+    calibration = LatencyCalibration(0.9, max_classes=4)
+    clock = ManualClock()
+    context = PluginContext(clock, 0, services={PREDICTOR_SERVICE: Flat(calibration)})
+    params = {"streamingMode": True, "hardwareAware": True}
+    plugin = REGISTRY.create("predicted-latency-producer", "p", params, context)
+    assert isinstance(plugin, PredictedLatencyProducer)
+    endpoints = [e for e in pool() if e.hardware.accelerator == A100]
+    r, state, target = request(1), CycleState(), endpoints[0]
+    plugin.produce(r, state, endpoints)
+    plugin.pre_request(r, state, SchedulingResult({"default": ProfileResult([target])}, "default"))
+    clock.advance(0.3)
+    plugin.on_first_token(r, state, target, clock.now())
+    ttft_tracker, _ = calibration.trackers(A100)
+    assert not calibration.mixed
+    assert ttft_tracker.observations == 0
+    plugin.on_complete(r, state, ResponseOutcome(target, 0.0, 0.3, 0.39, 10, True))
+    assert ttft_tracker.observations == 1

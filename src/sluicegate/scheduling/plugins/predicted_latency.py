@@ -23,9 +23,9 @@ Calibration: with a quantile predictor, every prediction is the model's times th
 predictor's online scale for its target and the endpoint's hardware class
 (:mod:`sluicegate.latency.calibration`; one pair of scales when hardware-blind), and each
 routed request updates its class's scales with the chosen endpoint's prediction and what
-happened — a streamed TTFT at the first token, TPOT (and a non-streamed end-to-end time)
-at the end — so that on routed requests, not only on held-out samples, a share α of
-outcomes stays at or below the prediction.
+happened — at the end, or, on a mixed pool, a streamed TTFT at its first token — so
+that on routed requests, not only on held-out samples, a share α of outcomes stays at or
+below the prediction.
 
 Training: when a request completes on the endpoint it was scheduled to, its features at
 dispatch and what happened are a sample — in streaming mode TTFT (first byte − dispatch)
@@ -362,15 +362,15 @@ class PredictedLatencyProducer(
     def on_first_token(
         self, request: LLMRequest, state: CycleState, endpoint: Endpoint, now: float
     ) -> None:
-        # A streamed TTFT is known now: calibrating it at the request's end would correct
-        # the scale a whole generation late (seconds at these loads, thousands of requests
-        # routed on the old scale) — on a mixed pool long enough for one class to be
-        # flooded before its scale moved.
+        # A streamed TTFT is known now: calibrating it at the request's end corrects the
+        # scale a whole generation late — on a mixed pool long enough for one class to be
+        # flooded before its scale moved (LatencyCalibration.mixed: only there).
         calibration = self.calibration
         chosen = state.get(_CHOSEN)
         routed_at = state.get(_ROUTED_AT)
         if (
             calibration is None
+            or not calibration.mixed
             or not (self.params.streaming_mode and request.stream)
             or chosen is None
             or routed_at is None
