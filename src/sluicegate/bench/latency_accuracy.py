@@ -184,9 +184,10 @@ class ScoringPredictor(SynchronousPredictor):
         blind = self.ablation.predict([without_token_timing(row) for row in rows])
         pending = self._pending
         cal = self.routing.calibration
-        ttft_scale, tpot_scale = (cal.ttft.scale, cal.tpot.scale) if cal else (1.0, 1.0)
         for i, row in enumerate(rows):
             ttft, tpot = _pair(out, i)
+            # The scales the producer applies (the TTFT one depends on the prediction's size).
+            ttft_scale, tpot_scale = cal.scales(None, ttft) if cal else (1.0, 1.0)
             pending[row] = (
                 ttft * ttft_scale,
                 tpot * tpot_scale,

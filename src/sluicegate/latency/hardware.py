@@ -124,12 +124,12 @@ class HardwareAwarePredictor(SynchronousPredictor):
         self.merged_rows = 0
         train = self.settings.train
         self.calibration: LatencyCalibration | None = (
-            LatencyCalibration(train.alpha)
+            LatencyCalibration(train.alpha, max_classes=self.settings.max_classes)
             if self.settings.online_calibration and train.objective == "quantile"
             else None
         )
-        """One online scale for every class (the per-class models are each calibrated on
-        their own held-out samples at training)."""
+        """Online scales per class (``LatencyCalibration.trackers``): each class's routed
+        requests rescale that class's predictions only."""
 
     # ------------------------------------------------------------------ lanes
 

@@ -285,3 +285,22 @@ def calibration_metrics(calibration: LatencyCalibration | None) -> Iterator[Metr
     yield scale
     yield observed
     yield misses
+    if not calibration.classes:
+        return
+    class_scale = GaugeMetricFamily(
+        _P + "class_calibration_scale",
+        "Per hardware class: the factor applied to that class's predictions (a hardware-aware "
+        "predictor calibrates each class on its own routed requests).",
+        labels=["class", "target"],
+    )
+    class_observed = CounterMetricFamily(
+        _P + "class_calibration_observations",
+        "Per hardware class: routed requests compared with their prediction.",
+        labels=["class", "target"],
+    )
+    for cls, pair in calibration.classes.items():
+        for target, tracker in (("ttft", pair.ttft), ("tpot", pair.tpot)):
+            class_scale.add_metric([cls, target], tracker.scale)
+            class_observed.add_metric([cls, target], tracker.observations)
+    yield class_scale
+    yield class_observed

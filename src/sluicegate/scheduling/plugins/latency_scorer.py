@@ -23,6 +23,13 @@ Without SLO headers headroom is −prediction, so the lowest predicted latency w
 
 Composite fallback: weights normalised to sum 1; relQ = (maxQ − q)/maxQ (1 if maxQ = 0);
 c = w_kv·(1 − KV) + w_q·relQ + w_p·prefixScore; score = round(100·c)/100.
+With ``capacityNormalization`` (``off`` | ``configured`` | ``measured``, default ``off``,
+and ``classCapacity``; :mod:`sluicegate.scheduling.capacity`) the fallback weighs load by
+each endpoint's class capacity as the heuristic scorers do: ``q`` becomes ``q · f`` and
+the KV term ``(1 − KV) / f``, ``f = c_max / c`` (1 for the fastest class; exactly 1
+everywhere on a homogeneous pool) — so that while the latency models warm up a mixed pool
+is not loaded as if every endpoint were equally fast. Predictions, when there are any,
+are not touched: they already account for the hardware.
 """
 
 from __future__ import annotations
@@ -40,18 +47,17 @@ from sluicegate.framework import (
     CycleState,
     EndpointPrediction,
     LLMRequest,
-    PluginParameters,
-    Scorer,
 )
+from sluicegate.scheduling.capacity import CapacityParameters, CapacityScorer
 
 _FLAT = 1e-9
 
 
-class LatencyScorer(Scorer):
+class LatencyScorer(CapacityScorer):
     type_name = "latency-scorer"
     category = "balance"
 
-    class Parameters(PluginParameters):
+    class Parameters(CapacityParameters):
         ttft_weight: float = Field(0.8, ge=0.0)
         tpot_weight: float = Field(0.2, ge=0.0)
         headroom_selection_strategy: Literal["least", "most"] = "least"
@@ -123,13 +129,14 @@ class LatencyScorer(Scorer):
         w_kv = p.composite_kv_weight / total
         w_q = p.composite_queue_weight / total
         w_p = p.composite_prefix_weight / total
-        queues = [e.waiting for e in endpoints]
+        factors = self.capacity.factors(endpoints) or [1.0] * len(endpoints)
+        queues = [e.waiting * f for e, f in zip(endpoints, factors, strict=True)]
         max_q = max(queues, default=0)
         match = state.get(PREFIX_MATCH)
         out = []
-        for e, q in zip(endpoints, queues, strict=True):
+        for e, q, f in zip(endpoints, queues, factors, strict=True):
             rel_q = (max_q - q) / max_q if max_q > 0 else 1.0
             prefix = match.score(e.name) if match is not None else 0.0
-            c = w_kv * (1.0 - e.kv_usage()) + w_q * rel_q + w_p * prefix
+            c = w_kv * (1.0 - e.kv_usage()) / f + w_q * rel_q + w_p * prefix
             out.append(round(100 * c) / 100)
         return out

@@ -20,10 +20,12 @@ predTPOT``, ``tpotValid = predTPOT < bufTPOT``; in non-streaming mode TPOT is ne
 valid, and scorers pick the lowest predicted latency.
 
 Calibration: with a quantile predictor, every prediction is the model's times the
-predictor's online scale for its target (:mod:`sluicegate.latency.calibration`), and each
-completed request updates that scale with the chosen endpoint's prediction and what
-happened — so that on routed requests, not only on held-out samples, a share α of
-outcomes stays at or below the prediction.
+predictor's online scale for its target and the endpoint's hardware class
+(:mod:`sluicegate.latency.calibration`; one pair of scales when hardware-blind), and each
+routed request updates its class's scales with the chosen endpoint's prediction and what
+happened — at the end, or, on a mixed pool, a streamed TTFT at its first token — so
+that on routed requests, not only on held-out samples, a share α of outcomes stays at or
+below the prediction.
 
 Training: when a request completes on the endpoint it was scheduled to, its features at
 dispatch and what happened are a sample — in streaming mode TTFT (first byte − dispatch)
@@ -93,9 +95,13 @@ from sluicegate.latency.predictor import LatencyPredictor, PredictionQuery, Pred
 
 _ROWS: StateKey[dict[str, FeatureRow]] = StateKey("latency-feature-rows")
 _CHOSEN: StateKey[tuple[str, FeatureRow, str | None]] = StateKey("latency-chosen-row")
+_ROUTED_AT: StateKey[float] = StateKey("latency-routed-at")
+"""Clock time (s) the request was handed to its endpoint (its TTFT starts there)."""
+_TTFT_CALIBRATED: StateKey[bool] = StateKey("latency-ttft-calibrated")
+"""The request's TTFT already fed the calibration, at its first token."""
 """The chosen endpoint, its row and the hardware class its sample is filed under."""
-_SCALES: StateKey[tuple[float, float]] = StateKey("latency-calibration-scales")
-"""The TTFT and TPOT scales the request's predictions were multiplied by."""
+_SCALES: StateKey[dict[str, tuple[float, float]]] = StateKey("latency-calibration-scales")
+"""The TTFT and TPOT scales each endpoint's predictions were multiplied by."""
 _PREFETCHED: StateKey[tuple[dict[str, FeatureRow], Predictions | None, float]] = StateKey(
     "latency-prefetched"
 )
@@ -262,8 +268,12 @@ class PredictedLatencyProducer(
         if predictions is None:
             state.put(PREDICTION_OUTCOME, PredictionOutcome(status))
             return
+        classes = self._classes(endpoints) or [None] * len(endpoints)
         calibration = self.calibration
-        scales = (calibration.ttft.scale, calibration.tpot.scale) if calibration else (1.0, 1.0)
+        scales = {
+            e.name: (calibration.scales(c, float(raw)) if calibration is not None else (1.0, 1.0))
+            for e, c, raw in zip(endpoints, classes, predictions.ttft_ms, strict=True)
+        }
         by_endpoint = self._with_headroom(request, endpoints, predictions, scales)
         if not by_endpoint:  # nothing finite came back
             state.put(PREDICTION_OUTCOME, PredictionOutcome("unavailable"))
@@ -305,14 +315,14 @@ class PredictedLatencyProducer(
         request: LLMRequest,
         endpoints: Sequence[Endpoint],
         predictions: Predictions,
-        scales: tuple[float, float],
+        scales: dict[str, tuple[float, float]],
     ) -> dict[str, EndpointPrediction]:
-        ttft_scale, tpot_scale = scales
         factor = self.params.slo_buffer_factor
         ttft_slo = request.slo_ttft_ms or 0.0
         streaming = self.params.streaming_mode and request.stream
         out: dict[str, EndpointPrediction] = {}
         for i, e in enumerate(endpoints):
+            ttft_scale, tpot_scale = scales[e.name]
             ttft = float(predictions.ttft_ms[i]) * ttft_scale
             tpot = float(predictions.tpot_ms[i]) * tpot_scale
             if not math.isfinite(ttft) or not math.isfinite(tpot):
@@ -345,8 +355,30 @@ class PredictedLatencyProducer(
         if rows is not None and chosen.name in rows:
             cls = chosen.hardware.accelerator if self.params.hardware_aware else None
             state.put(_CHOSEN, (chosen.name, rows[chosen.name], cls))
+            state.put(_ROUTED_AT, self.context.clock.now())
         if request.slo_tpot_ms:
             self._tpot_slos.setdefault(chosen.name, Counter())[request.slo_tpot_ms] += 1
+
+    def on_first_token(
+        self, request: LLMRequest, state: CycleState, endpoint: Endpoint, now: float
+    ) -> None:
+        # A streamed TTFT is known now: calibrating it at the request's end corrects the
+        # scale a whole generation late — on a mixed pool long enough for one class to be
+        # flooded before its scale moved (LatencyCalibration.mixed: only there).
+        calibration = self.calibration
+        chosen = state.get(_CHOSEN)
+        routed_at = state.get(_ROUTED_AT)
+        if (
+            calibration is None
+            or not calibration.mixed
+            or not (self.params.streaming_mode and request.stream)
+            or chosen is None
+            or routed_at is None
+            or chosen[0] != endpoint.name
+        ):
+            return
+        self._calibrate(calibration, state, chosen, (now - routed_at) * 1000.0, None)
+        state.put(_TTFT_CALIBRATED, True)
 
     def on_complete(self, request: LLMRequest, state: CycleState, outcome: ResponseOutcome) -> None:
         chosen = state.get(_CHOSEN)
@@ -361,15 +393,22 @@ class PredictedLatencyProducer(
         if not outcome.ok:
             # Not a sample; but a failed or abandoned request is often a slow one, and its
             # first token, when it came, still tells the calibration how TTFT went.
-            if self.calibration is not None and outcome.first_token_at is not None:
+            if (
+                self.calibration is not None
+                and outcome.first_token_at is not None
+                and not state.get(_TTFT_CALIBRATED)
+            ):
                 ttft = (outcome.first_token_at - outcome.dispatched_at) * 1000.0
-                self._calibrate(self.calibration, state, chosen[0], ttft, None)
+                self._calibrate(self.calibration, state, chosen, ttft, None)
             return
         sample = self._sample(request, chosen[1], chosen[2], outcome)
         if sample is None:
             return
         if self.calibration is not None:
-            self._calibrate(self.calibration, state, chosen[0], sample.ttft_ms, sample.tpot_ms)
+            seen = state.get(_TTFT_CALIBRATED)
+            self._calibrate(
+                self.calibration, state, chosen, None if seen else sample.ttft_ms, sample.tpot_ms
+            )
         if self.predictor is not None:
             self.predictor.observe(sample)
 
@@ -377,19 +416,22 @@ class PredictedLatencyProducer(
     def _calibrate(
         calibration: LatencyCalibration,
         state: CycleState,
-        endpoint: str,
+        chosen: tuple[str, FeatureRow, str | None],
         ttft_ms: float | None,
         tpot_ms: float | None,
     ) -> None:
-        """Feed the prediction the request was routed on, unscaled, and what happened."""
+        """Feed the prediction the request was routed on, unscaled, and what happened, to
+        the chosen endpoint's class's trackers."""
+        endpoint, _, cls = chosen
         predicted = (state.get(PREDICTIONS) or {}).get(endpoint)
-        scales = state.get(_SCALES)
+        scales = (state.get(_SCALES) or {}).get(endpoint)
         if predicted is None or scales is None:
             return  # scheduled without predictions
+        trackers = calibration.of(cls)
         if ttft_ms is not None:
-            calibration.ttft.update(predicted.ttft_ms / scales[0], ttft_ms)
+            trackers.observe_ttft(predicted.ttft_ms / scales[0], ttft_ms)
         if tpot_ms is not None and predicted.tpot_ms > 0:  # 0: no TPOT model yet
-            calibration.tpot.update(predicted.tpot_ms / scales[1], tpot_ms)
+            trackers.tpot.update(predicted.tpot_ms / scales[1], tpot_ms)
 
     def _sample(
         self, request: LLMRequest, row: FeatureRow, cls: str | None, outcome: ResponseOutcome
