@@ -180,3 +180,26 @@ def test_preset_uses_the_precise_producer_instead_of_the_approximate() -> None:
     producers = [type(p).type_name for p in built.plugins.values()]
     assert "precise-prefix-cache-producer" in producers
     assert "approx-prefix-cache-producer" not in producers
+
+
+async def test_the_approximate_index_learns_only_when_a_view_is_unknown(
+    service: KVEventsService,
+) -> None:
+    """Every candidate synced: nothing is learned (unless asked); one unknown: learned."""
+    eps = [new_endpoint(0), new_endpoint(1)]
+    _hold(service, "ep-0", PROMPT, 2)
+    _hold(service, "ep-1", PROMPT, 2)
+    plugin = _producer(service)
+    state, _ = _run(plugin, eps)
+    _decide(plugin, state, eps[1])
+    assert plugin.indexed_blocks() == 0
+    learning = _producer(service, approximateLearnsWhenSynced=True)
+    state, _ = _run(learning, eps)
+    _decide(learning, state, eps[1])
+    assert learning.indexed_blocks() == 2
+    _hold(service, "ep-1", PROMPT, 8, view=View.UNKNOWN)
+    state, _ = _run(plugin, eps)
+    _decide(plugin, state, eps[1])
+    assert plugin.indexed_blocks() == 2
+    _, matched = _run(plugin, eps)
+    assert matched == {"ep-0": 2, "ep-1": 8}

@@ -44,8 +44,11 @@ candidate whose event view is *synced* gets ``matchedBlocks`` = the leading bloc
 index says it holds. A candidate whose view is *unknown* (no stream configured, a lost
 batch not yet replayed or turned over, another block size) gets the approximate
 producer's match instead, converted to these blocks: ``⌊approxBlocks × approxBlockTokens
-/ blockSize⌋``, at most the prompt's blocks. The approximate index keeps learning from
-every decision (its pre-request hook runs here), so the fallback is warm when needed.
+/ blockSize⌋``, at most the prompt's blocks. The approximate index learns from a
+decision (its pre-request hook runs here) when a candidate is unknown, or with
+``approximateLearnsWhenSynced`` / ``approximateWhenNoneHolds``: learning when all are
+synced costs 0.4–0.5 ms of a 100k-token decision and keeps the fallback warm for a
+stream that later loses events (the trade-off: docs/plugins.md).
 
 Speculative entries (the reference router's ``speculativeIndexing``, off by default
 there and here): with ``speculativeIndexing: true`` the pre-request hook inserts the
@@ -68,7 +71,7 @@ misses.
 
 Parameters: ``maxPrefixTokensToMatch`` (131072; tokens of the prompt considered, 0 =
 whole prompt), the speculative ones above, ``approximateWhenNoneHolds``,
-``encodeWholePrompt`` (false), and for the
+``approximateLearnsWhenSynced`` (false), ``encodeWholePrompt`` (false), and for the
 fallback the approximate producer's ``blockSizeTokens`` (64), ``lruCapacityPerServer``
 (31250) and ``autoTune`` (true), with the same meanings and defaults as there
 (docs/plugins.md#approx-prefix-cache-producer).
@@ -147,6 +150,7 @@ class PrecisePrefixCacheProducer(
         speculative_ttl_seconds: float = Field(default=2.0, gt=0, le=3600)
         max_speculative_entries: int = Field(default=100_000, ge=1, le=100_000_000)
         approximate_when_none_holds: bool = False
+        approximate_learns_when_synced: bool = False
         encode_whole_prompt: bool = False
 
     params: Parameters
@@ -204,7 +208,7 @@ class PrecisePrefixCacheProducer(
             return
         index = subs.index
         size, synced, unknown = self._views(subs, endpoints)
-        approx = self.approximate.match(request, unknown)
+        approx = self._fallback(request, unknown)
         state.put(_APPROXIMATE, approx)
         limit = self.params.max_prefix_tokens_to_match
         frontier: Frontier | None = None
@@ -285,6 +289,15 @@ class PrecisePrefixCacheProducer(
         if counting and asked:
             self.service.lookups.fallbacks += len(endpoints)
 
+    def _fallback(self, request: LLMRequest, unknown: Sequence[Endpoint]) -> PrefixMatch:
+        """The approximate match of the ``unknown`` candidates; with none, an empty match
+        (nothing for the pre-request hook to learn) unless the approximate index is to
+        learn from this decision all the same (see the module docstring)."""
+        p = self.params
+        if unknown or p.approximate_learns_when_synced or p.approximate_when_none_holds:
+            return self.approximate.match(request, unknown)
+        return PrefixMatch([], self.approximate.block_size_tokens, {})
+
     def _views(
         self, subs: KVEventSubscribers, endpoints: Sequence[Endpoint]
     ) -> tuple[int, list[str], list[Endpoint]]:
@@ -338,7 +351,7 @@ class PrecisePrefixCacheProducer(
         limit = self.params.max_prefix_tokens_to_match
         if tokenizer.progressive and not self.params.encode_whole_prompt:
             size, synced, unknown = self._views(subs, endpoints)
-            approx = self.approximate.match(request, unknown)
+            approx = self._fallback(request, unknown)
             enough = self._frontier(subs, synced, approx, size)
             state.put(
                 _PROGRESS,
