@@ -163,3 +163,29 @@ def test_a_file_that_is_no_tokenizer_is_a_load_error(tmp_path: Path) -> None:
     bad.write_text("{}")
     with pytest.raises(TokenizerLoadError):
         PromptTokens.load(str(bad))
+
+
+def test_calibrate_writes_a_tokenizer_path_that_loads_through_a_symlinked_folder(
+    tokenizer_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sim calibrate --tokenizer tok --out link/p.yaml`` with ``link`` a symlink to a
+    folder elsewhere: the path written into the profile is relative to the folder the
+    file really is in (``..`` from there is where the system resolves it)."""
+    from sluicegate.cli.sim_calibrate import _relative_to
+
+    # the tokenizer itself a link into a blob folder, as in a Hugging Face cache
+    (tmp_path / "blobs").mkdir()
+    (tmp_path / "blobs" / "3f2a").write_bytes((tokenizer_dir / "tokenizer.json").read_bytes())
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").symlink_to(Path("..") / "blobs" / "3f2a")
+    real = tmp_path / "deep" / "profiles"
+    real.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(real)
+    monkeypatch.chdir(tmp_path)
+    written = _relative_to("tok/tokenizer.json", Path("link"))
+    out = Path("link") / "p.yaml"
+    out.write_text(dump_profile(replace(get_profile("tiny"), tokenizer=written)))
+    loaded = load_profile_file(out)
+    assert loaded.tokenizer is not None
+    assert Path(loaded.tokenizer).resolve() == (tmp_path / "tok" / "tokenizer.json").resolve()
+    assert Path(loaded.tokenizer).name == "tokenizer.json"  # the link, not its blob
