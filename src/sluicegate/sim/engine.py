@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from sluicegate.sim.kvcache import BlockPool
 from sluicegate.sim.prefix_blocks import extend_hashes, register_blocks
 from sluicegate.sim.profiles import EngineProfile
-from sluicegate.sim.prompt_tokens import load_prompt_tokens
+from sluicegate.sim.prompt_tokens import PromptTokens, load_prompt_tokens
 from sluicegate.sim.sequence import (
     SeqStatus,
     Sequence,
@@ -87,7 +87,15 @@ class EngineCounters:
 class Engine:
     """A simulated vLLM engine for one model (and its LoRA adapters)."""
 
-    def __init__(self, profile: EngineProfile, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self,
+        profile: EngineProfile,
+        enable_prefix_caching: bool = True,
+        prompt_tokens: PromptTokens | None = None,
+    ) -> None:
+        """``prompt_tokens``: the profile's ``tokenizer`` already loaded (engines of one
+        run share one load, :func:`~sluicegate.sim.prompt_tokens.load_shared`); None:
+        loaded here when the profile names one."""
         self.profile = profile
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(profile.num_gpu_blocks)
@@ -103,7 +111,9 @@ class Engine:
         self._by_id: dict[str, Sequence] = {}
         self.kv_events: KVEventLog | None = None
         """What the KV cache did this step, when KV events are on (see :meth:`log_kv_events`)."""
-        self.prompt_tokens = load_prompt_tokens(profile.tokenizer)
+        if prompt_tokens is None:
+            prompt_tokens = load_prompt_tokens(profile.tokenizer)
+        self.prompt_tokens = prompt_tokens
         """The model tokenizer sizing text prompts for this engine (the profile's
         ``tokenizer``; None: built-in tokens). Used where requests become sequences."""
 
