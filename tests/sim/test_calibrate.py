@@ -5,6 +5,7 @@ the fit recovers the profile's step times, and the profile it writes loads in ``
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from sluicegate.sim.calibrate import CalibrateOptions, calibrate, fit_profile, p
 from sluicegate.sim.calibrate.client import Target
 from sluicegate.sim.calibrate.probes import Point, Prober
 from sluicegate.sim.profile_file import dump_profile, load_profile_file, parse_profile
-from sluicegate.sim.profiles import get_profile
+from sluicegate.sim.profiles import LinearOpsCurve, get_profile
 
 # Step times of 4–55 ms: long beside the shared test machine's timer jitter, short enough
 # that the whole calibration takes seconds. Every term of the step time is non-zero, the
@@ -245,6 +246,32 @@ def test_fit_separates_a_first_token_latency_from_the_steps() -> None:
     for p in points:
         assert predict(fit.profile, p) == pytest.approx(predict(known, p), rel=1e-6)
         assert fit.predict_ms(p) == pytest.approx(p.measured_ms, rel=1e-6)
+
+
+@pytest.mark.parametrize("low", [3, 8], ids=lambda i: SHAPES[i].label)
+def test_a_noisy_point_never_fits_a_negative_step_time(low: int) -> None:
+    """A CPU-like server (linear ops near 0, 0.3 ms per sequence, 3 ms first-token
+    latency) with one point measured 10 % low: the unconstrained least squares puts LIN
+    below 0 at some knots. The fit keeps every knot at or above 0, so the profile's step
+    times are durations and the file it writes loads."""
+    cpu = dataclasses.replace(
+        parse_profile(KNOWN),
+        linear_ops=LinearOpsCurve.affine(0.05, 0.001),
+        step_ms_per_seq=0.3,
+    )
+    shape = SHAPES[low]
+
+    def measured(p: Point) -> float:
+        ms = predict(cpu, p) + (3.0 if p.first_token else 0.0)
+        return ms * 0.9 if p is shape else ms
+
+    points = _synthetic(measured, SHAPES)
+    fit = fit_profile(points, get_profile("llama3-8b-h100"))
+    assert min(fit.lin_ms) >= 0.0, fit.lin_ms
+    for p in points:
+        assert predict(fit.profile, p) >= 0.0
+        assert _within(fit.predict_ms(p), p.measured_ms, 0.15), p.label
+    parse_profile(dump_profile(fit.profile))  # what `sim calibrate --out` writes loads
 
 
 def test_fit_fixes_terms_the_points_cannot_tell_apart() -> None:

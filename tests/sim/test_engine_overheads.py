@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from sluicegate.sim.engine import Engine, Sequence, StepResult, new_sequence
-from sluicegate.sim.profiles import get_profile
+from sluicegate.sim.profiles import PROFILES, get_profile
 
 
 def _seq(rid: str, tokens: int, at: float, out: int = 3) -> Sequence:
@@ -87,3 +87,29 @@ def test_arriving_requests_are_forked_and_aborted() -> None:
     _run(twin, 0.0)
     assert late_twin.finished
     assert late_twin.first_scheduled == pytest.approx(0.502)
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_built_in_profiles_keep_the_timing_they_had(name: str) -> None:
+    """The new terms are off in every built-in profile: no per-sequence cost, no wait
+    before scheduling, built-in tokens; a request is schedulable the moment it is added
+    and an iteration lasts what the four-term step time says."""
+    profile = PROFILES[name]
+    assert (profile.step_ms_per_seq, profile.request_overhead_ms) == (0.0, 0.0)
+    assert profile.tokenizer is None
+    engine = Engine(profile)
+    assert engine.prompt_tokens is None
+    seq = _seq("x", 64, 2.0)
+    engine.add(seq)
+    assert (engine.arriving, list(engine.waiting)) == ([], [seq])
+    first = engine.step(2.0)
+    assert seq.first_scheduled == 2.0
+    flops = profile.prefill_attention_flops(64, 0)
+    assert first.duration * 1e3 == pytest.approx(
+        profile.linear_ops(64)
+        + flops / profile.attention_flops_per_s * 1e3
+        + profile.step_overhead_ms
+    )
+    assert engine.step(2.0 + first.duration).duration == pytest.approx(
+        profile.decode_ms(1, 65) / 1e3
+    )

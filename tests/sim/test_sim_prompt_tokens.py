@@ -163,3 +163,63 @@ def test_a_file_that_is_no_tokenizer_is_a_load_error(tmp_path: Path) -> None:
     bad.write_text("{}")
     with pytest.raises(TokenizerLoadError):
         PromptTokens.load(str(bad))
+
+
+def test_calibrate_writes_a_tokenizer_path_that_loads_through_a_symlinked_folder(
+    tokenizer_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sim calibrate --tokenizer tok --out link/p.yaml`` with ``link`` a symlink to a
+    folder elsewhere: the path written into the profile is relative to the folder the
+    file really is in (``..`` from there is where the system resolves it)."""
+    from sluicegate.cli.sim_calibrate import _relative_to
+
+    # the tokenizer itself a link into a blob folder, as in a Hugging Face cache
+    (tmp_path / "blobs").mkdir()
+    (tmp_path / "blobs" / "3f2a").write_bytes((tokenizer_dir / "tokenizer.json").read_bytes())
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").symlink_to(Path("..") / "blobs" / "3f2a")
+    real = tmp_path / "deep" / "profiles"
+    real.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(real)
+    monkeypatch.chdir(tmp_path)
+    written = _relative_to("tok/tokenizer.json", Path("link"))
+    out = Path("link") / "p.yaml"
+    out.write_text(dump_profile(replace(get_profile("tiny"), tokenizer=written)))
+    loaded = load_profile_file(out)
+    assert loaded.tokenizer is not None
+    assert Path(loaded.tokenizer).resolve() == (tmp_path / "tok" / "tokenizer.json").resolve()
+    assert Path(loaded.tokenizer).name == "tokenizer.json"  # the link, not its blob
+
+
+def test_the_engines_of_one_run_load_the_tokenizer_once(
+    tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large vocabulary's tokenizer costs seconds and tens of MB per load: the lab's
+    engines, a cluster's replicas and a restarted replica share one load per path."""
+    from sluicegate.bench.des import ClusterSimulation
+    from sluicegate.bench.des_spec import ClusterSpec
+    from sluicegate.bench.policies import policy_config
+    from sluicegate.sim.server import ReplicaOptions, SimCluster
+
+    loads: list[str] = []
+    real_load = PromptTokens.load.__func__  # type: ignore[attr-defined]
+
+    def counting(cls: type[PromptTokens], path: str) -> PromptTokens:
+        loads.append(path)
+        return real_load(cls, path)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(PromptTokens, "load", classmethod(counting))
+    profile = replace(get_profile("tiny"), tokenizer=str(tokenizer_dir))
+    picker, predictor = policy_config("round-robin")
+    sim = ClusterSimulation(ClusterSpec(profile, 4, picker, model="m", predictor=predictor))
+    assert len(loads) == 1
+    assert all(e.prompt_tokens is sim.engines[0].prompt_tokens for e in sim.engines)
+    loads.clear()
+    cluster = SimCluster(ReplicaOptions(profile=profile), 3)
+    assert len(loads) == 1
+    first = cluster.replicas[0].engine.prompt_tokens
+    assert first is not None
+    assert all(r.engine.prompt_tokens is first for r in cluster.replicas)
+    cluster.replicas[1].driver.reset(False)  # a restarted server
+    assert cluster.replicas[1].engine.prompt_tokens is first
+    assert len(loads) == 1

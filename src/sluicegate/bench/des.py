@@ -79,6 +79,7 @@ from sluicegate.requestcontrol.parse import parse_request
 from sluicegate.scheduling.config import build_scheduler
 from sluicegate.sim.api import ApiError
 from sluicegate.sim.engine import Engine, Sequence, StepResult
+from sluicegate.sim.prompt_tokens import load_shared
 
 
 class _Queued:
@@ -105,7 +106,10 @@ class ClusterSimulation:
         self.spec = spec
         self.clock = ManualClock()
         profiles = replica_profiles(spec)
-        self.engines = [Engine(p) for p in profiles]
+        tokens = load_shared(p.tokenizer for p in profiles)  # one load per tokenizer
+        self.engines = [
+            Engine(p, prompt_tokens=tokens[p.tokenizer] if p.tokenizer else None) for p in profiles
+        ]
         config = pool_config(spec)
         self.datastore = Datastore()
         self.datastore.set_endpoints(

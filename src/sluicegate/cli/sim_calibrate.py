@@ -88,10 +88,15 @@ def add_parser(sub: Subparsers) -> None:
 def _relative_to(path: str, folder: Path) -> str:
     """``path`` as a profile file in ``folder`` names it: a relative path becomes relative
     to ``folder`` (a profile's paths are relative to its own folder); ``~/…`` and absolute
-    paths are kept as given."""
+    paths are kept as given. The folders on both sides are resolved through symlinks
+    first: the loader joins the path to the folder the file is in, and the system resolves
+    a ``..`` from where a symlinked folder really is. The tokenizer's own name is kept (a
+    Hugging Face cache links ``tokenizer.json`` to a blob with no config beside it)."""
     if path.startswith("~") or os.path.isabs(path):
         return path
-    return os.path.relpath(os.path.abspath(path), os.path.abspath(folder))
+    head, name = os.path.split(os.path.abspath(path))
+    target = os.path.join(os.path.realpath(head), name)
+    return os.path.relpath(target, os.path.realpath(folder))
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:

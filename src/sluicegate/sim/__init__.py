@@ -1,7 +1,9 @@
 """The model-server simulator (``sluicegate sim``): vLLM-compatible servers whose engine steps
 in simulated time, for tests, the lab and the embedded pool.
 
-- :mod:`~sluicegate.sim.engine` — ``Engine``: continuous batching over sequences;
+- :mod:`~sluicegate.sim.engine` — ``Engine``: continuous batching over sequences
+  (:mod:`~sluicegate.sim.sequence`: a request in it; :mod:`~sluicegate.sim.prefix_blocks`:
+  its prefix-cache block hashes);
 - :mod:`~sluicegate.sim.kvcache` — ``BlockPool``, the prefix-cached KV blocks;
 - :mod:`~sluicegate.sim.profiles` — ``EngineProfile`` per model and GPU (``get_profile``);
 - :mod:`~sluicegate.sim.driver` — ``EngineDriver``: the engine stepped in real time;

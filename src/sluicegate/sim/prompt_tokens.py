@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -93,4 +93,11 @@ def load_prompt_tokens(path: str | None) -> PromptTokens | None:
     return None if path is None else PromptTokens.load(path)
 
 
-__all__ = ["PromptTokens", "load_prompt_tokens", "pack"]
+def load_shared(paths: Iterable[str | None]) -> dict[str, PromptTokens]:
+    """Each distinct tokenizer of ``paths`` loaded once, for the engines of one run to
+    share (a large vocabulary's tokenizer takes seconds and tens of MB per load; the
+    cache it keeps serves every engine, within its one bound)."""
+    return {path: PromptTokens.load(path) for path in dict.fromkeys(paths) if path is not None}
+
+
+__all__ = ["PromptTokens", "load_prompt_tokens", "load_shared", "pack"]

@@ -28,6 +28,7 @@ from sluicegate.sim.faults import Faults
 from sluicegate.sim.kvevents import KVEventsConfig
 from sluicegate.sim.metrics import EngineMetrics
 from sluicegate.sim.profiles import EngineProfile
+from sluicegate.sim.prompt_tokens import PromptTokens, load_shared
 from sluicegate.sim.reply import inject_faults, json_reply, replica_headers
 from sluicegate.sim.text import (
     find_stop,
@@ -64,7 +65,15 @@ class ReplicaOptions:
 class Replica:
     """One simulated vLLM server: HTTP routes on one port in front of an engine driver."""
 
-    def __init__(self, index: int, options: ReplicaOptions, faults: Faults | None = None) -> None:
+    def __init__(
+        self,
+        index: int,
+        options: ReplicaOptions,
+        faults: Faults | None = None,
+        prompt_tokens: PromptTokens | None = None,
+    ) -> None:
+        """``prompt_tokens``: the profile's tokenizer, loaded (a cluster's replicas share
+        one load); None: loaded here when the profile names one."""
         self.index = index
         self.options = options
         self.model_name = options.served_model_name or options.profile.model_name
@@ -90,6 +99,7 @@ class Replica:
             lora_enabled=self.lora_enabled,
             legacy_metric_names=options.legacy_metric_names,
             histogram_max_age_s=options.histogram_max_age_s,
+            prompt_tokens=prompt_tokens,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -334,7 +344,13 @@ class SimCluster:
             raise ValueError(f"{len(profiles)} profiles for {replicas} replicas")
         faults = faults or {}
         own = [replace(options, profile=p) for p in profiles] or [options] * replicas
-        self.replicas = [Replica(i, own[i], faults.get(i)) for i in range(replicas)]
+        tokens = load_shared(o.profile.tokenizer for o in own)
+        self.replicas = [
+            Replica(
+                i, o, faults.get(i), tokens[o.profile.tokenizer] if o.profile.tokenizer else None
+            )
+            for i, o in enumerate(own)
+        ]
 
     @property
     def urls(self) -> list[str]:

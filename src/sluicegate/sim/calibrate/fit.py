@@ -19,7 +19,8 @@ count alike. A term the points cannot tell apart from the others (no decode poin
 to a prefill point of the same size for ``f``; decodes at fewer than two batch sizes for
 ``g`` — one sequence per prefill is a constant ``LIN`` absorbs; no cached-prefix point for
 ``b``; one context per batch size for ``a``) or that comes out negative is fixed at 0 and
-the rest refitted.
+the rest refitted; so is a knot of ``LIN`` that comes out below 0 (a step time must be a
+duration, and a profile file refuses negative points).
 
 ``o`` is why a server's prefill time (or a client's time to first token) of ``n``
 tokens exceeds a decode iteration of ``n`` sequences on a tiny model: the first token of a
@@ -101,10 +102,13 @@ def _solve(
     design: npt.NDArray[np.float64], target: npt.NDArray[np.float64], k: int, names: list[str]
 ) -> tuple[npt.NDArray[np.float64], list[str]]:
     """Least squares with the extra terms (columns k…) dropped while unidentifiable or
-    negative; returns all coefficients (dropped ones 0) and the dropped terms' names."""
+    negative, then LIN's knots (columns …k−1) fixed at 0 while one comes out negative;
+    returns all coefficients (dropped ones 0) and the dropped terms' names."""
     active = list(range(design.shape[1]))
     dropped: list[str] = []
     while True:
+        if not active:
+            return np.zeros(design.shape[1]), dropped
         sub = design[:, active]
         coef, *_ = np.linalg.lstsq(sub, target, rcond=None)
         rank = np.linalg.matrix_rank(sub)
@@ -116,13 +120,19 @@ def _solve(
             bad = next((j for j in reversed(extra) if _rank(design, active, j) == rank), extra[-1])
         else:
             negative = [j for j, c in zip(active, coef, strict=True) if j >= k and c < 0]
-            bad = negative[0] if negative else None
+            below = [(c, j) for j, c in zip(active, coef, strict=True) if j < k and c < 0]
+            # A knot below 0 (noise on a server whose step is mostly per-sequence and
+            # first-token cost) would make step times negative and the written profile
+            # unloadable: the most negative one is fixed at 0 (LIN is 0 there) and the rest
+            # refitted, as a non-negative least squares would.
+            bad = negative[0] if negative else min(below)[1] if below else None
         if bad is None:
             full = np.zeros(design.shape[1])
             full[active] = coef
             return full, dropped
         active.remove(bad)
-        dropped.append(names[bad - k])
+        if bad >= k:
+            dropped.append(names[bad - k])
 
 
 def _rank(design: npt.NDArray[np.float64], active: list[int], without: int) -> int:
