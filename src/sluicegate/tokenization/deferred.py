@@ -138,10 +138,13 @@ class DeferredEncoder:
         if done is None:
             return
         keys = list(p.keys)
-        if loop is None:
-            done(keys)
-        elif not loop.is_closed():
-            loop.call_soon_threadsafe(done, keys)
+        try:  # a failing callback, or a loop closing meanwhile, must not end the worker
+            if loop is None:
+                done(keys)
+            elif not loop.is_closed():
+                loop.call_soon_threadsafe(done, keys)
+        except Exception:  # the prompt itself is finished (counted) and stored
+            log.exception("handing a finished prompt's block keys on failed")
 
 
 __all__ = ["MAX_PENDING", "DeferredEncoder"]
