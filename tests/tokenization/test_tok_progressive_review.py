@@ -4,16 +4,67 @@ a failing completion callback."""
 
 from __future__ import annotations
 
+import random
 import threading
 from pathlib import Path
 
-from test_tok_progressive import BS
+from test_tok_progressive import BS, EPS, conversation, producer
 from tiny_tokenizer import corpus
 
 from sluicegate.api.tokenizer import TokenizerSettings
-from sluicegate.framework import LLMRequest
+from sluicegate.clock import ManualClock
+from sluicegate.datalayer.endpoint import Endpoint, EngineMetrics
+from sluicegate.datalayer.kvevents import (
+    EndpointStream,
+    KVEventsService,
+    KVEventSubscribers,
+    PreciseIndex,
+    View,
+)
+from sluicegate.framework import PREFIX_MATCH, CycleState, LLMRequest
 from sluicegate.tokenization.local import LocalTokenizer
 from sluicegate.tokenization.progressive import BlockKeying, Progress
+
+
+def test_cold_prefix_fallback_matches_the_whole_encodings(tiny_dir: Path) -> None:
+    settings = TokenizerSettings(source="local", path=str(tiny_dir))
+    progressive = LocalTokenizer.load(settings)
+    whole = LocalTokenizer.load(settings)
+    rng = random.Random(5)
+    lines = corpus(200, 3)
+    eps = [
+        Endpoint(f"ep-{i}", "127.0.0.1", 8000 + i, metrics=EngineMetrics(0.0)) for i in range(EPS)
+    ]
+    params = {"approximateWhenNoneHolds": True}
+    compared = 0
+    for _trial in range(30):
+        subs = KVEventSubscribers(PreciseIndex(default_capacity=100_000), clock=ManualClock())
+        kv = KVEventsService({"default": subs})
+        for e in eps:
+            subs.streams[e.name] = EndpointStream(view=View.SYNCED)
+        p_fast = producer(kv, progressive, params)
+        p_whole = producer(kv, whole, {**params, "encodeWholePrompt": True})
+        messages = conversation(rng, lines)
+        body = {"model": "m", "messages": messages}
+        text = progressive.template.render(body) if progressive.template else ""
+        # the bytes the approximate index keys: twice the text, as for a real vocabulary
+        # with more characters per token than the approximate index assumes (its match
+        # converted to blocks then exceeds the prompt's blocks)
+        prompt = (text * 2).encode()
+        request = LLMRequest("r", "m", "m", prompt, 3, 0.0, kind="chat", body=body)
+        # the approximate index of both remembers the prompt on ep-0 (no server holds it)
+        for plugin in (p_fast, p_whole):
+            plugin.approximate.remember(eps[0], plugin.approximate.match(request, eps))
+        s_fast, s_whole = CycleState(), CycleState()
+        p_fast.produce(request, s_fast, eps)
+        p_whole.produce(request, s_whole, eps)
+        fast, full = s_fast.get(PREFIX_MATCH), s_whole.get(PREFIX_MATCH)
+        assert fast is not None
+        assert full is not None
+        assert full.matched_blocks  # the cold fallback applied
+        assert fast.matched_blocks == full.matched_blocks
+        compared += 1
+    assert compared == 30
 
 
 def test_the_worker_survives_a_failing_callback(tiny_dir: Path) -> None:
