@@ -10,6 +10,7 @@ from pathlib import Path
 
 from test_tok_progressive import BS, EPS, conversation, producer
 from tiny_tokenizer import corpus
+from tokenizers import Tokenizer
 
 from sluicegate.api.tokenizer import TokenizerSettings
 from sluicegate.clock import ManualClock
@@ -95,3 +96,23 @@ def test_the_worker_survives_a_failing_callback(tiny_dir: Path) -> None:
     assert finished.wait(10), "the worker died with the first prompt's callback"
     assert got
     assert got[0] > 1
+
+
+def test_finishing_after_dispatch_stops_at_the_decisions_token_limit(tiny_dir: Path) -> None:
+    # maxPrefixTokensToMatch bounds what a decision encodes; the worker must not then
+    # encode a huge prompt whole (a client could keep it busy with one large body each)
+    tok = LocalTokenizer.load(TokenizerSettings(source="local", path=str(tiny_dir)))
+    text = " ".join(corpus(3000, 9))
+    body = {"model": "m", "prompt": text, "add_special_tokens": False}
+    request = LLMRequest("r", "m", "m", b"x", 3, 0.0, kind="completions", body=body)
+    ref = Tokenizer.from_file(str(tiny_dir / "tokenizer.json"))
+    whole = len(ref.encode(text, add_special_tokens=False).ids)
+    limit = 256
+    assert whole > 40 * limit
+    p = tok.decide(request, BlockKeying(BS), lambda keys: False, limit)
+    assert p is not None
+    assert not p.whole
+    tok.finish_later(p)
+    tok.deferred.drain()
+    assert tok.deferred.counters.finished == 1
+    assert limit <= len(p.ids) < 8 * limit

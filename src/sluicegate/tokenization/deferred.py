@@ -124,7 +124,7 @@ class DeferredEncoder:
         started = time.thread_time()
         try:
             before = p.encoded_tokens
-            advance(p, self.encode, None)
+            advance(p, self.encode, None, p.limit)
             with self.lock:
                 store(self.cache, p)
                 self.cache.counters.tokens_encoded += p.encoded_tokens - before

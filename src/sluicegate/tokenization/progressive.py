@@ -111,6 +111,10 @@ class Progress:
     chunk: int = FIRST_CHUNK_CHARS
     encoded_tokens: int = 0
     """Tokens BPE-encoded for it so far (the counters' ``tokens_encoded``)."""
+    limit: int = 0
+    """Content ids the decision considers at most (``maxPrefixTokensToMatch``; 0: all):
+    finishing after dispatch stops there too, so a huge prompt costs the worker no more
+    than the decision's limit."""
 
     def estimated_blocks(self) -> int:
         """The prompt's full blocks: exact when whole, else the keys so far plus the
