@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from test_tok_progressive import BS, EPS, conversation, producer
@@ -116,3 +117,36 @@ def test_finishing_after_dispatch_stops_at_the_decisions_token_limit(tiny_dir: P
     tok.deferred.drain()
     assert tok.deferred.counters.finished == 1
     assert limit <= len(p.ids) < 8 * limit
+
+
+def test_chunked_encoding_is_exact_on_unusual_texts(tiny_dir: Path) -> None:
+    # the cut rule (before a space after a non-space) on texts that stress it: runs of
+    # spaces and other whitespace, no spaces at all, very long words, non-Latin scripts,
+    # no-break spaces, emoji, a chat template's special tokens
+    tok = LocalTokenizer.load(TokenizerSettings(source="local", path=str(tiny_dir)))
+    ref = Tokenizer.from_file(str(tiny_dir / "tokenizer.json"))
+    rng = random.Random(3)
+    pieces = [" ", "  ", "\t", "\n", " \n ", "\u00a0", "\u3000", "word", "naïve", "中文字符",
+              "😀", "x" * 300, "<|user|>", "12345", "!!", "\u2028", "\x1c"]  # fmt: skip
+    texts = [
+        "a" + " " * 5000 + "b c",
+        "x" * 5000,
+        "中文字符" * 800,
+        " " * 3000,
+        *("".join(rng.choice(pieces) for _ in range(rng.randint(50, 900))) for _ in range(40)),
+    ]
+
+    def decided(text: str, enough: Callable[[Sequence[int]], bool]) -> Progress:
+        body = {"model": "m", "prompt": text, "add_special_tokens": False}
+        request = LLMRequest("r", "m", "m", b"x", 3, 0.0, kind="completions", body=body)
+        p = tok.decide(request, BlockKeying(BS), enough)
+        assert p is not None
+        return p
+
+    for text in texts:
+        # an earlier turn (a prefix), decided early and finished, then the whole text
+        tok.finish_later(decided(text[: rng.randint(0, len(text))], lambda keys: len(keys) > 2))
+        tok.deferred.drain()
+        p = decided(text, lambda keys: False)
+        assert p.whole
+        assert list(p.ids) == ref.encode(text, add_special_tokens=False).ids, text[:80]
