@@ -116,8 +116,6 @@ from sluicegate.tokens import token_id_array
 if TYPE_CHECKING:
     from sluicegate.tokenization.progressive import Progress
 
-"""The approximate producer's default ``lruCapacityPerServer`` (16-token blocks)."""
-
 VLLM_DEFAULT_BLOCK_SIZE = 16
 """vLLM's default ``--block-size`` (tokens), used before any event or scrape told it."""
 
