@@ -11,12 +11,13 @@ from pathlib import Path
 
 from test_tok_progressive import BS, EPS, conversation, producer
 from tiny_tokenizer import corpus
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 from sluicegate.api.tokenizer import TokenizerSettings
 from sluicegate.clock import ManualClock
 from sluicegate.datalayer.endpoint import Endpoint, EngineMetrics
 from sluicegate.datalayer.kvevents import (
+    BlockStored,
     EndpointStream,
     KVEventsService,
     KVEventSubscribers,
@@ -150,3 +151,77 @@ def test_chunked_encoding_is_exact_on_unusual_texts(tiny_dir: Path) -> None:
         p = decided(text, lambda keys: False)
         assert p.whole
         assert list(p.ids) == ref.encode(text, add_special_tokens=False).ids, text[:80]
+
+
+def test_a_completion_with_its_bos_matches_the_whole_encodings(tiny_dir: Path) -> None:
+    # a completion's post-processor BOS leads the blocks (BlockKeying.lead); limits cut
+    # the prompt at maxPrefixTokensToMatch
+    settings = TokenizerSettings(source="local", path=str(tiny_dir))
+    progressive, whole = LocalTokenizer.load(settings), LocalTokenizer.load(settings)
+    assert progressive.prefix_ids
+    rng = random.Random(11)
+    words = corpus(300, 4)
+    eps = [
+        Endpoint(f"ep-{i}", "127.0.0.1", 8000 + i, metrics=EngineMetrics(0.0)) for i in range(EPS)
+    ]
+    ref = Tokenizer.from_file(str(tiny_dir / "tokenizer.json"))
+    for trial in range(40):
+        subs = KVEventSubscribers(PreciseIndex(default_capacity=100_000), clock=ManualClock())
+        kv = KVEventsService({"default": subs})
+        for e in eps:
+            subs.streams[e.name] = EndpointStream(view=View.SYNCED)
+        limit = rng.choice([0, 0, 64, 200, 1000])
+        p_fast = producer(kv, progressive, {"maxPrefixTokensToMatch": limit})
+        p_whole = producer(kv, whole, {"maxPrefixTokensToMatch": limit, "encodeWholePrompt": True})
+        text = " ".join(rng.sample(words, rng.randint(1, 200)))
+        body = {"model": "m", "prompt": text}
+        request = LLMRequest("r", "m", "m", text.encode(), 3, 0.0, kind="completions", body=body)
+        ids = ref.encode(text, add_special_tokens=True).ids
+        n = len(ids) // BS
+        for k, e in enumerate(eps):
+            held = rng.randint(0, n)
+            if held:
+                start = trial * 10_000 + k * 1000
+                subs.index.store(
+                    e.name,
+                    BlockStored(tuple(range(start, start + held)), None, ids[: held * BS], BS),
+                )
+        s_fast, s_whole = CycleState(), CycleState()
+        p_fast.produce(request, s_fast, eps)
+        p_whole.produce(request, s_whole, eps)
+        fast, full = s_fast.get(PREFIX_MATCH), s_whole.get(PREFIX_MATCH)
+        assert fast is not None
+        assert full is not None
+        assert fast.matched_blocks == full.matched_blocks, (trial, limit)
+        assert fast.hashes == full.hashes[: len(fast.hashes)]
+
+
+def test_the_deferred_queue_is_bounded_in_bytes(tiny_dir: Path) -> None:
+    # 64 waiting prompts of a 16 MiB body each would pin ~2 GiB: the queue also bounds
+    # the prompt bytes it holds
+    tok = LocalTokenizer.load(TokenizerSettings(source="local", path=str(tiny_dir)))
+    deferred = tok.deferred
+    deferred.max_bytes = 50_000
+    gate = threading.Event()
+    inner = deferred.encode
+
+    def held(text: str) -> Encoding:
+        gate.wait(30)
+        return inner(text)
+
+    deferred.encode = held
+    texts = [" ".join(corpus(60, 200 + seed)) for seed in range(20)]  # ~4 KB each
+    try:
+        for i, text in enumerate(texts):
+            body = {"model": "m", "prompt": text, "add_special_tokens": False}
+            request = LLMRequest(str(i), "m", "m", b"x", 3, 0.0, kind="completions", body=body)
+            p = tok.decide(request, BlockKeying(BS), lambda keys: len(keys) >= 1)
+            assert p is not None
+            tok.finish_later(p)
+            assert deferred.pending_bytes <= 50_000
+        assert deferred.counters.dropped >= 5
+    finally:
+        gate.set()
+    deferred.drain()
+    assert deferred.pending_bytes == 0
+    assert deferred.counters.finished + deferred.counters.dropped == len(texts)
