@@ -3,13 +3,13 @@ as it needs (:mod:`~sluicegate.tokenization.progressive`); the rest is encoded h
 one worker thread per tokenizer, so its prefix cache holds the whole conversation for the
 next turn.
 
-Bounded: at most :data:`MAX_PENDING` prompts wait; one arriving when that many wait is
-dropped and counted (``dropped``) — the cache then keeps what the decision encoded, and a
-next turn encodes the rest itself. The BPE runs without the cache's lock (the
-``tokenizers`` library releases the GIL for texts of 4,096 characters or more), the store
-under it. ``done(keys)``, when given, receives the prompt's whole block keys — on the
-event loop the request was decided on (``call_soon_threadsafe``), or, without one, in
-the worker.
+Bounded: at most :data:`MAX_PENDING` prompts wait, of :data:`MAX_PENDING_BYTES` in all; one
+that would exceed either is dropped and counted (``dropped``) — the cache then keeps what
+the decision encoded, and a next turn encodes the rest itself. The BPE runs without the
+cache's lock (the ``tokenizers`` library releases the GIL for texts of 4,096 characters or
+more), the store under it. ``done(keys)``, when given, receives the prompt's whole block
+keys — on the event loop the request was decided on (``call_soon_threadsafe``), or, without
+one, in the worker.
 """
 
 from __future__ import annotations
@@ -31,7 +31,11 @@ from sluicegate.tokenization.progressive import Progress, advance, store
 log = logging.getLogger(__name__)
 
 MAX_PENDING = 64
-"""Prompts waiting to be finished, at most (about 64 × the prompt's size in memory)."""
+"""Prompts waiting to be finished, at most."""
+MAX_PENDING_BYTES = 64 << 20
+"""UTF-8 bytes of the prompts waiting, at most (64 MiB; a waiting prompt keeps its text
+and its UTF-8, about twice that in memory): 64 bodies of the largest size a gateway
+takes would otherwise pin gigabytes."""
 
 Done = Callable[[list[int]], None]
 _Job = tuple[Progress, Done | None, asyncio.AbstractEventLoop | None]
@@ -57,6 +61,11 @@ class DeferredEncoder:
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._stopping = False
+        self.max_bytes = MAX_PENDING_BYTES
+        """UTF-8 bytes of the waiting prompts, at most (:data:`MAX_PENDING_BYTES`)."""
+        self.pending_bytes = 0
+        """UTF-8 bytes of the prompts queued and not yet finished."""
+        self._bytes_lock = threading.Lock()
 
     def submit(self, progress: Progress, done: Done | None = None) -> None:
         """Queue ``progress`` to be encoded to its end and stored (a full queue drops it,
@@ -77,12 +86,25 @@ class DeferredEncoder:
             loop.call_soon(self._enqueue, (progress, done, loop))
 
     def _enqueue(self, job: _Job) -> None:
+        size = len(job[0].data)
+        with self._bytes_lock:
+            room = self.pending_bytes + size <= self.max_bytes
+            if room:
+                self.pending_bytes += size
         try:
+            if not room:
+                raise queue.Full
             self._queue.put_nowait(job)
         except queue.Full:
+            if room:
+                self._release(size)
             self.counters.dropped += 1
             if self.on_drop is not None:
                 self.on_drop(job[0])
+
+    def _release(self, size: int) -> None:
+        with self._bytes_lock:
+            self.pending_bytes -= size
 
     def drain(self) -> None:
         """Wait until every queued prompt is finished (benchmarks, tests)."""
@@ -116,6 +138,8 @@ class DeferredEncoder:
                     return
                 self._finish(*job)
             finally:
+                if job is not None:
+                    self._release(len(job[0].data))
                 self._queue.task_done()
 
     def _finish(
@@ -124,7 +148,7 @@ class DeferredEncoder:
         started = time.thread_time()
         try:
             before = p.encoded_tokens
-            advance(p, self.encode, None)
+            advance(p, self.encode, None, p.limit)
             with self.lock:
                 store(self.cache, p)
                 self.cache.counters.tokens_encoded += p.encoded_tokens - before
@@ -138,10 +162,13 @@ class DeferredEncoder:
         if done is None:
             return
         keys = list(p.keys)
-        if loop is None:
-            done(keys)
-        elif not loop.is_closed():
-            loop.call_soon_threadsafe(done, keys)
+        try:  # a failing callback, or a loop closing meanwhile, must not end the worker
+            if loop is None:
+                done(keys)
+            elif not loop.is_closed():
+                loop.call_soon_threadsafe(done, keys)
+        except Exception:  # the prompt itself is finished (counted) and stored
+            log.exception("handing a finished prompt's block keys on failed")
 
 
 __all__ = ["MAX_PENDING", "DeferredEncoder"]

@@ -336,6 +336,7 @@ class LocalTokenizer(PoolTokenizer):
             self.counters.seconds += time.perf_counter() - started
         if p is not None:
             self.counters.tokenized += 1
+            p.limit = max_tokens
         return p
 
     def _decide(

@@ -28,6 +28,7 @@ and cache states, that the decision equals the one made from the whole encoding.
 from __future__ import annotations
 
 import bisect
+import re
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -111,6 +112,10 @@ class Progress:
     chunk: int = FIRST_CHUNK_CHARS
     encoded_tokens: int = 0
     """Tokens BPE-encoded for it so far (the counters' ``tokens_encoded``)."""
+    limit: int = 0
+    """Content ids the decision considers at most (``maxPrefixTokensToMatch``; 0: all):
+    finishing after dispatch stops there too, so a huge prompt costs the worker no more
+    than the decision's limit."""
 
     def estimated_blocks(self) -> int:
         """The prompt's full blocks: exact when whole, else the keys so far plus the
@@ -245,19 +250,36 @@ def _restart(p: Progress) -> None:
 
 def _safe_cut(text: str, chars: int, after: int) -> int:
     """The last index in (``after``, ``chars``] of a space preceded by a non-space, else
-    the first one past ``chars``, else the text's end."""
+    the first one past ``chars``, else the text's end. A few spaces each way with
+    ``str.(r)find``, then the regex (C): a client's long runs of whitespace cost no Python
+    loop per space."""
     at = text.rfind(" ", after + 1, chars + 1)
-    while at > after:
+    for _ in range(_BACK_STEPS):
+        if at <= after:
+            break
         if not text[at - 1].isspace():
             return at
-        at = text.rfind(" ", after + 1, at - 1)
+        at = text.rfind(" ", after + 1, at)
+    else:  # spaces after whitespace all the way back: the window's first cut, if any
+        found = _CUT.search(text, after, chars + 1)
+        if found is not None:
+            return found.end() - 1
     at = chars
-    while True:
+    for _ in range(_BACK_STEPS):
         at = text.find(" ", at + 1)
         if at < 0:
             return len(text)
         if not text[at - 1].isspace():
             return at
+    found = _CUT.search(text, at)
+    return len(text) if found is None else found.end() - 1
+
+
+_CUT = re.compile(r"\S ")
+"""A space after a non-space (``\\S`` is exactly ``not str.isspace()``): a chunk may end
+before that space."""
+_BACK_STEPS = 64
+"""Spaces looked at each way from the wanted end before the regex takes over."""
 
 
 __all__ = ["FIRST_CHUNK_CHARS", "BlockKeying", "Progress", "advance", "begin", "store"]

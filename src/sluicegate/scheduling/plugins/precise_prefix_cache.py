@@ -119,8 +119,6 @@ from sluicegate.tokens import token_id_array
 if TYPE_CHECKING:
     from sluicegate.tokenization.progressive import Progress
 
-"""The approximate producer's default ``lruCapacityPerServer`` (16-token blocks)."""
-
 VLLM_DEFAULT_BLOCK_SIZE = 16
 """vLLM's default ``--block-size`` (tokens), used before any event or scrape told it."""
 
@@ -212,6 +210,7 @@ class PrecisePrefixCacheProducer(
         state.put(_APPROXIMATE, approx)
         limit = self.params.max_prefix_tokens_to_match
         frontier: Frontier | None = None
+        progress: Progress | None = None
         if progressive:
             assert tokenizer is not None
             progress, frontier = self._progress(
@@ -262,6 +261,17 @@ class PrecisePrefixCacheProducer(
             # was, not wherever load is lowest (which would copy it across the pool)
             names = set(synced)
             cold = self.approximate.match(request, [e for e in endpoints if e.name in names])
+            need = _reach(cold, size)
+            if estimated and progress is not None and tokenizer is not None and need > len(keys):
+                # as for the unknown candidates: keys as far as the converted matches reach
+                # (or the prompt's end), so the cap below is the prompt's real block count
+                enough = Frontier(index, (), None, need)
+                tokenizer.decide(request, keying(request, size), enough, limit, progress)
+                estimated = not progress.whole
+                keys = progress.keys if progress.whole else list(progress.keys)
+                total = progress.estimated_blocks()
+                if limit:
+                    keys, total = keys[: limit // size], min(total, limit // size)
             for name, blocks in cold.matched_blocks.items():
                 if blocks:
                     matched[name] = min(total, blocks * cold.block_tokens // size)
@@ -368,10 +378,7 @@ class PrecisePrefixCacheProducer(
         self, subs: KVEventSubscribers, synced: Sequence[str], approx: PrefixMatch, size: int
     ) -> Frontier:
         """The ``enough`` test of a progressive decision over these candidates."""
-        need = max(
-            (b * approx.block_tokens // size for b in approx.matched_blocks.values()), default=0
-        )
-        return Frontier(subs.index, synced, self.speculative, need)
+        return Frontier(subs.index, synced, self.speculative, _reach(approx, size))
 
     def _progress(
         self,
@@ -460,3 +467,8 @@ class PrecisePrefixCacheProducer(
         self.approximate.forget(endpoint)
         if self.speculative is not None:
             self.speculative.forget(endpoint.name)
+
+
+def _reach(approx: PrefixMatch, size: int) -> int:
+    """The longest of ``approx``'s matches converted to blocks of ``size`` tokens."""
+    return max((b * approx.block_tokens // size for b in approx.matched_blocks.values()), default=0)
