@@ -20,6 +20,7 @@ from sluicegate.bench.des_sharing import (
 )
 from sluicegate.bench.des_spec import ClusterSpec, RunResult
 from sluicegate.bench.policies import policy_config
+from sluicegate.bench.replica_seeds import summary
 from sluicegate.bench.runner import run_level
 from sluicegate.bench.scenario_spec import Scenario
 from sluicegate.bench.scenarios import get_scenario
@@ -239,3 +240,28 @@ def test_in_flight_snapshots_expire_with_their_lease() -> None:
     feed.publish(1, now=1.01)  # the sender went silent: its counts are gone
     assert peers.requests == 0
     assert feed._latest[1] == {}
+
+
+def test_seed_summary_pairs_each_seed_with_its_own_single_replica() -> None:
+    def doc(one: float, shared: float) -> dict[str, object]:
+        def entry(n: int, state: str, rate: float) -> dict[str, object]:
+            return {
+                "policy": "default",
+                "load": 2,
+                "gateway_replicas": n,
+                "replica_state": state,
+                "metrics": {"engine_prefix_hit_rate": rate, "by_class": {}},
+            }
+
+        return {
+            "scenario": "multi-turn-chat",
+            "runs": [entry(1, "independent", one), entry(2, "shared", shared)],
+        }
+
+    table = summary([doc(0.80, 0.79), doc(0.60, 0.50), doc(0.70, 0.70)])
+    row = next(line for line in table.splitlines() if "| shared |" in line)
+    # per seed: -1.25 %, -16.7 %, 0 % → median -1.2; two of three seeds within 3 %
+    assert "-1.2 [-16.7–+0.0]" in row
+    assert row.endswith("| 2/3 |")
+    with pytest.raises(ValueError, match="different scenarios"):
+        summary([doc(0.8, 0.8), {"scenario": "slo-mixed", "runs": []}])

@@ -48,9 +48,9 @@ from sluicegate.bench.des_kvevents import KVEventDelivery
 from sluicegate.bench.des_requests import (
     engine_metrics,
     engine_sequence,
-    retarget,
     servable_tokens,
 )
+from sluicegate.bench.des_services import ReplicaServices
 from sluicegate.bench.des_sharing import Delivery
 from sluicegate.bench.des_spec import (
     POOL,
@@ -61,19 +61,13 @@ from sluicegate.bench.des_spec import (
     replica_profiles,
     wants_kv_events,
 )
-from sluicegate.bench.oracle import OraclePredictor
 from sluicegate.bench.workloads import RequestSpec, Workload
 from sluicegate.clock import ManualClock
-from sluicegate.datalayer.kvevents.service import KV_EVENTS_SERVICE
 from sluicegate.errors import GatewayError
 from sluicegate.framework import (
     PREDICTION_OUTCOME,
-    PREDICTOR_SERVICE,
-    LLMRequest,
     QueueItem,
 )
-from sluicegate.latency.hardware import HardwareAwarePredictor
-from sluicegate.latency.predictor import LatencyPredictor
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.parse import parse_request
 from sluicegate.sim.api import ApiError
@@ -99,11 +93,20 @@ class ClusterSimulation:
         self._next_step_at = [0.0] * spec.replicas
         self._bodies: dict[str, tuple[bytes, bool]] = {}
         """Bodies of requests the directors are deciding about (for the oracle)."""
-        self.predictors: list[TrainedPredictor] = []
-        """The online-trained latency models (``predictor="model"``), one per replica."""
-        self.group = GatewayGroup(
-            spec, self.clock, names, self._replica_services, self._schedule_delivery
+        self._stepping = [False] * spec.replicas
+        self._index = {name: i for i, name in enumerate(names)}
+        services = ReplicaServices(
+            spec,
+            self.clock,
+            self.engines,
+            self.kv_events,
+            lambda i: self._next_step_at[i] if self._stepping[i] else self.clock.now(),
+            self._bodies,
+            self._engine_sequence,
         )
+        self.group = GatewayGroup(spec, self.clock, names, services, self._schedule_delivery)
+        self.predictors = services.predictors
+        """The online-trained latency models (``predictor="model"``), one per replica."""
         self.gateways = self.group.replicas
         first = self.gateways[0]
         self.datastore = first.datastore
@@ -111,12 +114,10 @@ class ClusterSimulation:
         self.director = first.director
         """The first replica's (the only one's, unless the run has several)."""
         self.predictor: TrainedPredictor | None = self.predictors[0] if self.predictors else None
-        self._index = {name: i for i, name in enumerate(names)}
         self._events: list[tuple[float, int, int, Any]] = []
         self._order = itertools.count()
         self._work_events = 0
         """Arrival and step events waiting in the queue."""
-        self._stepping = [False] * spec.replicas
         self._pending: list[StepResult | None] = [None] * spec.replicas
         self._inflight: dict[str, tuple[Dispatch, RequestRecord, int]] = {}
         """Requests on an engine: their dispatch, record and gateway replica."""
@@ -134,47 +135,6 @@ class ClusterSimulation:
         self._on_connection: dict[RequestRecord, Connection] = {}
         self.on_complete: list[Callable[[RequestRecord, Dispatch], None]] = []
         """Hooks called when a request completes (e.g. latency-model training)."""
-
-    # ------------------------------------------------------------------ predictors
-
-    def _replica_services(self, g: int) -> dict[str, object]:
-        """Replica ``g``'s host services: its KV-events view, its latency predictor."""
-        services = self._predictor_service(self.spec)
-        if self.kv_events is not None:
-            services[KV_EVENTS_SERVICE] = self.kv_events.views[g].service
-        return services
-
-    def _predictor_service(self, spec: ClusterSpec) -> dict[str, object]:
-        """One replica's ``latency-predictor`` service (each replica trains its own)."""
-        if spec.predictor == "model":
-            # Trained on the replica's own traffic, in virtual time (see _scrape handling).
-            factory = spec.predictor_factory or HardwareAwarePredictor
-            predictor = factory(self.clock, spec.predictor_settings)
-            self.predictors.append(predictor)
-            return {PREDICTOR_SERVICE: predictor}
-        if spec.predictor == "oracle":
-            oracle: LatencyPredictor = OraclePredictor(
-                self._engine_of, self._oracle_sequence, self.clock.now
-            )
-            return {PREDICTOR_SERVICE: oracle}
-        return {}
-
-    def _engine_of(self, endpoint: str) -> tuple[Engine, float]:
-        i = self._index[endpoint]
-        now = self.clock.now()
-        return self.engines[i], self._next_step_at[i] if self._stepping[i] else now
-
-    def _oracle_sequence(self, request: LLMRequest, endpoint: str) -> Sequence:
-        raw, chat = self._bodies[request.request_id]
-        body = raw if request.target_model == request.model else retarget(raw, request.target_model)
-        return self._engine_sequence(
-            body,
-            chat,
-            request.target_model,
-            "oracle-what-if",
-            self.clock.now(),
-            self._index[endpoint],
-        )
 
     # ------------------------------------------------------------------ events
 
