@@ -131,7 +131,13 @@ class GatewayGroup:
     """The run's gateway replicas (``spec.gateways``), how arrivals reach them and what
     they share. ``services(g)`` gives replica *g*'s host services (its KV-events view, its
     predictor); with shared state each also gets its own prefix outbox. ``schedule``
-    puts a shared message's delivery on the event queue."""
+    puts a shared message's delivery on the event queue.
+
+    The seam for more shared state (e.g. flow control's per-priority-band backlog across
+    replicas): build each replica's object here beside its prefix outbox, offer it under
+    its service name, and give :func:`~sluicegate.bench.des_sharing.shared_feeds` its feed
+    (what a replica publishes per tick, what a receiver applies); the channel, its delay
+    and loss, and the event loop need no change."""
 
     def __init__(
         self,
