@@ -78,7 +78,7 @@ def summary(documents: Sequence[dict[str, Any]]) -> str:
     for key in sorted(values):
         policy, load, n, state = key
         shown = [v * 100 for v in values[key]] if percent else values[key]
-        shown_value = _spread(shown, ".1f") + ("%" if percent else " s")
+        shown_value = _spread(shown, ".1f") + "%" if percent else _spread(shown, ".2f") + " s"
         shown_delta = _spread(deltas.get(key, []), "+.1f") if n > 1 else "–"
         seeds = met.get(key)
         goal = f"{sum(seeds)}/{len(seeds)}" if seeds else "–"
