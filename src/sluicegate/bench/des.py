@@ -20,6 +20,13 @@ Events, in time order (ties in insertion order, so a run is deterministic for a 
   from its engine (phases staggered), so the gateway sees the pool exactly as stale as it
   would live; between scrapes it relies on its own in-flight counts.
 
+With several gateway replicas (``ClusterSpec.gateways``) each arrival goes to one of them
+(:class:`~sluicegate.bench.des_sharing.Spreader`), each replica is a whole director stack
+(:mod:`~sluicegate.bench.des_gateway`), every scrape reaches every replica, and two more
+events carry what shared replicas exchange: a replica's **share tick** (one per feed and
+replica, every feed period) and a message's **delivery** to another replica
+(:mod:`~sluicegate.bench.des_sharing`).
+
 Network time between gateway and engines is taken as zero. What a run is given and returns
 is in :mod:`~sluicegate.bench.des_spec`; the translations between request bodies, engine
 sequences and scrapes in :mod:`~sluicegate.bench.des_requests`.
@@ -36,67 +43,36 @@ from typing import Any
 import orjson
 
 from sluicegate.bench.connections import ClientSender, Connection, ConnectionPool
+from sluicegate.bench.des_gateway import GatewayGroup, GatewayReplica, Queued
 from sluicegate.bench.des_kvevents import KVEventDelivery
 from sluicegate.bench.des_requests import (
     engine_metrics,
     engine_sequence,
-    retarget,
     servable_tokens,
 )
+from sluicegate.bench.des_services import ReplicaServices
+from sluicegate.bench.des_sharing import Delivery
 from sluicegate.bench.des_spec import (
     POOL,
     ClusterSpec,
     RequestRecord,
     RunResult,
     TrainedPredictor,
-    hardware,
-    pool_config,
     replica_profiles,
     wants_kv_events,
 )
-from sluicegate.bench.oracle import OraclePredictor
 from sluicegate.bench.workloads import RequestSpec, Workload
-from sluicegate.builtins import default_registry
 from sluicegate.clock import ManualClock
-from sluicegate.datalayer.datastore import Datastore, EndpointSpec
-from sluicegate.datalayer.endpoint import ServedModels
-from sluicegate.datalayer.kvevents.service import KV_EVENTS_SERVICE
 from sluicegate.errors import GatewayError
-from sluicegate.flowcontrol.config import build_flow_control
 from sluicegate.framework import (
     PREDICTION_OUTCOME,
-    PREDICTOR_SERVICE,
-    LLMRequest,
-    PluginContext,
     QueueItem,
 )
-from sluicegate.latency.hardware import HardwareAwarePredictor
-from sluicegate.latency.predictor import LatencyPredictor
-from sluicegate.requestcontrol.director import Director
 from sluicegate.requestcontrol.dispatch import Dispatch
-from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.requestcontrol.parse import parse_request
-from sluicegate.scheduling.config import build_scheduler
 from sluicegate.sim.api import ApiError
 from sluicegate.sim.engine import Engine, Sequence, StepResult
 from sluicegate.sim.prompt_tokens import load_shared
-
-
-class _Queued:
-    """The ticket of a request waiting in the simulated gateway's flow control."""
-
-    __slots__ = ("cluster", "raw", "record")
-
-    def __init__(self, cluster: ClusterSimulation, record: RequestRecord, raw: bytes) -> None:
-        self.cluster = cluster
-        self.record = record
-        self.raw = raw
-
-    def dispatched(self, item: QueueItem, dispatch: Dispatch) -> None:
-        self.cluster._left_queue(self.record, self.raw, dispatch)
-
-    def rejected(self, item: QueueItem, error: GatewayError) -> None:
-        self.cluster._refused_from_queue(self.record, item.request.request_id, error)
 
 
 class ClusterSimulation:
@@ -110,52 +86,45 @@ class ClusterSimulation:
         self.engines = [
             Engine(p, prompt_tokens=tokens[p.tokenizer] if p.tokenizer else None) for p in profiles
         ]
-        config = pool_config(spec)
-        self.datastore = Datastore()
-        self.datastore.set_endpoints(
-            POOL,
-            [
-                EndpointSpec(f"sim-{i}", f"10.0.0.{i + 1}", 8000, hardware=hardware(p))
-                for i, p in enumerate(profiles)
-            ],
-        )
-        self.endpoints = self.datastore.pools[POOL].endpoints
-        models = ServedModels(frozenset({spec.model}), frozenset(spec.adapters), 0.0)
-        for endpoint in self.endpoints:
-            endpoint.models = models
-        self.predictor: TrainedPredictor | None = None
-        """The online-trained latency models (``predictor="model"``)."""
+        names = [f"sim-{i}" for i in range(len(profiles))]
+        n = spec.gateways.gateways
         self.kv_events: KVEventDelivery | None = None
-        """The engines' KV events and the precise index they feed (when on)."""
+        """The engines' KV events and the precise indexes they feed (when on)."""
+        if wants_kv_events(spec):
+            self.kv_events = KVEventDelivery(
+                POOL, names, self.engines, self.clock, spec.kv_event_delay_s, gateways=n
+            )
         self._next_step_at = [0.0] * spec.replicas
         self._bodies: dict[str, tuple[bytes, bool]] = {}
-        """Bodies of requests the director is deciding about (for the oracle)."""
-        context = PluginContext(self.clock, spec.seed, services=self._services(spec))
-        registry = default_registry()
-        built = build_scheduler(config.picker, context, registry)
-        self.datastore.pools[POOL].annotations = dict(config.pools[POOL].metadata.annotations)
-        self.director = Director(
-            self.datastore,
-            built,
-            ModelTable(config),
+        """Bodies of requests the directors are deciding about (for the oracle)."""
+        self._stepping = [False] * spec.replicas
+        self._index = {name: i for i, name in enumerate(names)}
+        services = ReplicaServices(
+            spec,
             self.clock,
-            spec.staleness_s,
-            flow=build_flow_control(config.picker, built.plugins, context, registry),
-            # The scenarios send no prediction header and measure prediction-based routing:
-            # stated here, so that they keep doing so whatever the setting's default.
-            prediction_default=True,
+            self.engines,
+            self.kv_events,
+            lambda i: self._next_step_at[i] if self._stepping[i] else self.clock.now(),
+            self._bodies,
+            self._engine_sequence,
         )
-        self._expiry_at: float | None = None
-        self._queued = 0
-        """Requests waiting in flow control."""
-        self._index = {e.name: i for i, e in enumerate(self.endpoints)}
+        self.group = GatewayGroup(spec, self.clock, names, services, self._schedule_delivery)
+        self.predictors = services.predictors
+        """The online-trained latency models (``predictor="model"``), one per replica."""
+        self.gateways = self.group.replicas
+        first = self.gateways[0]
+        self.datastore = first.datastore
+        self.endpoints = first.endpoints
+        self.director = first.director
+        """The first replica's (the only one's, unless the run has several)."""
+        self.predictor: TrainedPredictor | None = self.predictors[0] if self.predictors else None
         self._events: list[tuple[float, int, int, Any]] = []
         self._order = itertools.count()
         self._work_events = 0
         """Arrival and step events waiting in the queue."""
-        self._stepping = [False] * spec.replicas
         self._pending: list[StepResult | None] = [None] * spec.replicas
-        self._inflight: dict[str, tuple[Dispatch, RequestRecord]] = {}
+        self._inflight: dict[str, tuple[Dispatch, RequestRecord, int]] = {}
+        """Requests on an engine: their dispatch, record and gateway replica."""
         self._ids = itertools.count()
         self.records: list[RequestRecord] = []
         self.client: ConnectionPool | None = None
@@ -171,59 +140,19 @@ class ClusterSimulation:
         self.on_complete: list[Callable[[RequestRecord, Dispatch], None]] = []
         """Hooks called when a request completes (e.g. latency-model training)."""
 
-    # ------------------------------------------------------------------ predictors
-
-    def _services(self, spec: ClusterSpec) -> dict[str, object]:
-        services: dict[str, object] = {}
-        if wants_kv_events(spec):
-            self.kv_events = KVEventDelivery(
-                POOL,
-                [e.name for e in self.endpoints],
-                self.engines,
-                self.clock,
-                spec.kv_event_delay_s,
-            )
-            services[KV_EVENTS_SERVICE] = self.kv_events.service
-        return services | self._predictor_service(spec)
-
-    def _predictor_service(self, spec: ClusterSpec) -> dict[str, object]:
-        if spec.predictor == "model":
-            # Trained on the run's own traffic, in virtual time (see _scrape handling).
-            factory = spec.predictor_factory or HardwareAwarePredictor
-            self.predictor = factory(self.clock, spec.predictor_settings)
-            return {PREDICTOR_SERVICE: self.predictor}
-        if spec.predictor == "oracle":
-            oracle: LatencyPredictor = OraclePredictor(
-                self._engine_of, self._oracle_sequence, self.clock.now
-            )
-            return {PREDICTOR_SERVICE: oracle}
-        return {}
-
-    def _engine_of(self, endpoint: str) -> tuple[Engine, float]:
-        i = self._index[endpoint]
-        now = self.clock.now()
-        return self.engines[i], self._next_step_at[i] if self._stepping[i] else now
-
-    def _oracle_sequence(self, request: LLMRequest, endpoint: str) -> Sequence:
-        raw, chat = self._bodies[request.request_id]
-        body = raw if request.target_model == request.model else retarget(raw, request.target_model)
-        return self._engine_sequence(
-            body,
-            chat,
-            request.target_model,
-            "oracle-what-if",
-            self.clock.now(),
-            self._index[endpoint],
-        )
-
     # ------------------------------------------------------------------ events
 
-    _ARRIVAL, _STEP, _SCRAPE, _EXPIRE, _KV_EVENTS, _SEND = 0, 1, 2, 3, 4, 5
+    _ARRIVAL, _STEP, _SCRAPE, _EXPIRE, _KV_EVENTS, _SEND, _SHARE_TICK, _SHARE = range(8)
+    _IDLE_KINDS = frozenset({_SCRAPE, _KV_EVENTS, _SHARE_TICK, _SHARE})
+    """Events that start no further work of their own."""
 
     def _push(self, t: float, kind: int, payload: Any) -> None:
-        if kind not in (self._SCRAPE, self._KV_EVENTS):  # these start no further work
+        if kind not in self._IDLE_KINDS:
             self._work_events += 1
         heapq.heappush(self._events, (t, next(self._order), kind, payload))
+
+    def _schedule_delivery(self, t: float, delivery: Delivery) -> None:
+        self._push(t, self._SHARE, delivery)
 
     def run(self, workload: Workload, horizon_s: float) -> RunResult:
         """Simulate until every request is done or the clock reaches ``horizon_s``."""
@@ -234,6 +163,8 @@ class ClusterSimulation:
         for i in range(self.spec.replicas):
             self._scrape(i, 0.0)
             self._push(interval * (i + 1) / self.spec.replicas, self._SCRAPE, i)
+        for t, tick in self.group.first_ticks():
+            self._push(t, self._SHARE_TICK, tick)
         events = self._events
         cut = False
         while events:
@@ -241,47 +172,60 @@ class ClusterSimulation:
             if t > horizon_s:
                 cut = True  # the simulated span is the whole horizon
                 break
-            if kind not in (self._SCRAPE, self._KV_EVENTS):
+            if kind not in self._IDLE_KINDS:
                 self._work_events -= 1
             self.clock.set(t)
-            if kind == self._STEP:
-                self._step(payload, t)
-            elif kind == self._ARRIVAL:
-                self._arrive(payload, t)
-            elif kind == self._KV_EVENTS:
-                assert self.kv_events is not None
-                self.kv_events.deliver(*payload)
-            elif kind == self._SEND:
-                self._send(*payload)
-            elif kind == self._SCRAPE:
-                self._scrape(payload, t)
-                if payload == 0 and self.predictor is not None:
-                    self.predictor.maybe_retrain(t)  # training takes no simulated time
-                self._release(t)  # fresh metrics may show room for waiting requests
-                if self._busy():
-                    self._push(t + interval, self._SCRAPE, payload)
-            else:
-                self._expiry_at = None
-                self.director.expire(t)
-                self._arm_expiry()
+            self._handle(kind, payload, t)
         end = horizon_s if cut else self.clock.now()
         if self.kv_events is not None:
             self.kv_events.close()
         if self.client is not None:
             self.client.close_all()
-        names = [e.name for e in self.endpoints]
         return RunResult(
             self.records,
             self.engines,
             end,
-            names,
+            [e.name for e in self.endpoints],
             kv_events=self.kv_events is not None,
             connections=self.client,
+            sharing=self.group.counters(),
         )
 
+    def _handle(self, kind: int, payload: Any, t: float) -> None:
+        if kind == self._STEP:
+            self._step(payload, t)
+        elif kind == self._ARRIVAL:
+            self._arrive(payload, t)
+        elif kind == self._KV_EVENTS:
+            assert self.kv_events is not None
+            self.kv_events.deliver(*payload)
+        elif kind == self._SEND:
+            self._send(*payload)
+        elif kind == self._SCRAPE:
+            self._scrape(payload, t)
+            if payload == 0:
+                for predictor in self.predictors:
+                    predictor.maybe_retrain(t)  # training takes no simulated time
+            for gateway in self.gateways:
+                self._release(gateway, t)  # fresh metrics may show room for waiting requests
+            if self._busy():
+                self._push(t + self.spec.scrape_interval_s, self._SCRAPE, payload)
+        elif kind == self._SHARE_TICK:
+            f, g = payload
+            period = self.group.tick(f, g, t)
+            if self._busy():
+                self._push(t + period, self._SHARE_TICK, payload)
+        elif kind == self._SHARE:
+            self.group.deliver(payload, t)
+        else:
+            gateway = self.gateways[payload]
+            gateway.expiry_at = None
+            gateway.director.expire(t)
+            self._arm_expiry(gateway)
+
     def _busy(self) -> bool:
-        """Scrapes continue while anything can still happen."""
-        return bool(self._inflight) or self._work_events > 0 or self._queued > 0
+        """Scrapes and share ticks continue while anything can still happen."""
+        return bool(self._inflight) or self._work_events > 0 or self.group.queued()
 
     # ------------------------------------------------------------------ handlers
 
@@ -311,52 +255,58 @@ class ClusterSimulation:
         headers = spec.all_headers()
         request_id = f"req-{next(self._ids)}"
         self._bodies[request_id] = (raw, spec.kind == "chat")
+        g = self.group.spreader.pick(spec.session)
+        gateway = self.gateways[g]
         if connection is not None:  # before parsing: a refusal must hang it up too
             self._on_connection[record] = connection
         try:
             parsed = parse_request(spec.kind, raw, headers)
             subset = None
             if connection is not None and self.client is not None and self.client.settings.pinned:
-                subset = (self.endpoints[connection.backend].address,)
-            admitted = self.director.admit(parsed, request_id, headers, subset)
-            result = self.director.submit(admitted, _Queued(self, record, raw))
+                subset = (gateway.endpoints[connection.backend].address,)
+            admitted = gateway.director.admit(parsed, request_id, headers, subset)
+            result = gateway.director.submit(admitted, Queued(self, g, record, raw))
         except GatewayError as exc:
             self._bodies.pop(request_id, None)
             self._refused(record, exc, self.clock.now())
             return
         if isinstance(result, QueueItem):
-            self._queued += 1
-            self._arm_expiry()
+            gateway.queued += 1
+            self._arm_expiry(gateway)
         else:
-            self._start(record, raw, result, self.clock.now())
+            self._start(g, record, raw, result, self.clock.now())
 
     def _refused(self, record: RequestRecord, error: GatewayError, now: float) -> None:
         record.status, record.reason = error.status, error.reason
         self._follow(record, now, None)
 
-    def _left_queue(self, record: RequestRecord, raw: bytes, dispatch: Dispatch) -> None:
-        self._queued -= 1
-        self._start(record, raw, dispatch, self.clock.now())
+    def left_queue(self, gateway: int, record: RequestRecord, raw: bytes, d: Dispatch) -> None:
+        """A request waiting in ``gateway``'s flow control was dispatched (its ticket)."""
+        self.gateways[gateway].queued -= 1
+        self._start(gateway, record, raw, d, self.clock.now())
 
-    def _refused_from_queue(
-        self, record: RequestRecord, request_id: str, error: GatewayError
+    def refused_from_queue(
+        self, gateway: int, record: RequestRecord, request_id: str, error: GatewayError
     ) -> None:
+        """A request waiting in ``gateway``'s flow control was refused (its ticket)."""
         self._bodies.pop(request_id, None)
-        self._queued -= 1
+        self.gateways[gateway].queued -= 1
         self._refused(record, error, self.clock.now())
 
-    def _release(self, now: float) -> None:
-        if self._queued:
-            self.director.pump(now)
-            self._arm_expiry()
+    def _release(self, gateway: GatewayReplica, now: float) -> None:
+        if gateway.queued:
+            gateway.director.pump(now)
+            self._arm_expiry(gateway)
 
-    def _arm_expiry(self) -> None:
-        deadline = self.director.next_deadline()
-        if deadline is not None and (self._expiry_at is None or deadline < self._expiry_at):
-            self._expiry_at = deadline
-            self._push(deadline, self._EXPIRE, None)
+    def _arm_expiry(self, gateway: GatewayReplica) -> None:
+        deadline = gateway.director.next_deadline()
+        if deadline is not None and (gateway.expiry_at is None or deadline < gateway.expiry_at):
+            gateway.expiry_at = deadline
+            self._push(deadline, self._EXPIRE, gateway.number)
 
-    def _start(self, record: RequestRecord, raw: bytes, dispatch: Dispatch, now: float) -> None:
+    def _start(
+        self, g: int, record: RequestRecord, raw: bytes, dispatch: Dispatch, now: float
+    ) -> None:
         """Hand a scheduled request to its engine."""
         spec = record.spec
         request_id = dispatch.request.request_id
@@ -375,7 +325,7 @@ class ClusterSimulation:
         record.prompt_tokens = seq.prompt_tokens
         record.prompt_bytes = seq.prompt
         record.servable_tokens = servable_tokens(seq, self.engines, self.spec.profile.block_size)
-        self._inflight[request_id] = (dispatch, record)
+        self._inflight[request_id] = (dispatch, record, g)
         self.engines[index].add(seq)
         if not self._stepping[index]:
             self._stepping[index] = True
@@ -403,12 +353,14 @@ class ClusterSimulation:
         previous = self._pending[index]
         if previous is not None:
             self._pending[index] = None
+            # The replicas relaying these tokens (before _deliver forgets finished ones).
+            relays = {e[2] for q in previous.emitted if (e := self._inflight.get(q.request_id))}
             self._deliver(previous, now)
-            if previous.emitted:
-                # The gateway relays these tokens as stream chunks, each marking the
-                # endpoint's token time (Dispatch.mark_token); one call stands for all of
-                # them, as they arrive at the same instant.
-                self.endpoints[index].inflight.token(now)
+            for g in relays:
+                # Each relays its tokens as stream chunks, each marking the endpoint's
+                # token time (Dispatch.mark_token); one call stands for all of them, as
+                # they arrive at the same instant.
+                self.gateways[g].endpoints[index].inflight.token(now)
         if not engine.has_work():
             self._stepping[index] = False
             return
@@ -434,12 +386,12 @@ class ClusterSimulation:
                 if entry is not None:
                     entry[1].first_token = now
                     entry[0].mark_first_byte(now)
-        finished = False
+        finished: set[int] = set()
         for seq in result.finished:
             entry = inflight.pop(seq.request_id, None)
             if entry is None:
                 continue
-            dispatch, record = entry
+            dispatch, record, g = entry
             record.finish = now
             record.status = 200
             record.output_tokens = seq.num_output
@@ -449,10 +401,11 @@ class ClusterSimulation:
             dispatch.finish(now, seq.num_output)
             for hook in self.on_complete:
                 hook(record, dispatch)
-            finished = True
+            finished.add(g)
             self._follow(record, now, self._reply(record, seq))
-        if finished:
-            self._release(now)  # their places may be someone else's now
+        for g in sorted(finished):
+            # their places may be someone else's now (each replica sees its own finish)
+            self._release(self.gateways[g], now)
 
     def _follow(self, record: RequestRecord, now: float, reply: str | None) -> None:
         connection = self._on_connection.pop(record, None)
@@ -468,9 +421,12 @@ class ClusterSimulation:
         return record.reply
 
     def _scrape(self, index: int, now: float) -> None:
-        endpoint = self.endpoints[index]
-        endpoint.metrics = engine_metrics(self.engines[index], now, bool(self.spec.adapters))
-        endpoint.inflight.scraped()
+        """Engine ``index``'s metrics, as every replica scrapes them (one snapshot)."""
+        metrics = engine_metrics(self.engines[index], now, bool(self.spec.adapters))
+        for gateway in self.gateways:
+            endpoint = gateway.endpoints[index]
+            endpoint.metrics = metrics
+            endpoint.inflight.scraped()
 
 
 __all__ = ["ClusterSimulation"]

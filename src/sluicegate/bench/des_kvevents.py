@@ -46,30 +46,33 @@ CAPACITY_MARGIN: Final = 0.10
 
 
 class KVEventDelivery:
-    """The engines' event logs and the index they feed, for one simulation run.
+    """The engines' event logs and the indexes they feed, for one simulation run.
 
     :meth:`take` collects what engine *i* logged in the step just started (the simulation
-    schedules its delivery); :meth:`deliver` applies one batch. ``service`` is what the
-    ``precise-prefix-cache-producer`` reads (the host's ``kv-events`` service).
+    schedules its delivery); :meth:`deliver` applies one batch to every gateway replica's
+    index (``gateways`` of them: with several replicas each subscribes to every engine, as
+    live). ``views[g].service`` is what replica *g*'s ``precise-prefix-cache-producer``
+    reads (the host's ``kv-events`` service).
     """
 
     def __init__(
-        self, pool: str, names: list[str], engines: list[Engine], clock: Clock, delay_s: float
+        self,
+        pool: str,
+        names: list[str],
+        engines: list[Engine],
+        clock: Clock,
+        delay_s: float,
+        gateways: int = 1,
     ) -> None:
         if delay_s < 0:
             raise ValueError(f"KV-event delay must be ≥ 0 s, got {delay_s}")
+        if gateways < 1:
+            raise ValueError(f"KV events need at least one gateway, got {gateways}")
         self.delay_s = delay_s
         self.clock = clock
         self.names = names
-        self.index = PreciseIndex(max(_capacity(e) for e in engines))
-        for name, engine in zip(names, engines, strict=True):
-            self.index.set_capacity(name, _capacity(engine))
-        # The subscribers' class holds the index and the views the producer reads; no
-        # socket is ever opened on it (sync() is never called), its views are set here.
-        self.subscribers = KVEventSubscribers(self.index, clock=clock)
-        for name in names:
-            self.subscribers.streams[name] = EndpointStream(view=View.SYNCED)
-        self.service = KVEventsService(pools={pool: self.subscribers})
+        self.views = [_View(pool, names, engines, clock) for _ in range(gateways)]
+        """One index per gateway replica: every replica subscribes to every engine."""
         self._logs: list[KVEventLog] = []
         for engine in engines:
             log = KVEventLog()
@@ -78,6 +81,16 @@ class KVEventDelivery:
         self._encoder = msgspec.msgpack.Encoder()
         self.seq = [0] * len(engines)
         """Batches published per engine."""
+
+    @property
+    def index(self) -> PreciseIndex:
+        """The first gateway replica's index."""
+        return self.views[0].index
+
+    @property
+    def service(self) -> KVEventsService:
+        """What the first gateway replica's precise producer reads."""
+        return self.views[0].service
 
     def take(self, engine: int, published_at: float) -> bytes | None:
         """Engine ``engine``'s events since the last call, as the payload it would publish
@@ -89,17 +102,38 @@ class KVEventDelivery:
         return encode_payload(events, published_at, self._encoder)
 
     def deliver(self, engine: int, payload: bytes) -> None:
-        """Apply one published batch of engine ``engine`` to the index."""
+        """Apply one published batch of engine ``engine`` to every replica's index (each
+        decodes it, as each subscriber would)."""
         name = self.names[engine]
-        stream = self.subscribers.streams[name]
-        for event in decode_batch(payload).events:
-            self.index.apply(name, event)
-        stream.counters.decoded += 1
-        stream.last_batch_at = self.clock.now()
+        for view in self.views:
+            stream = view.subscribers.streams[name]
+            for event in decode_batch(payload).events:
+                view.index.apply(name, event)
+            stream.counters.decoded += 1
+            stream.last_batch_at = self.clock.now()
 
     def close(self) -> None:
-        """Release the subscribers' (socket-less) ZeroMQ context."""
-        self.subscribers.context.term()
+        """Release the subscribers' (socket-less) ZeroMQ contexts."""
+        for view in self.views:
+            view.subscribers.context.term()
+
+
+class _View:
+    """One gateway replica's subscription: its precise index and the ``kv-events`` service
+    its ``precise-prefix-cache-producer`` reads."""
+
+    __slots__ = ("index", "service", "subscribers")
+
+    def __init__(self, pool: str, names: list[str], engines: list[Engine], clock: Clock) -> None:
+        self.index = PreciseIndex(max(_capacity(e) for e in engines))
+        for name, engine in zip(names, engines, strict=True):
+            self.index.set_capacity(name, _capacity(engine))
+        # The subscribers' class holds the index and the views the producer reads; no
+        # socket is ever opened on it (sync() is never called), its views are set here.
+        self.subscribers = KVEventSubscribers(self.index, clock=clock)
+        for name in names:
+            self.subscribers.streams[name] = EndpointStream(view=View.SYNCED)
+        self.service = KVEventsService(pools={pool: self.subscribers})
 
 
 def _capacity(engine: Engine) -> int:

@@ -16,6 +16,7 @@ from sluicegate.api.loader import Config, build_config
 from sluicegate.api.resources import EndpointPickerConfig
 from sluicegate.bench.connections import ClientConnections, ConnectionPool
 from sluicegate.bench.des_kvevents import DEFAULT_DELAY_S
+from sluicegate.bench.des_sharing import ReplicaSettings
 from sluicegate.bench.workloads import RequestSpec
 from sluicegate.clock import ManualClock
 from sluicegate.datalayer.endpoint import Hardware
@@ -124,6 +125,9 @@ class ClusterSpec:
     baseline): every request goes to its connection's backend, drawn uniformly at random
     per new connection, through a one-address subset hint. None: the gateway routes each
     request."""
+    gateways: ReplicaSettings = field(default_factory=ReplicaSettings)
+    """The gateway replicas in front of the pool, how arrivals reach them and what they
+    share (one replica by default; :mod:`sluicegate.bench.des_sharing`)."""
 
 
 @dataclass(slots=True)
@@ -136,6 +140,9 @@ class RunResult:
     """The engines' KV events fed a precise index."""
     connections: ConnectionPool | None = None
     """The client's connections, when the run modelled them."""
+    sharing: dict[str, int] | None = None
+    """What shared gateway replicas exchanged (messages, copies delivered and lost,
+    bytes, prefix records applied); None when they shared nothing."""
 
 
 def replica_profiles(spec: ClusterSpec) -> list[EngineProfile]:

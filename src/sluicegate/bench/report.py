@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from sluicegate.bench.goals import check
+from sluicegate.bench.goals_replicas import replica_verdicts
 from sluicegate.bench.report_plots import plots, run_label
 from sluicegate.bench.scenario_spec import Scenario
 
@@ -18,6 +19,27 @@ def _fmt(value: float | None, scale: float = 1.0, digits: int = 2) -> str:
 
 def _pct(value: float | None) -> str:
     return "–" if value is None else f"{value:.1%}"
+
+
+def _gateway_note(results: dict[str, Any]) -> list[str]:
+    """What the runs with several gateway replicas were (``--gateway-replicas``)."""
+    several = [r for r in results["runs"] if r.get("gateway_replicas", 1) > 1]
+    if not several:
+        return []
+    counts = sorted({r["gateway_replicas"] for r in results["runs"]})
+    states = sorted({r["replica_state"] for r in several})
+    spreads = sorted({r["replica_spread"] for r in several})
+    delays = sorted({r["replica_share_delay_ms"] for r in several})
+    losses = sorted({r["replica_share_loss"] for r in several})
+    return [
+        f"Gateway replicas: {', '.join(map(str, counts))} (`--gateway-replicas`), state "
+        f"{', '.join(states)} (`--replica-state`), arrivals spread by {', '.join(spreads)}; "
+        f"shared state reaches the other replicas after "
+        f"{', '.join(f'{d:g}' for d in delays)} ms, each copy lost with probability "
+        f"{', '.join(f'{x:g}' for x in losses)} (`--replica-share-delay-ms`, "
+        "`--replica-share-loss`). One replica is the single gateway; `× N gw` marks the rest.",
+        "",
+    ]
 
 
 def markdown(results: dict[str, Any], scenario: Scenario, command: str) -> str:
@@ -75,6 +97,7 @@ def markdown(results: dict[str, Any], scenario: Scenario, command: str) -> str:
             f"index {delay:g} ms after the step ends (`--kv-event-delay-ms`).",
             "",
         ]
+    lines += _gateway_note(results)
     dataset = results.get("dataset")
     if dataset is not None and dataset.get("name") == "sharegpt":
         lines += [
@@ -86,7 +109,7 @@ def markdown(results: dict[str, Any], scenario: Scenario, command: str) -> str:
         ]
     if scenario.published:
         lines += ["Published: " + scenario.published, ""]
-    verdicts = check(results)
+    verdicts = check(results) + replica_verdicts(results)
     if verdicts:
         lines += ["## Goals", "", "| goal | met | numbers |", "|---|---|---|"]
         for v in verdicts:

@@ -16,8 +16,15 @@ if TYPE_CHECKING:  # matplotlib is an optional extra, imported when plotting
 
 
 def run_label(run: dict[str, Any]) -> str:
-    """The policy of a run, with "+ flow control" when it was on."""
-    return str(run["policy"]) + (" + flow control" if run.get("flow_control") else "")
+    """The policy of a run, with "+ flow control" when it was on and its gateway replicas
+    when it had several (count, state, and the spread unless round-robin)."""
+    label = str(run["policy"]) + (" + flow control" if run.get("flow_control") else "")
+    n = run.get("gateway_replicas", 1)
+    if n > 1:
+        spread = run.get("replica_spread", "round-robin")
+        label += f" × {n} gw {run.get('replica_state', 'independent')}"
+        label += f" by {spread}" if spread != "round-robin" else ""
+    return label
 
 
 Getter = Callable[[dict[str, Any]], float | None]

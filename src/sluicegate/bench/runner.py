@@ -2,7 +2,10 @@
 
 Each (policy, level) run starts from empty engines and sends the identical request stream
 (same seed), so differences come from routing alone. Results follow the shape
-``{"scenario", "mode", "seed", "runs": [{"policy", "qps", "concurrency", "metrics"}]}``.
+``{"scenario", "mode", "seed", "runs": [{"policy", "qps", "concurrency", "metrics"}]}``;
+a discrete-event run also records its gateway replicas (``gateway_replicas``,
+``replica_state``, ``replica_spread``, ``replica_share_delay_ms``, ``replica_share_loss``,
+and ``replica_sharing``: what shared replicas exchanged).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 from sluicegate.bench import sharegpt
 from sluicegate.bench.des import ClusterSimulation
 from sluicegate.bench.des_kvevents import DEFAULT_DELAY_S
+from sluicegate.bench.des_sharing import ReplicaSettings
 from sluicegate.bench.des_spec import ClusterSpec, RequestRecord, RunResult
 from sluicegate.bench.metrics import (
     by_accelerator,
@@ -42,10 +46,12 @@ class RunPlan:
     """Run each policy with flow control off, on, or both."""
     kv_event_delay_s: float = DEFAULT_DELAY_S
     """Lag of the precise index behind the engines' caches (runs with KV events)."""
+    gateways: tuple[ReplicaSettings, ...] = (ReplicaSettings(),)
+    """The gateway replicas of each run (``--mode des``): every policy runs with each."""
 
     @property
     def count(self) -> int:
-        return len(self.policies) * len(self.levels) * len(self.flow_control)
+        return len(self.policies) * len(self.levels) * len(self.flow_control) * len(self.gateways)
 
 
 def run_level(
@@ -56,6 +62,7 @@ def run_level(
     seed: int,
     flow_control: bool = False,
     kv_event_delay_s: float = DEFAULT_DELAY_S,
+    gateways: ReplicaSettings | None = None,
 ) -> RunResult:
     """One simulated run of ``policy`` at load ``level``."""
     picker, predictor = policy_config(policy)
@@ -72,6 +79,7 @@ def run_level(
         flow_control=flow_control,
         kv_event_delay_s=kv_event_delay_s,
         connections=client_connections(policy),
+        gateways=gateways or ReplicaSettings(),
     )
     sim = ClusterSimulation(spec)
     workload = scenario.workload(level, duration_s, seed)
@@ -188,27 +196,36 @@ def entry_from_records(
 def run_plan(plan: RunPlan, progress: Progress | None = None) -> dict[str, Any]:
     """Run every (policy, level) of ``plan`` in the discrete-event simulation."""
     runs = []
-    for level in plan.levels:
-        for flow_control in plan.flow_control:
-            for policy in plan.policies:
-                label = f"{policy}{' + flow control' if flow_control else ''}"
-                if progress is not None:
-                    progress(f"{label} @ {level:g} {plan.scenario.load_unit}")
-                started = time.perf_counter()
-                result = run_level(
-                    plan.scenario,
-                    policy,
-                    level,
-                    plan.duration_s,
-                    plan.seed,
-                    flow_control,
-                    plan.kv_event_delay_s,
-                )
-                entry = run_entry(
-                    plan.scenario, policy, level, result, time.perf_counter() - started
-                )
-                entry["flow_control"] = flow_control
-                runs.append(entry)
+    combos = [
+        (level, flow_control, gateways, policy)
+        for level in plan.levels
+        for flow_control in plan.flow_control
+        for gateways in plan.gateways
+        for policy in plan.policies
+    ]
+    for level, flow_control, gateways, policy in combos:
+        label = f"{policy}{' + flow control' if flow_control else ''}"
+        if gateways.gateways > 1:
+            label += f" × {gateways.gateways} {gateways.state}"
+        if progress is not None:
+            progress(f"{label} @ {level:g} {plan.scenario.load_unit}")
+        started = time.perf_counter()
+        result = run_level(
+            plan.scenario,
+            policy,
+            level,
+            plan.duration_s,
+            plan.seed,
+            flow_control,
+            plan.kv_event_delay_s,
+            gateways,
+        )
+        entry = run_entry(plan.scenario, policy, level, result, time.perf_counter() - started)
+        entry["flow_control"] = flow_control
+        entry.update(gateways.describe())
+        if result.sharing is not None:
+            entry["replica_sharing"] = result.sharing
+        runs.append(entry)
     return results_document(plan, runs, "des")
 
 

@@ -60,6 +60,43 @@ def add_parser(sub: Subparsers) -> None:
         "precise index (default 5)",
     )
     run.add_argument(
+        "--gateway-replicas",
+        default=None,
+        metavar="N[,N...]",
+        help="--mode des: gateway replicas in front of the pool, each a whole director "
+        "(comma-separated counts run side by side, e.g. 1,2,4; default 1)",
+    )
+    run.add_argument(
+        "--replica-state",
+        default=None,
+        metavar="STATE",
+        help="--mode des, with several replicas: shared (what sharedState shares through "
+        "Redis: prefix decisions, in-flight counts), independent (nothing), or both "
+        "(default independent)",
+    )
+    run.add_argument(
+        "--replica-spread",
+        default=None,
+        metavar="SPREAD",
+        help="--mode des: how arrivals reach the replicas: round-robin (default) or session "
+        "(a conversation's requests to one replica)",
+    )
+    run.add_argument(
+        "--replica-share-delay-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="--replica-state shared: delay of every shared message (default 1)",
+    )
+    run.add_argument(
+        "--replica-share-loss",
+        type=float,
+        default=None,
+        metavar="P",
+        help="--replica-state shared: probability that a shared message never reaches "
+        "one replica (0 … 1, default 0)",
+    )
+    run.add_argument(
         "--time-scale",
         type=float,
         default=None,
@@ -222,6 +259,12 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
         return fail("--kv-event-delay-ms applies to --mode des only")
     if args.kv_event_delay_ms is not None and not 0 <= args.kv_event_delay_ms <= 60_000:
         return fail(f"--kv-event-delay-ms must be 0 … 60000, got {args.kv_event_delay_ms:g}")
+    from sluicegate.cli.bench_replicas import gateway_replicas
+
+    try:
+        gateways = gateway_replicas(args)
+    except ValueError as exc:
+        return fail(str(exc))
     asked = tuple(args.policies.split(",")) if args.policies is not None else scenario.policies
     from sluicegate.bench.http.plan import ROUTER_POLICIES
 
@@ -270,6 +313,8 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
     plan = RunPlan(scenario, policies, levels, duration, args.seed, flow_control)
     if args.kv_event_delay_ms is not None:
         plan = replace(plan, kv_event_delay_s=args.kv_event_delay_ms / 1000.0)
+    if gateways is not None:
+        plan = replace(plan, gateways=gateways)
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(scenario.name, total=plan.count)
 
