@@ -219,7 +219,11 @@ def render_precise(results: Sequence[LevelResult], plan: Plan, command: str, mac
         "endpoint's iteration in progress had already run longer than its last interval "
         "(`ms_since_last_token` > `token_interval_ms`: a prefill lengthened it, and the "
         "token timing cannot tell when it ends), with their TTFT MAPE and that of the "
-        "others.",
+        "others. The approximate features' numbers on the same pool are in the tables "
+        "above (runs of 240 s of arrivals: a scored window twice as long). Coverage is "
+        "listed for reference: with 180 s of arrivals the 90 % level is scored while its "
+        "TPOT still climbs (see the warm-up note at the top), which the TPOT calibration "
+        "trails.",
         "",
         "| profile | req/s | load | n (median) | observed TTFT p50 ms | TTFT MAPE | "
         "TTFT median APE | TPOT MAPE | TTFT coverage | TPOT coverage | goal | whole match | "
