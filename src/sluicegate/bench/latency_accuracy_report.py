@@ -195,7 +195,8 @@ def render_precise(results: Sequence[LevelResult], plan: Plan, command: str, mac
     lines = [
         "## With the servers' cached tokens (`predicted-latency-precise`)",
         "",
-        "The same pools, workload and scoring, routed by `predicted-latency-precise`: the "
+        "The same workload and scoring on the pool below, routed by "
+        "`predicted-latency-precise`: the "
         "`precise-prefix-cache-producer` matches every candidate against an index fed by "
         "the simulated engines' KV-cache events (stores and removals, applied 5 ms after "
         "the engine step that made them, `sluicegate.bench.des_kvevents`), so the "
