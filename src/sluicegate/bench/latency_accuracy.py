@@ -4,7 +4,13 @@
 For each engine profile users run, a pool of simulated engines serves ShareGPT first turns
 (Poisson arrivals) at a few load levels, from light to near saturation, with the
 ``predicted-latency`` policy: the real director and producer, the models trained online
-on the run's own traffic on the virtual clock, as in ``sluicegate bench run``.
+on the run's own traffic on the virtual clock, as in ``sluicegate bench run``. Two more
+plans (sections of the same report file): ``latency-accuracy-precise`` routes with
+``predicted-latency-precise``, whose features read the servers' cached tokens from their
+KV-cache events (:data:`PRECISE_CASES`), and ``latency-accuracy-mixed`` serves a pool
+mixing H100s and A100s (:data:`MIXED_CASE`) and scores each hardware class apart. Every
+model set is hardware-aware (one model per class, as the ``predicted-latency`` preset's
+producer files rows and samples), which on a pool of one class is the single model.
 
 Three model sets see the same samples and train on the same schedule:
 
