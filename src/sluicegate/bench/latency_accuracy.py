@@ -170,12 +170,12 @@ class Plan:
 
     @classmethod
     def precise(cls, quick: bool = False) -> Plan:
-        """The precise-features section: :data:`PRECISE_CASES`, no ablation, 180 s of
-        arrivals (the same 120 s warm-up, a 60 s scored window: still ≥ 4,000 requests
-        per level, and the section's runs fit the lab's wall-time budget)."""
+        """The precise-features section: :data:`PRECISE_CASES`, no ablation, seeds 0–2,
+        180 s of arrivals (the same 120 s warm-up, a 60 s scored window: still ≥ 4,000
+        requests per level, and the section's runs fit the lab's wall-time budget)."""
         if quick:
             return replace(cls.quick(), cases=PRECISE_CASES, ablation=False, load_fractions=(0.25,))
-        return cls(cases=PRECISE_CASES, ablation=False, duration_s=180.0)
+        return cls(cases=PRECISE_CASES, ablation=False, duration_s=180.0, seeds=(0, 1, 2))
 
     @classmethod
     def mixed(cls, quick: bool = False) -> Plan:
