@@ -11,9 +11,10 @@ import pytest
 from rich.console import Console
 
 from sluicegate.bench import latency_accuracy as la
+from sluicegate.bench import latency_accuracy_report as lar
 from sluicegate.bench.des import ClusterSimulation
 from sluicegate.bench.des_spec import ClusterSpec
-from sluicegate.bench.micro import REPORTS
+from sluicegate.bench.micro import REPORTS, merge_report
 from sluicegate.bench.policies import policy_config
 from sluicegate.bench.workloads import OpenLoop, RequestSpec, random_text
 from sluicegate.cli import build_parser
@@ -83,7 +84,8 @@ def test_scoring_predictor_scores_only_predicted_requests_after_warmup() -> None
     assert q_ttft == pytest.approx(float(out.ttft_ms[4]))
     assert all(math.isfinite(v) for v in (q_tpot, m_ttft, m_tpot, a_ttft, a_tpot))
     # The ablation models never see token timing.
-    x = p.ablation.store.ttft.training_arrays()[0]
+    assert p.ablation is not None
+    x = p.ablation.lanes[None].store.ttft.training_arrays()[0]
     assert set(x[:, ROW_FIELDS.index("ms_since_last_token")]) == {TOKEN_TIMING_CAP_MS}
     assert set(x[:, ROW_FIELDS.index("prompt_tokens_before_last_token")]) == {0.0}
 
@@ -99,14 +101,14 @@ _PCT = r"(\d+\.\d)%"
 
 
 def test_quick_report_structure_and_finite_numbers() -> None:
-    text = la.report(True, Console(quiet=True), "test machine")
+    text = lar.report(True, Console(quiet=True), "test machine")
     assert text.startswith("# Latency prediction accuracy\n")
     assert "sluicegate bench micro latency-accuracy --quick" in text
     assert "Machine: test machine." in text
     plan = la.Plan.quick()
     goals = text.split("## Goals", 1)[1].split("## Per load level", 1)[0]
     for case in plan.cases:
-        line = next(x for x in goals.splitlines() if x.startswith(f"| {case.profile} |"))
+        line = next(x for x in goals.splitlines() if x.startswith(f"| {case.label} |"))
         assert len(re.findall(_PCT, line)) >= 4, line
     table = [
         line
@@ -165,3 +167,64 @@ def test_des_uses_the_factory_and_times_tokens() -> None:
     for e in sim.endpoints:
         assert (e.inflight.prompt_tokens_before_last_token, e.inflight.requests) == (0, 0)
         assert e.inflight.prompt_tokens_after_last_token == 0
+
+
+def test_scoring_predictor_files_samples_per_class() -> None:
+    """On a mixed pool each class gets its own models, and scored requests keep the class
+    their sample was filed under."""
+    clock = ManualClock()
+    settings = PredictorSettings(
+        retrain_interval_s=1.0, min_samples=20, train=TrainConfig(n_estimators=5)
+    )
+    p = la.ScoringPredictor(clock, settings, warmup_s=0.0, ablation=False)
+    assert p.ablation is None
+    for i in range(40):
+        p.observe(Sample(_row(i), ttft_ms=10.0 + i, tpot_ms=5.0, hardware_class="fast"))
+        p.observe(Sample(_row(i), ttft_ms=30.0 + 3 * i, tpot_ms=15.0, hardware_class="slow"))
+    clock.set(2.0)
+    assert p.maybe_retrain()
+    assert set(p.routing.lanes) == {"fast", "slow"}
+    rows = [_row(3000), _row(3001)]
+    out = p.predict(rows, ["fast", "slow"])
+    assert out is not None
+    assert out.ttft_ms[1] > out.ttft_ms[0]  # the slow class's own model
+    p.observe(Sample(rows[1], ttft_ms=40.0, tpot_ms=15.0, hardware_class="slow"))
+    assert p.scored_classes == ["slow"]
+    assert p.scored_rows == [rows[1]]
+    assert math.isnan(p.scored[0][6])  # no ablation
+
+
+def test_mixed_case_names_each_replica() -> None:
+    case = la.MIXED_CASE
+    assert case.profiles().count("llama3-8b-h100") == 2
+    assert case.profiles().count("llama3-8b-a100") == 4
+    assert case.label == "2 × llama3-8b-h100 + 4 × llama3-8b-a100"
+    with pytest.raises(ValueError, match="replicas"):
+        la.Case("x", "m", 3, 1.0, mix=(("a", 1), ("b", 1))).profiles()
+
+
+def test_quick_precise_section() -> None:
+    """The precise section routes on the precise producer, and diagnoses its levels."""
+    assert all(c.policy == "predicted-latency-precise" for c in la.Plan.precise().cases)
+    text = lar.report_precise(True, Console(quiet=True), "test machine")
+    assert text.startswith("## With the servers' cached tokens")
+    assert "sluicegate bench micro latency-accuracy-precise --quick" in text
+    rows = [x for x in text.splitlines() if x.startswith("| llama3-8b-h100 |")]
+    assert len(rows) == len(la.Plan.precise(True).load_fractions)
+    for line in rows:
+        assert len(re.findall(_PCT, line)) >= 9, line
+
+
+def test_quick_mixed_section() -> None:
+    """The mixed section scores each class; it is a section of the latency-accuracy file."""
+    mixed = lar.report_mixed(True, Console(quiet=True), "test machine")
+    lines = [x for x in mixed.splitlines() if x.startswith(f"| {la.MIXED_CASE.label} |")]
+    assert {line.split("|")[4].strip() for line in lines} == {"h100-80gb", "a100-80gb"}
+    for line in lines:
+        assert len(re.findall(_PCT, line)) >= 4, line
+    merged = merge_report(
+        merge_report(None, "latency-accuracy", "# Latency prediction accuracy\n"),
+        "latency-accuracy-mixed",
+        mixed,
+    )
+    assert merge_report(merged, "latency-accuracy", "# new\n").count("## A mixed pool") == 1

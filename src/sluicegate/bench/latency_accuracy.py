@@ -4,7 +4,13 @@
 For each engine profile users run, a pool of simulated engines serves ShareGPT first turns
 (Poisson arrivals) at a few load levels, from light to near saturation, with the
 ``predicted-latency`` policy: the real director and producer, the models trained online
-on the run's own traffic on the virtual clock, as in ``sluicegate bench run``.
+on the run's own traffic on the virtual clock, as in ``sluicegate bench run``. Two more
+plans (sections of the same report file): ``latency-accuracy-precise`` routes with
+``predicted-latency-precise``, whose features read the servers' cached tokens from their
+KV-cache events (:data:`PRECISE_CASES`), and ``latency-accuracy-mixed`` serves a pool
+mixing H100s and A100s (:data:`MIXED_CASE`) and scores each hardware class apart. Every
+model set is hardware-aware (one model per class, as the ``predicted-latency`` preset's
+producer files rows and samples), which on a pool of one class is the single model.
 
 Three model sets see the same samples and train on the same schedule:
 
@@ -42,12 +48,14 @@ from rich.console import Console
 
 from sluicegate.bench.des import ClusterSimulation
 from sluicegate.bench.des_spec import ClusterSpec
+from sluicegate.bench.latency_accuracy_scores import Diagnosis, TargetScores, diagnose, score
 from sluicegate.bench.policies import policy_config
 from sluicegate.bench.workloads import OpenLoop, sharegpt_first_turn
 from sluicegate.clock import Clock
 from sluicegate.latency.calibration import LatencyCalibration
 from sluicegate.latency.features import TOKEN_TIMING_CAP_MS, FeatureRow, Sample
-from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings
+from sluicegate.latency.hardware import HardwareAwarePredictor
+from sluicegate.latency.inprocess import PredictorSettings
 from sluicegate.latency.predictor import PredictionQuery, Predictions, SynchronousPredictor
 from sluicegate.sim.profiles import get_profile
 
@@ -55,6 +63,13 @@ GOAL_MAPE = 0.10
 """The issue's MAPE goal (fraction)."""
 GOAL_COVERAGE_BAND = 0.03
 """Coverage goal: within ±3 points of α."""
+MIXED_CAPACITY_QPS = 225.0
+"""ShareGPT first turns per second the mixed pool (:data:`MIXED_CASE`) sustains under
+``predicted-latency``, found as the homogeneous cases' were (DES, 90 s of arrivals,
+seed 0): at 200 req/s TTFT p50 stayed at 35–36 ms (p90 48–50 ms), at 225 its p90
+climbed from 0.34 s to 0.88 s (queues growing); an earlier guess of 280 (2 H100s + 4
+A100s counted at 0.7 H100 each) put the 90 % level at 252 req/s, past saturation (TTFT
+p50 ≈ 8 s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,12 +85,52 @@ class Case:
     104 req/s and queued without bound at 117 (p50 1.7 s); llama3 kept 45 ms at 252
     req/s and queued at 288 (p50 2.7 s). Llama-2-7B keeps 4× more KV per token than
     Llama-3-8B (no grouped-query attention), so its pool saturates far earlier."""
+    policy: str = "predicted-latency"
+    """The routing policy (a preset with a ``predicted-latency-producer``):
+    ``predicted-latency-precise`` feeds the features the servers' cached tokens from
+    their KV events (the DES delivers them) instead of the approximate index's guess."""
+    mix: tuple[tuple[str, int], ...] = ()
+    """A mixed pool: (profile, replicas) per hardware class, ``replicas`` in all (empty:
+    ``replicas`` × ``profile``)."""
+
+    @property
+    def label(self) -> str:
+        """The pool as the report names it."""
+        if not self.mix:
+            return self.profile
+        return " + ".join(f"{n} × {name}" for name, n in self.mix)
+
+    def profiles(self) -> tuple[str, ...]:
+        """Each replica's profile name."""
+        if not self.mix:
+            return (self.profile,) * self.replicas
+        names = tuple(name for name, n in self.mix for _ in range(n))
+        if len(names) != self.replicas:
+            raise ValueError(f"mix {self.mix} has {len(names)} replicas, not {self.replicas}")
+        return names
 
 
 CASES: tuple[Case, ...] = (
     Case("llama2-7b-h100", "meta-llama/Llama-2-7b-hf", 4, 115.0),
     Case("llama3-8b-h100", "meta-llama/Meta-Llama-3-8B", 4, 280.0),
 )
+
+PRECISE_CASES: tuple[Case, ...] = (
+    Case("llama3-8b-h100", "meta-llama/Meta-Llama-3-8B", 4, 280.0, "predicted-latency-precise"),
+)
+"""The precise section's pool: the profile whose approximate features miss 5 % TTFT MAPE
+(Llama-2-7B's pool meets it without: 2.6–3.4 %). One pool, so the section's run fits
+the lab's wall-time budget on a shared machine."""
+
+MIXED_CASE = Case(
+    "llama3-8b-h100",
+    "meta-llama/Meta-Llama-3-8B",
+    6,
+    MIXED_CAPACITY_QPS,
+    mix=(("llama3-8b-h100", 2), ("llama3-8b-a100", 4)),
+)
+"""Issue 19's mixed pool: 2 × H100 + 4 × A100 serving Llama-3-8B (the
+``heterogeneous-pool`` scenario's mix) on this report's ShareGPT workload."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,10 +149,14 @@ class Plan:
     still to settle; TPOT keeps rising until they have. With a 60 s warm-up the scored
     window of the 90 % loads was still that climb (TPOT coverage 72 % and 96 %, the online
     calibration trailing a load that kept moving); from 120 s it is the steady state."""
-    seed: int = 0
+    seeds: tuple[int, ...] = (0,)
+    """One run per seed and level (arrivals, prompts, the simulation's randomness)."""
     settings: PredictorSettings = field(default_factory=PredictorSettings)
     """The routing models' training (objective, α, interval); the shadows differ only in
     their mean objective (and the ablation in its blanked token timing)."""
+    ablation: bool = True
+    """Train and score the ablation shadow (without token timing); the sections that do
+    not report it skip its cost."""
 
     @classmethod
     def quick(cls) -> Plan:
@@ -108,6 +167,23 @@ class Plan:
             warmup_s=5.0,
             settings=replace(PredictorSettings(), retrain_interval_s=2.0),
         )
+
+    @classmethod
+    def precise(cls, quick: bool = False) -> Plan:
+        """The precise-features section: :data:`PRECISE_CASES`, no ablation, seeds 0–2,
+        180 s of arrivals (the same 120 s warm-up, a 60 s scored window: still ≥ 4,000
+        requests per level, and the section's runs fit the lab's wall-time budget)."""
+        if quick:
+            return replace(cls.quick(), cases=PRECISE_CASES, ablation=False, load_fractions=(0.25,))
+        return cls(cases=PRECISE_CASES, ablation=False, duration_s=180.0, seeds=(0, 1, 2))
+
+    @classmethod
+    def mixed(cls, quick: bool = False) -> Plan:
+        """The mixed-pool section: :data:`MIXED_CASE`, no ablation, 180 s of arrivals
+        (as :meth:`precise`)."""
+        if quick:
+            return replace(cls.quick(), cases=(MIXED_CASE,), ablation=False, load_fractions=(0.25,))
+        return cls(cases=(MIXED_CASE,), ablation=False, duration_s=180.0)
 
 
 _COLUMNS: Final = 8
@@ -143,12 +219,20 @@ class ScoringPredictor(SynchronousPredictor):
         settings: PredictorSettings,
         warmup_s: float,
         max_pending: int = 200_000,
+        ablation: bool = True,
     ) -> None:
         self.clock = clock
-        self.routing = InProcessPredictor(clock, settings)
+        # Per-class models (one model on a pool of one class: the same as an
+        # InProcessPredictor), as the hardware-aware producer files rows and samples.
+        self.routing = HardwareAwarePredictor(clock, settings)
         shadow_train = replace(settings.train, objective="mean")
-        self.shadow = InProcessPredictor(clock, replace(settings, train=shadow_train))
-        self.ablation = InProcessPredictor(clock, replace(settings, train=shadow_train))
+        self.shadow = HardwareAwarePredictor(clock, replace(settings, train=shadow_train))
+        self.ablation = (
+            HardwareAwarePredictor(clock, replace(settings, train=shadow_train))
+            if ablation
+            else None
+        )
+        """None: not trained, its predictions NaN."""
         self.warmup_s = warmup_s
         self.max_pending = max_pending
         self._pending: dict[FeatureRow, tuple[float, ...]] = {}
@@ -158,6 +242,10 @@ class ScoringPredictor(SynchronousPredictor):
         """Per scored request: observed TTFT, TPOT (ms; TPOT NaN when < 2 tokens), then
         the routing model's, the shadow's and the ablation's TTFT, TPOT predictions (ms;
         NaN when that model did not exist yet)."""
+        self.scored_rows: list[FeatureRow] = []
+        """The chosen endpoint's row at dispatch, per scored request (same order)."""
+        self.scored_classes: list[str | None] = []
+        """The hardware class each scored request's sample was filed under."""
         self.unscored = 0
         """Requests completed after the warm-up without a prediction at dispatch."""
 
@@ -172,16 +260,22 @@ class ScoringPredictor(SynchronousPredictor):
         return self.routing.calibration
 
     def predict_query(self, query: PredictionQuery) -> Predictions | None:
-        return self.predict(query.rows)
+        return self.predict(query.rows, query.classes)
 
-    def predict(self, rows: Sequence[FeatureRow]) -> Predictions | None:
-        """The routing model's predictions for ``rows``; after the warm-up, also records
-        every model's for scoring."""
-        out = self.routing.predict(rows)
+    def predict(
+        self, rows: Sequence[FeatureRow], classes: Sequence[str | None] | None = None
+    ) -> Predictions | None:
+        """The routing model's predictions for ``rows`` (``classes[i]``: the hardware
+        class of ``rows[i]``); after the warm-up, also records every model's for scoring."""
+        out = self.routing.predict(rows, classes)
         if out is None or self.clock.now() < self.warmup_s:
             return out
-        mean = self.shadow.predict(rows)
-        blind = self.ablation.predict([without_token_timing(row) for row in rows])
+        mean = self.shadow.predict(rows, classes)
+        blind = (
+            None
+            if self.ablation is None
+            else self.ablation.predict([without_token_timing(row) for row in rows], classes)
+        )
         pending = self._pending
         cal = self.routing.calibration
         for i, row in enumerate(rows):
@@ -201,7 +295,8 @@ class ScoringPredictor(SynchronousPredictor):
     def observe(self, sample: Sample) -> None:
         self.routing.observe(sample)
         self.shadow.observe(sample)
-        self.ablation.observe(replace(sample, row=without_token_timing(sample.row)))
+        if self.ablation is not None:
+            self.ablation.observe(replace(sample, row=without_token_timing(sample.row)))
         entry = self._pending.pop(sample.row, None)
         if entry is None:
             if self.clock.now() >= self.warmup_s and self.ready:
@@ -210,11 +305,14 @@ class ScoringPredictor(SynchronousPredictor):
         tpot = sample.tpot_ms if sample.tpot_ms is not None else math.nan
         ttft = sample.ttft_ms if sample.ttft_ms is not None else math.nan
         self.scored.append((ttft, tpot, *entry))
+        self.scored_rows.append(sample.row)
+        self.scored_classes.append(sample.hardware_class)
 
     def maybe_retrain(self, now: float | None = None) -> bool:
         trained = self.routing.maybe_retrain(now)
         self.shadow.maybe_retrain(now)
-        self.ablation.maybe_retrain(now)
+        if self.ablation is not None:
+            self.ablation.maybe_retrain(now)
         if trained and self.ready_at is None:
             self.ready_at = self.clock.now() if now is None else now
         return trained
@@ -227,53 +325,10 @@ def _pair(predictions: Predictions | None, i: int) -> tuple[float, float]:
 
 
 @dataclass(frozen=True, slots=True)
-class TargetScores:
-    """One target's scores over the held-out requests (fractions; NaN: nothing scored)."""
-
-    n: int
-    mean_mape: float
-    mean_median_ape: float
-    quantile_coverage: float
-    quantile_mape: float
-    observed_p50_ms: float
-    ablation_mape: float
-    """MAPE of the mean model without the token-timing features."""
-
-
-def score(
-    observed: np.ndarray,
-    mean: np.ndarray,
-    quantile: np.ndarray,
-    ablation: np.ndarray | None = None,
-) -> TargetScores:
-    """Scores of predictions against observed times (ms); rows with no observation or a
-    missing prediction are left out."""
-    if ablation is None:
-        ablation = np.full_like(observed, math.nan)
-    keep = (observed > 0) & np.isfinite(observed) & np.isfinite(mean) & np.isfinite(quantile)
-    y, m, q, a = observed[keep], mean[keep], quantile[keep], ablation[keep]
-    if len(y) == 0:
-        nan = math.nan
-        return TargetScores(0, nan, nan, nan, nan, nan, nan)
-    ape = np.abs(m - y) / y
-    blind = np.isfinite(a)
-    return TargetScores(
-        n=len(y),
-        mean_mape=float(ape.mean()),
-        mean_median_ape=float(np.median(ape)),
-        quantile_coverage=float(np.mean(y <= q)),
-        quantile_mape=float(np.mean(np.abs(q - y) / y)),
-        observed_p50_ms=float(np.median(y)),
-        ablation_mape=(
-            float(np.mean(np.abs(a[blind] - y[blind]) / y[blind])) if blind.any() else math.nan
-        ),
-    )
-
-
-@dataclass(frozen=True, slots=True)
 class LevelResult:
     case: Case
     qps: float
+    seed: int
     requests: int
     ttft: TargetScores
     tpot: TargetScores
@@ -284,37 +339,55 @@ class LevelResult:
     ready_at_s: float | None
     trainings: int
     wall_s: float
+    by_class: dict[str, tuple[TargetScores, TargetScores]] = field(default_factory=dict)
+    """TTFT and TPOT scores per hardware class (a mixed pool's; empty otherwise)."""
+    diagnosis: Diagnosis | None = None
+    scorer: ScoringPredictor | None = field(default=None, compare=False, repr=False)
+    """The run's predictor, with every scored row (for diagnostics)."""
 
 
-def run_level(case: Case, qps: float, plan: Plan) -> LevelResult:
-    """One DES run of ``case`` at ``qps`` arrivals/s, scored as the module says."""
-    picker, _ = policy_config("predicted-latency")
+def run_level(case: Case, qps: float, plan: Plan, seed: int = 0) -> LevelResult:
+    """One DES run of ``case`` at ``qps`` arrivals/s with ``seed``, scored as the module
+    says."""
+    picker, _ = policy_config(case.policy)
     holder: list[ScoringPredictor] = []
 
     def factory(clock: Clock, settings: PredictorSettings) -> ScoringPredictor:
-        holder.append(ScoringPredictor(clock, settings, plan.warmup_s))
+        holder.append(ScoringPredictor(clock, settings, plan.warmup_s, ablation=plan.ablation))
         return holder[-1]
 
+    names = case.profiles()
     spec = ClusterSpec(
-        profile=get_profile(case.profile),
+        profile=get_profile(names[0]),
         replicas=case.replicas,
+        profiles=tuple(get_profile(n) for n in names) if case.mix else (),
         picker=picker,
         predictor="model",
         model=case.model,
-        seed=plan.seed,
+        seed=seed,
         predictor_settings=plan.settings,
         predictor_factory=factory,
     )
     started = time.perf_counter()
     sim = ClusterSimulation(spec)
-    workload = OpenLoop(qps, plan.duration_s, sharegpt_first_turn(case.model), plan.seed)
+    workload = OpenLoop(qps, plan.duration_s, sharegpt_first_turn(case.model), seed)
     result = sim.run(workload, horizon_s=plan.duration_s * 2.0)
     wall = time.perf_counter() - started
     scorer = holder[0]
     data = np.array(scorer.scored, dtype=np.float64).reshape(-1, _COLUMNS)
+    by_class: dict[str, tuple[TargetScores, TargetScores]] = {}
+    if case.mix:
+        classes = np.array([c or "" for c in scorer.scored_classes])
+        for cls in sorted(set(classes.tolist())):
+            part = data[classes == cls]
+            by_class[cls or "none"] = (
+                score(part[:, 0], part[:, 4], part[:, 2], part[:, 6]),
+                score(part[:, 1], part[:, 5], part[:, 3], part[:, 7]),
+            )
     return LevelResult(
         case=case,
         qps=qps,
+        seed=seed,
         requests=len(result.records),
         ttft=score(data[:, 0], data[:, 4], data[:, 2], data[:, 6]),
         tpot=score(data[:, 1], data[:, 5], data[:, 3], data[:, 7]),
@@ -323,154 +396,23 @@ def run_level(case: Case, qps: float, plan: Plan) -> LevelResult:
         ready_at_s=scorer.ready_at,
         trainings=scorer.routing.trainings,
         wall_s=wall,
+        by_class=by_class,
+        diagnosis=diagnose(scorer.scored_rows, data[:, 0], data[:, 4]),
+        scorer=scorer,
     )
 
 
 def run_plan(plan: Plan, console: Console | None = None) -> list[LevelResult]:
+    """Every case at every load level, once per seed (seeds innermost)."""
     out = []
     for case in plan.cases:
         for fraction in plan.load_fractions:
             qps = round(case.capacity_qps * fraction, 1)
-            if console is not None:
-                console.print(f"latency accuracy: {case.profile} @ {qps:g} req/s ...")
-            out.append(run_level(case, qps, plan))
+            for seed in plan.seeds:
+                if console is not None:
+                    console.print(
+                        f"latency accuracy: {case.label} ({case.policy}) @ {qps:g} req/s, "
+                        f"seed {seed} ..."
+                    )
+                out.append(run_level(case, qps, plan, seed))
     return out
-
-
-# ---------------------------------------------------------------------- report
-
-
-def _pct(x: float) -> str:
-    return "n/a" if math.isnan(x) else f"{x:.1%}"
-
-
-def _ms(x: float) -> str:
-    return "n/a" if math.isnan(x) else f"{x:.1f}"
-
-
-def _mape_verdict(values: Sequence[float]) -> str:
-    return "met" if values and all(v <= GOAL_MAPE for v in values) else "**not met**"
-
-
-def _coverage_verdict(values: Sequence[float], alpha: float) -> str:
-    ok = values and all(abs(v - alpha) <= GOAL_COVERAGE_BAND for v in values)
-    return "met" if ok else "**not met**"
-
-
-def render(results: Sequence[LevelResult], plan: Plan, command: str, machine: str) -> str:
-    """The Markdown report."""
-    train = plan.settings.train
-    alpha = train.alpha
-    routing = f"p{alpha * 100:g} (α = {alpha:g})" if train.objective == "quantile" else "mean"
-    lines = [
-        "# Latency prediction accuracy",
-        "",
-        "How well the online TTFT/TPOT models predict on the simulator: each profile's pool "
-        "serves ShareGPT first turns (Poisson arrivals, streaming, `max_tokens` = the recorded "
-        "answer length) at load levels from light to near saturation, routed by the "
-        "`predicted-latency` policy with models trained online on the run's own traffic "
-        f"(every {plan.settings.retrain_interval_s:g} simulated s once "
-        f"{plan.settings.min_samples} samples exist; {train.n_estimators} trees of depth ≤ "
-        f"{train.max_depth}). "
-        f"Routing uses the {routing} models; a shadow with the mean objective sees the same "
-        "samples and never routes. Requests dispatched after the warm-up are scored: the "
-        "prediction for the chosen endpoint at dispatch against what happened (TTFT = "
-        "dispatch to first token, TPOT = (end − first token) / (tokens − 1)), each before its "
-        "own sample reached the models.",
-        "",
-        "MAPE is the goal's measure of a point estimate, so it is reported for the mean model. "
-        "A calibrated p90 model is meant to lie above 90 % of outcomes: its MAPE grows with "
-        "the spread of the outcomes rather than with its error, and coverage (share of "
-        "observed ≤ predicted) is its measure. Its MAPE is listed for reference only.",
-        "",
-        "Coverage here is measured where it matters and is hardest: on the endpoint the "
-        "routing model chose, with the prediction the request was routed on. Choosing the "
-        "lowest prediction favours endpoints whose latency the model underestimates, and "
-        "near saturation the load keeps moving after dispatch, so raw quantile predictions "
-        "cover less than they do on held-out samples of the models' own store. The online "
-        "calibration (`sluicegate.latency.calibration`, on by default) rescales them by the "
-        "α-quantile of observed ÷ predicted over the last 1,000 routed requests. It holds "
-        "TTFT, known at the first token; a TPOT is known only when its request ends, seconds "
-        "and thousands of dispatches later, so its correction lags the load it corrects "
-        "for while that load still climbs — which is why the warm-up lasts until the "
-        "engines' batches and queues have settled (120 s; with 60 s the 90 % loads were "
-        "scored on the climb: TPOT coverage 72 % and 96 %).",
-        "",
-        "```",
-        command,
-        "```",
-        "",
-        f"Machine: {machine}. Simulated: {plan.duration_s:g} s of arrivals per run (then "
-        f"draining), warm-up {plan.warmup_s:g} s, seed {plan.seed}.",
-        "",
-        "## Goals",
-        "",
-        "Issue: after warm-up on a ShareGPT-like workload, TTFT and TPOT MAPE ≤ 10 % and "
-        f"α-quantile coverage within ±{GOAL_COVERAGE_BAND * 100:g} points of α, per profile.",
-        "",
-        "| profile | TTFT MAPE (mean model) | TPOT MAPE (mean model) | TTFT coverage | "
-        "TPOT coverage |",
-        "|---|---|---|---|---|",
-    ]
-    for case in dict.fromkeys(r.case for r in results):
-        rs = [r for r in results if r.case == case]
-        tm = [r.ttft.mean_mape for r in rs]
-        pm = [r.tpot.mean_mape for r in rs]
-        tc = [r.ttft.quantile_coverage for r in rs]
-        pc = [r.tpot.quantile_coverage for r in rs]
-
-        def span(values: list[float]) -> str:
-            return " – ".join(dict.fromkeys((_pct(min(values)), _pct(max(values)))))
-
-        cov = train.objective == "quantile"
-        lines.append(
-            f"| {case.profile} | {span(tm)}: {_mape_verdict(tm)} | {span(pm)}: "
-            f"{_mape_verdict(pm)} | "
-            + (
-                f"{span(tc)}: {_coverage_verdict(tc, alpha)} | {span(pc)}: "
-                f"{_coverage_verdict(pc, alpha)} |"
-                if cov
-                else "n/a (mean routing models) | n/a |"
-            )
-        )
-    lines += [
-        "",
-        "Ranges are over the load levels below.",
-        "",
-        "## Per load level",
-        "",
-        "`n` = scored requests; APE = absolute percentage error; `without token timing` = "
-        "a third model set (mean objective) trained and asked with the token-timing "
-        "features blanked (`ms_since_last_token`, `token_interval_ms`, and the unanswered "
-        "prompt tokens not split at the last token), i.e. what the gateway predicts when it "
-        "does not time the tokens it relays; `fallbacks` = decisions made "
-        "without predictions (the warm-up's included); `first model` = simulated time of "
-        "the first training.",
-        "",
-        "| profile | replicas | req/s | load | target | n | observed p50 ms | mean model MAPE | "
-        "mean model median APE | quantile coverage | quantile MAPE (reference) | "
-        "mean model MAPE without token timing | fallbacks | first model s | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        for name, s in (("TTFT", r.ttft), ("TPOT", r.tpot)):
-            ready = "never" if r.ready_at_s is None else f"{r.ready_at_s:g}"
-            lines.append(
-                f"| {r.case.profile} | {r.case.replicas} | {r.qps:g} | "
-                f"{r.qps / r.case.capacity_qps:.0%} | {name} | {s.n:,} | "
-                f"{_ms(s.observed_p50_ms)} | {_pct(s.mean_mape)} | {_pct(s.mean_median_ape)} | "
-                f"{_pct(s.quantile_coverage)} | {_pct(s.quantile_mape)} | "
-                f"{_pct(s.ablation_mape)} | {r.fallbacks:,} | "
-                f"{ready} | {r.wall_s:.1f} |"
-            )
-    lines.append("")
-    return "\n".join(lines)
-
-
-def report(quick: bool, console: Console, machine: str) -> str:
-    """Run the plan (quick or full) and render the report."""
-    plan = Plan.quick() if quick else Plan()
-    results = run_plan(plan, console)
-    command = "sluicegate bench micro latency-accuracy" + (" --quick" if quick else "")
-    command += " --out docs/benchmarks/latency-accuracy.md"
-    return render(results, plan, command, machine)

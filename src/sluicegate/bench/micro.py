@@ -153,9 +153,25 @@ def extproc_report(quick: bool, console: Console) -> str:
 def latency_accuracy_report(quick: bool, console: Console) -> str:
     """TTFT/TPOT prediction accuracy of the online models on the simulator (see
     :mod:`sluicegate.bench.latency_accuracy`)."""
-    from sluicegate.bench.latency_accuracy import report
+    from sluicegate.bench.latency_accuracy_report import report
 
     return report(quick, console, machine())
+
+
+def latency_accuracy_precise_report(quick: bool, console: Console) -> str:
+    """The same with the servers' cached tokens from their KV events (a section of the
+    latency-accuracy report)."""
+    from sluicegate.bench.latency_accuracy_report import report_precise
+
+    return report_precise(quick, console, machine())
+
+
+def latency_accuracy_mixed_report(quick: bool, console: Console) -> str:
+    """The same on a pool mixing hardware, per class (a section of the latency-accuracy
+    report)."""
+    from sluicegate.bench.latency_accuracy_report import report_mixed
+
+    return report_mixed(quick, console, machine())
 
 
 def tokenization_report(quick: bool, console: Console) -> str:
@@ -177,7 +193,12 @@ def sim_kv_events_report(quick: bool, console: Console) -> str:
     return report(quick, machine())
 
 
-SECTIONS: dict[str, str] = {"tokenization": "scheduling", "sim-kv-events": "sim"}
+SECTIONS: dict[str, str] = {
+    "tokenization": "scheduling",
+    "sim-kv-events": "sim",
+    "latency-accuracy-precise": "latency-accuracy",
+    "latency-accuracy-mixed": "latency-accuracy",
+}
 """Reports that are a section of another report's file (written between markers there,
 and kept when that file is written again)."""
 
@@ -217,4 +238,6 @@ REPORTS: dict[str, Callable[[bool, Console], str]] = {
     "latency": latency_report,
     "extproc": extproc_report,
     "latency-accuracy": latency_accuracy_report,
+    "latency-accuracy-precise": latency_accuracy_precise_report,
+    "latency-accuracy-mixed": latency_accuracy_mixed_report,
 }

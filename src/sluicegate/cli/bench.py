@@ -23,6 +23,8 @@ def add_parser(sub: Subparsers) -> None:
             "latency",
             "extproc",
             "latency-accuracy",
+            "latency-accuracy-precise",
+            "latency-accuracy-mixed",
         ],
     )
     micro.add_argument("--quick", action="store_true", help="a short run (for smoke tests)")

@@ -20,6 +20,13 @@ guesses least well (the prefix-cache score says "cached" for many prompts the se
 long evicted), so they leave that to the model. The prefix's reuse distance tells whether
 the server still holds what the gateway's index says it sent it (measured effect of each:
 ``docs/benchmarks/latency-accuracy.md``).
+
+Where the pool publishes KV-cache events and the profile declares the
+``precise-prefix-cache-producer`` (preset ``predicted-latency-precise``), the prefix-cache
+score is the share of the prompt's blocks the server's own events say it holds, and the
+uncached in-flight prompt tokens follow from it: the cached-token count the models see
+is then the server's, not the index's memory of what it sent (no reuse distance is
+measured then: the value is its cap, "nothing to doubt").
 """
 
 from __future__ import annotations
@@ -61,7 +68,8 @@ class FeatureRow:
     """Uncached prompt tokens this gateway dispatched and that have not produced a byte."""
     decode_tokens_in_flight: int
     prefix_cache_score: float
-    """Share of the prompt's blocks the endpoint probably holds, 0..1."""
+    """Share of the prompt's blocks the endpoint holds, 0..1: as its KV-cache events say
+    with the precise prefix producer, else as the approximate index guesses."""
     dispatched_since_scrape: int
     expected_output_tokens: int
     """``max_tokens``, or the gateway's estimate when the request sets none."""
