@@ -281,7 +281,8 @@ class ScoringPredictor(SynchronousPredictor):
         for i, row in enumerate(rows):
             ttft, tpot = _pair(out, i)
             # The scales the producer applies (the TTFT one depends on the prediction's size).
-            ttft_scale, tpot_scale = cal.scales(None, ttft) if cal else (1.0, 1.0)
+            hardware_class = classes[i] if classes else None
+            ttft_scale, tpot_scale = cal.scales(hardware_class, ttft) if cal else (1.0, 1.0)
             pending[row] = (
                 ttft * ttft_scale,
                 tpot * tpot_scale,
