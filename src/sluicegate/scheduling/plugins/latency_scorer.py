@@ -4,7 +4,7 @@ Type: scorer (balance). Inputs: the predictions of ``predicted-latency-producer`
 fallback, KV use, waiting requests and prefix scores. Parameters (llm-d-router,
 https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/scheduling/scorer/latency/plugin.go):
 ``ttftWeight`` (0.8), ``tpotWeight`` (0.2), ``headroomSelectionStrategy``
-(``least`` — pack requests where the SLO is just met — or ``most``),
+(``least`` — pack requests where the SLO is just met —, ``most``, or ``load``, below),
 ``compositeKVWeight``, ``compositeQueueWeight``, ``compositePrefixWeight`` (1 each).
 
 1. No endpoint has a prediction → composite fallback (below).
@@ -20,6 +20,17 @@ https://github.com/llm-d/llm-d-router/blob/ebab6879/pkg/epp/framework/plugins/sc
    ⌊(1 − c)·100 + 1⌋/100, ``most``: ⌊c·100 + 1⌋/100, clamped to [0, 1].
 
 Without SLO headers headroom is −prediction, so the lowest predicted latency wins.
+
+``load`` (sluicegate's; only in step 2, the group that meets both SLOs): on a pool mixing
+hardware classes the least capacity-weighted load wins, ``l = inflight · f`` with
+``inflight`` the requests this gateway has in flight there and ``f = c_max / c`` the load
+factor of capacity normalisation below (1 for every candidate while a capacity is
+unknown), score ``⌊(1 − l / l_max)·100 + 1⌋/100`` (1 when all are idle). Until candidates
+of two classes were seen it is ``most``, so a pool of one class is scored exactly as with
+``most``. Why: once every candidate is predicted to meet the SLO, the size of the margin
+says more about the model's errors than about the endpoint — on a mixed pool the largest
+headroom kept going to the faster class, whose queues then grew past anything the models
+were trained on (heterogeneous-pool, 80 req/s, 3 seeds: docs/benchmarks/heterogeneous-pool).
 
 Composite fallback: weights normalised to sum 1; relQ = (maxQ − q)/maxQ (1 if maxQ = 0);
 c = w_kv·(1 − KV) + w_q·relQ + w_p·prefixScore; score = round(100·c)/100.
@@ -47,8 +58,10 @@ from sluicegate.framework import (
     CycleState,
     EndpointPrediction,
     LLMRequest,
+    PluginContext,
+    PluginParameters,
 )
-from sluicegate.scheduling.capacity import CapacityParameters, CapacityScorer
+from sluicegate.scheduling.capacity import MAX_CLASSES, CapacityParameters, CapacityScorer
 
 _FLAT = 1e-9
 
@@ -60,12 +73,19 @@ class LatencyScorer(CapacityScorer):
     class Parameters(CapacityParameters):
         ttft_weight: float = Field(0.8, ge=0.0)
         tpot_weight: float = Field(0.2, ge=0.0)
-        headroom_selection_strategy: Literal["least", "most"] = "least"
+        headroom_selection_strategy: Literal["least", "most", "load"] = "least"
         composite_kv_weight: float = Field(1.0, ge=0.0, alias="compositeKVWeight")
         composite_queue_weight: float = Field(1.0, ge=0.0)
         composite_prefix_weight: float = Field(1.0, ge=0.0)
 
     params: Parameters
+
+    def __init__(
+        self, name: str, context: PluginContext, params: PluginParameters | None = None
+    ) -> None:
+        super().__init__(name, context, params)
+        self._classes_seen: set[str] = set()
+        """Hardware classes of the candidates seen, until two (at most MAX_CLASSES)."""
 
     def score(
         self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
@@ -94,9 +114,14 @@ class LatencyScorer(CapacityScorer):
                 if g
             )
         scores = [0.0] * len(endpoints)
-        for (i, _), value in zip(
-            group, self._group_scores([p for _, p in group], strategy), strict=True
-        ):
+        values = None
+        if strategy == "load":
+            values = self._load_scores([endpoints[i] for i, _ in group], endpoints)
+        if values is None:
+            values = self._group_scores(
+                [p for _, p in group], "most" if strategy == "load" else strategy
+            )
+        for (i, _), value in zip(group, values, strict=True):
             scores[i] = value
         return scores
 
@@ -118,6 +143,28 @@ class LatencyScorer(CapacityScorer):
             n_tpot = (b - min(tpot)) / tpot_range if tpot_range > _FLAT else 0.5
             c = alpha * n_ttft + beta * n_tpot
             raw = (1.0 - c) if strategy == "least" else c
+            out.append(min(1.0, max(0.0, (math.floor(raw * 100) + 1) / 100)))
+        return out
+
+    def _load_scores(
+        self, group: list[Endpoint], endpoints: Sequence[Endpoint]
+    ) -> list[float] | None:
+        """``load`` within the group that meets the SLOs (module docstring); None until
+        candidates of two or more hardware classes were seen (then ``most``)."""
+        if len(self._classes_seen) < 2:
+            for e in endpoints:
+                cls = e.hardware.accelerator
+                if cls is not None and len(self._classes_seen) < MAX_CLASSES:
+                    self._classes_seen.add(cls)
+            if len(self._classes_seen) < 2:
+                return None
+        factors = self.capacity.factors(endpoints) or [1.0] * len(endpoints)
+        f_of = {e.name: f for e, f in zip(endpoints, factors, strict=True)}
+        loads = [e.inflight.requests * f_of[e.name] for e in group]
+        top = max(loads, default=0.0)
+        out = []
+        for load in loads:
+            raw = 1.0 - load / top if top > 0 else 1.0
             out.append(min(1.0, max(0.0, (math.floor(raw * 100) + 1) / 100)))
         return out
 
