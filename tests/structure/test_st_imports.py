@@ -63,6 +63,16 @@ SIM = "sim"
 PLUGIN_PACKAGES = (f"{PACKAGE}.scheduling.plugins", f"{PACKAGE}.flowcontrol.policies")
 # Circles that are known and scheduled to go (each names its fix); a new one fails.
 KNOWN_CIRCLES: list[list[str]] = []
+# Arrows out of the simulator that are known and scheduled to go; a new one fails.
+# A profile that names a model's tokenizer.json sizes simulated prompts with the gateway's
+# implementation of vLLM's tokenizer rules (imported lazily, only for such a profile).
+# Fix: move the rules themselves (load a tokenizer.json, render the chat template, the
+# special-token rules) into a rank-0 module both `tokenization.local` and `sim` build on.
+KNOWN_SIM_ARROWS = {
+    ("sluicegate.sim.profile_file", "sluicegate.tokenization.base"),
+    ("sluicegate.sim.prompt_tokens", "sluicegate.framework"),
+    ("sluicegate.sim.prompt_tokens", "sluicegate.tokenization.local"),
+}
 
 
 def _package(module: str) -> str:
@@ -98,7 +108,7 @@ def test_arrows_point_down_the_layers(graph: dict[str, set[str]]) -> None:
             if not source or not dest or dest == source or (module, target) in known:
                 continue
             if source == SIM:
-                allowed = RANKS.get(dest) == 0
+                allowed = RANKS.get(dest) == 0 or (module, target) in KNOWN_SIM_ARROWS
             elif dest == SIM:
                 allowed = RANKS[source] >= RANKS["gateway"]  # the embedded pool, the lab
             else:
