@@ -151,7 +151,7 @@ class DeferredEncoder:
             advance(p, self.encode, None, p.limit)
             with self.lock:
                 store(self.cache, p)
-                self.cache.counters.tokens_encoded += p.encoded_tokens - before
+                self.cache.counters.add(tokens_encoded=p.encoded_tokens - before)
         except Exception:  # a worker must survive any one prompt
             self.counters.failed += 1
             log.exception("finishing a prompt's encoding after dispatch failed")

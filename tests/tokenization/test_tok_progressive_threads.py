@@ -1,0 +1,55 @@
+"""Progressive encoding across threads: the prefix cache's counters lose no counts."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from test_tok_progressive import BS
+from tiny_tokenizer import corpus
+from tokenizers import Tokenizer
+
+from sluicegate.api.tokenizer import TokenizerSettings
+from sluicegate.datalayer.kvevents.index import block_keys
+from sluicegate.framework import LLMRequest
+from sluicegate.tokenization.local import LocalTokenizer
+from sluicegate.tokenization.progressive import BlockKeying
+
+
+def _tok(tiny_dir: Path) -> LocalTokenizer:
+    return LocalTokenizer.load(TokenizerSettings(source="local", path=str(tiny_dir)))
+
+
+def _request(text: str, rid: str = "r") -> LLMRequest:
+    body = {"model": "m", "prompt": text, "add_special_tokens": False}
+    return LLMRequest(rid, "m", "m", b"x", 3, 0.0, kind="completions", body=body)
+
+
+def _whole_keys(tiny_dir: Path, text: str) -> list[int]:
+    ref = Tokenizer.from_file(str(tiny_dir / "tokenizer.json"))
+    return list(block_keys(ref.encode(text, add_special_tokens=False).ids, BS))
+
+
+def test_counting_is_serialised_with_the_other_threads(tiny_dir: Path) -> None:
+    # the loop and the workers add to the same totals, not always under the cache's
+    # lock: a decision's counts go through the counters' own lock
+    tok = _tok(tiny_dir)
+    text = " ".join(corpus(200, 3))
+    counters = tok.cache.counters
+    made: list[int] = []
+
+    def decide() -> None:
+        p = tok.decide(_request(text), BlockKeying(BS), lambda keys: False)
+        assert p is not None
+        made.append(p.encoded_tokens)
+
+    with counters._lock:
+        worker = threading.Thread(target=decide)
+        worker.start()
+        worker.join(0.3)
+        assert worker.is_alive(), "the decision counted without the counters' lock"
+    worker.join(10)
+    assert made
+    assert made[0] > 0
+    assert counters.tokens_encoded == made[0]
+    assert counters.misses == 1
