@@ -1,7 +1,9 @@
-"""Progressive encoding across threads: the prefix cache's counters lose no counts."""
+"""Progressive encoding across threads: the prefix cache's counters lose no counts, and a
+decision made while a worker holds the cache is still finished."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from pathlib import Path
 
@@ -53,3 +55,23 @@ def test_counting_is_serialised_with_the_other_threads(tiny_dir: Path) -> None:
     assert made[0] > 0
     assert counters.tokens_encoded == made[0]
     assert counters.misses == 1
+
+
+async def test_a_decision_on_a_busy_cache_is_still_finished(tiny_dir: Path) -> None:
+    tok = _tok(tiny_dir)
+    text = " ".join(corpus(400, 7))
+    want = _whole_keys(tiny_dir, text)
+    assert tok._lock.acquire(timeout=1)  # a worker encoding a long prompt holds the cache
+    try:
+        p = tok.decide(_request(text), BlockKeying(BS), lambda keys: len(keys) >= 1)
+    finally:
+        tok._lock.release()
+    assert p is not None
+    assert not p.whole
+    got: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+    tok.finish_later(p, got.set_result)
+    assert await asyncio.wait_for(got, 10) == want
+    again = tok.decide(_request(text, "r2"), BlockKeying(BS), lambda keys: False)
+    assert again is not None
+    assert again.whole  # the finished prompt was stored
+    assert again.encoded_tokens == 0
