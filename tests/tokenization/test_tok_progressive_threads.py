@@ -1,10 +1,12 @@
-"""Progressive encoding across threads: the prefix cache's counters lose no counts, and a
-decision made while a worker holds the cache is still finished."""
+"""Progressive encoding across threads: the prefix cache's counters lose no counts, a
+decision made while a worker holds the cache is still finished, and callbacks of a host
+without an event loop run on its thread."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 
 from test_tok_progressive import BS
@@ -75,3 +77,31 @@ async def test_a_decision_on_a_busy_cache_is_still_finished(tiny_dir: Path) -> N
     assert again is not None
     assert again.whole  # the finished prompt was stored
     assert again.encoded_tokens == 0
+
+
+def test_without_a_loop_callbacks_run_on_the_submitting_thread(tiny_dir: Path) -> None:
+    tok = _tok(tiny_dir)
+    text = " ".join(corpus(400, 11))
+    p = tok.decide(_request(text), BlockKeying(BS), lambda keys: len(keys) >= 1)
+    assert p is not None
+    assert not p.whole
+    ran: list[tuple[int, int]] = []
+    tok.finish_later(p, lambda keys: ran.append((threading.get_ident(), len(keys))))
+    deadline = time.monotonic() + 10
+    while tok.deferred.counters.finished == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert tok.deferred.counters.finished == 1
+    tok.deferred.drain()
+    assert ran == [(threading.get_ident(), len(_whole_keys(tiny_dir, text)))]
+    # a later submit runs what became ready before it, on its own thread
+    p2 = tok.decide(_request(text + " more", "r2"), BlockKeying(BS), lambda keys: len(keys) >= 1)
+    assert p2 is not None
+    assert not p2.whole
+    tok.finish_later(p2, lambda keys: ran.append((threading.get_ident(), len(keys))))
+    deadline = time.monotonic() + 10
+    while tok.deferred.counters.finished < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(ran) == 1  # not run by the worker
+    tok.finish_later(p, lambda keys: None)  # whole by now: nothing queued
+    tok.deferred.drain()
+    assert [who for who, _ in ran] == [threading.get_ident()] * 2
