@@ -1,6 +1,7 @@
 """Progressive encoding across threads: the prefix cache's counters lose no counts, a
-decision made while a worker holds the cache is still finished, and callbacks of a host
-without an event loop run on its thread."""
+decision made while a worker holds the cache is still finished, callbacks of a host
+without an event loop run on its thread, and speculation's walk considers only the
+candidates."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ from tiny_tokenizer import corpus
 from tokenizers import Tokenizer
 
 from sluicegate.api.tokenizer import TokenizerSettings
+from sluicegate.datalayer.kvevents import BlockStored, PreciseIndex
 from sluicegate.datalayer.kvevents.index import block_keys
 from sluicegate.framework import LLMRequest
+from sluicegate.scheduling.precise_frontier import Frontier
+from sluicegate.scheduling.speculative import SpeculativeEntries
 from sluicegate.tokenization.local import LocalTokenizer
 from sluicegate.tokenization.progressive import BlockKeying
 
@@ -105,3 +109,22 @@ def test_without_a_loop_callbacks_run_on_the_submitting_thread(tiny_dir: Path) -
     tok.finish_later(p, lambda keys: None)  # whole by now: nothing queued
     tok.deferred.drain()
     assert [who for who, _ in ran] == [threading.get_ident()] * 2
+
+
+def test_speculation_walks_only_the_candidates() -> None:
+    index = PreciseIndex(default_capacity=1000)
+    tokens = list(range(4 * BS))
+    keys = list(block_keys(tokens, BS))
+    index.store("other", BlockStored(tuple(range(4)), None, tokens, BS))
+    spec = SpeculativeEntries(2.0, 100)
+    # the only candidate holds nothing: a server that is not one does not matter
+    assert Frontier(index, ["cand"], spec, 0)(keys[:1])
+    # with a guess for its first two blocks the walk goes on to the third
+    spec.insert("cand", keys[:2], 0.0)
+    frontier = Frontier(index, ["cand"], spec, 0)
+    assert not frontier(keys[:1])
+    assert not frontier(keys[:2])
+    assert frontier(keys[:3])
+    # a candidate the index knows, holding the blocks there, keeps it going as before
+    both = Frontier(index, ["cand", "other"], spec, 0)
+    assert not both(keys)
