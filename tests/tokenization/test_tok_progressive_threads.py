@@ -1,7 +1,7 @@
 """Progressive encoding across threads: the prefix cache's counters lose no counts, a
 decision made while a worker holds the cache is still finished, callbacks of a host
 without an event loop run on its thread, and speculation's walk considers only the
-candidates."""
+candidates and the cold fallback's catch-up stays in the prefetch's thread."""
 
 from __future__ import annotations
 
@@ -9,15 +9,25 @@ import asyncio
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
-from test_tok_progressive import BS
+from test_tok_progressive import BS, producer
 from tiny_tokenizer import corpus
 from tokenizers import Tokenizer
 
 from sluicegate.api.tokenizer import TokenizerSettings
-from sluicegate.datalayer.kvevents import BlockStored, PreciseIndex
+from sluicegate.clock import ManualClock
+from sluicegate.datalayer.endpoint import Endpoint, EngineMetrics
+from sluicegate.datalayer.kvevents import (
+    BlockStored,
+    EndpointStream,
+    KVEventsService,
+    KVEventSubscribers,
+    PreciseIndex,
+    View,
+)
 from sluicegate.datalayer.kvevents.index import block_keys
-from sluicegate.framework import LLMRequest
+from sluicegate.framework import PREFIX_MATCH, CycleState, LLMRequest
 from sluicegate.scheduling.precise_frontier import Frontier
 from sluicegate.scheduling.speculative import SpeculativeEntries
 from sluicegate.tokenization.local import LocalTokenizer
@@ -128,3 +138,47 @@ def test_speculation_walks_only_the_candidates() -> None:
     # a candidate the index knows, holding the blocks there, keeps it going as before
     both = Frontier(index, ["cand", "other"], spec, 0)
     assert not both(keys)
+
+
+async def test_the_cold_fallbacks_catch_up_is_encoded_in_the_prefetch(tiny_dir: Path) -> None:
+    # approximateWhenNoneHolds keys a cold prompt as far as the approximate match reaches;
+    # for a prompt the prefetch encodes in its thread, that reach is known there, so the
+    # pass on the event loop after it encodes nothing more
+    fast = _tok(tiny_dir)
+    whole = _tok(tiny_dir)
+    eps = [Endpoint(f"ep-{i}", "127.0.0.1", 8000 + i, metrics=EngineMetrics(0.0)) for i in range(3)]
+    subs = KVEventSubscribers(PreciseIndex(default_capacity=100_000), clock=ManualClock())
+    kv = KVEventsService({"default": subs})
+    for e in eps:
+        subs.streams[e.name] = EndpointStream(view=View.SYNCED)
+    params = {"approximateWhenNoneHolds": True}
+    p_fast = producer(kv, fast, params)
+    p_whole = producer(kv, whole, {**params, "encodeWholePrompt": True})
+    text = " ".join(corpus(3000, 21))
+    body = {"model": "m", "prompt": text, "add_special_tokens": False}
+    request = LLMRequest("r", "m", "m", text.encode(), 3, 0.0, kind="completions", body=body)
+    assert p_fast.fetches_for(request, "default")  # long: tokenized in the prefetch
+    for plugin in (p_fast, p_whole):
+        plugin.approximate.remember(eps[0], plugin.approximate.match(request, eps))
+    on_loop: list[int] = []
+    decide = fast.decide
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        before = fast.cache.counters.tokens_encoded
+        out = decide(*args, **kwargs)
+        if threading.current_thread() is threading.main_thread():
+            on_loop.append(fast.cache.counters.tokens_encoded - before)
+        return out
+
+    fast.decide = spy  # type: ignore[method-assign]
+    s_fast, s_whole = CycleState(), CycleState()
+    await p_fast.prefetch(request, s_fast, eps)
+    p_fast.produce(request, s_fast, eps)
+    await p_whole.prefetch(request, s_whole, eps)
+    p_whole.produce(request, s_whole, eps)
+    got, want = s_fast.get(PREFIX_MATCH), s_whole.get(PREFIX_MATCH)
+    assert got is not None
+    assert want is not None
+    assert want.matched_blocks  # the cold fallback applied
+    assert got.matched_blocks == want.matched_blocks
+    assert sum(on_loop) == 0, f"tokens encoded on the event loop: {on_loop}"

@@ -11,8 +11,11 @@ gets a bit above the index's for its guesses, so servers that are not candidates
 keep the encoding going) and answers yes when that set is empty, the approximate matches of the
 candidates without a synced view are covered (``min_blocks``: their match is
 ``min(prompt blocks, converted approximate blocks)``, exact once the keys reach it), and
-at least one block is keyed. Each call reads only dict look-ups, so a prefetch may run
-it in a worker thread.
+at least one block is keyed. With ``approximateWhenNoneHolds`` a prefetch also sets
+``cold_blocks``: the approximate index's match among the synced candidates, in blocks,
+which the decision then keys as far as when no synced candidate holds the first block
+(so that catch-up is encoded in the prefetch's thread, not on the event loop). Each
+call reads only dict look-ups, so a prefetch may run it in a worker thread.
 """
 
 from __future__ import annotations
@@ -34,7 +37,17 @@ class Frontier:
     speculation the walk is the index's longest-prefix walk over the synced candidates,
     so :meth:`matched` answers it without a second walk."""
 
-    __slots__ = ("_bits", "_depths", "_holders", "_index", "_mask", "_pos", "_spec", "min_blocks")
+    __slots__ = (
+        "_bits",
+        "_depths",
+        "_holders",
+        "_index",
+        "_mask",
+        "_pos",
+        "_spec",
+        "cold_blocks",
+        "min_blocks",
+    )
 
     def __init__(
         self,
@@ -59,6 +72,8 @@ class Frontier:
         self._pos = 0
         self._depths: dict[str, int] = {}
         self.min_blocks = min_blocks
+        self.cold_blocks = 0
+        """Blocks to key when no synced candidate holds the first one (0: none)."""
 
     def __call__(self, keys: Sequence[int]) -> bool:
         mask, pos = self._mask, self._pos
@@ -78,7 +93,10 @@ class Frontier:
                 mask &= m
                 pos += 1
         self._mask, self._pos = mask, pos
-        return not mask and n >= max(1, self.min_blocks)
+        need = self.min_blocks
+        if self.cold_blocks and pos <= 1:  # the set emptied at the first block (or was)
+            need = max(need, self.cold_blocks)
+        return not mask and n >= max(1, need)
 
     def _walk(self, keys: Sequence[int], mask: int, pos: int) -> tuple[int, int]:
         """The AND-chain of holder masks from ``keys[pos]`` on, in C (``map`` and

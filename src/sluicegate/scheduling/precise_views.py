@@ -7,7 +7,7 @@ events carry (none yet: any) is the pool's; the others are matched approximately
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.datalayer.kvevents.subscriber import KVEventSubscribers, View
@@ -51,7 +51,13 @@ def block_size(subs: KVEventSubscribers, endpoints: Sequence[Endpoint]) -> int:
 
 def reach(approx: PrefixMatch, size: int) -> int:
     """The longest of ``approx``'s matches converted to blocks of ``size`` tokens."""
-    return max((b * approx.block_tokens // size for b in approx.matched_blocks.values()), default=0)
+    return blocks_reach(approx.matched_blocks, approx.block_tokens, size)
 
 
-__all__ = ["VLLM_DEFAULT_BLOCK_SIZE", "block_size", "reach", "views"]
+def blocks_reach(matched: Mapping[str, int], block_tokens: int, size: int) -> int:
+    """The longest of ``matched`` (blocks of ``block_tokens`` tokens) in blocks of
+    ``size`` tokens."""
+    return max((b * block_tokens // size for b in matched.values()), default=0)
+
+
+__all__ = ["VLLM_DEFAULT_BLOCK_SIZE", "block_size", "blocks_reach", "reach", "views"]

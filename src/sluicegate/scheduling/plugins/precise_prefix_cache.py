@@ -114,6 +114,7 @@ from sluicegate.scheduling.approximate import ApproximatePrefix, ApproximatePref
 from sluicegate.scheduling.precise_frontier import Frontier, keying
 from sluicegate.scheduling.precise_views import (
     VLLM_DEFAULT_BLOCK_SIZE,
+    blocks_reach,
     reach,
     views,
 )
@@ -337,6 +338,10 @@ class PrecisePrefixCacheProducer(
             size, synced, unknown = views(subs, endpoints)
             approx = self._fallback(request, unknown)
             enough = self._frontier(subs, synced, approx, size)
+            if self.params.approximate_when_none_holds and synced and approx.hashes:
+                # the cold fallback's reach: its catch-up is then encoded in the thread
+                cold = self.approximate.index.match(approx.hashes, synced)
+                enough.cold_blocks = blocks_reach(cold, approx.block_tokens, size)
             state.put(
                 _PROGRESS,
                 await tokenizer.fetch_decision(request, keying(request, size), enough, limit),
