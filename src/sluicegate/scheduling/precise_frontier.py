@@ -5,12 +5,17 @@ then, with speculation on, in the speculative entries — so once no synced cand
 holds every block so far, more blocks change no match. :class:`Frontier` is the
 ``enough`` test :func:`sluicegate.tokenization.progressive.advance` asks after each
 chunk: it ANDs the holder masks of the new keys into the set of candidates still
-matching (a speculative entry counts as holding, expired or not: an over-estimate only
-encodes further) and answers yes when that set is empty, the approximate matches of the
+matching, which starts as the synced candidates (a speculative entry counts as holding,
+expired or not: an over-estimate only encodes further; a candidate without index entries
+gets a bit above the index's for its guesses, so servers that are not candidates never
+keep the encoding going) and answers yes when that set is empty, the approximate matches of the
 candidates without a synced view are covered (``min_blocks``: their match is
 ``min(prompt blocks, converted approximate blocks)``, exact once the keys reach it), and
-at least one block is keyed. Each call reads only dict look-ups, so a prefetch may run
-it in a worker thread.
+at least one block is keyed. With ``approximateWhenNoneHolds`` a prefetch also sets
+``cold_blocks``: the approximate index's match among the synced candidates, in blocks,
+which the decision then keys as far as when no synced candidate holds the first block
+(so that catch-up is encoded in the prefetch's thread, not on the event loop). Each
+call reads only dict look-ups, so a prefetch may run it in a worker thread.
 """
 
 from __future__ import annotations
@@ -32,7 +37,17 @@ class Frontier:
     speculation the walk is the index's longest-prefix walk over the synced candidates,
     so :meth:`matched` answers it without a second walk."""
 
-    __slots__ = ("_bits", "_depths", "_holders", "_index", "_mask", "_pos", "_spec", "min_blocks")
+    __slots__ = (
+        "_bits",
+        "_depths",
+        "_holders",
+        "_index",
+        "_mask",
+        "_pos",
+        "_spec",
+        "cold_blocks",
+        "min_blocks",
+    )
 
     def __init__(
         self,
@@ -44,13 +59,21 @@ class Frontier:
         self._index = index
         self._holders = index.holder_masks
         self._spec = spec
-        self._bits = [(name, index.mask_of((name,))) for name in synced] if spec else []
+        self._bits: list[tuple[str, int]] = []
         self._mask = index.mask_of(synced)
-        if spec is not None:  # an endpoint without index entries may still have guesses
-            self._mask = -1
+        if spec is not None:  # a candidate without index entries may still have guesses
+            spare = 1 << index.bit_width
+            for name in synced:
+                bit = index.mask_of((name,))
+                if not bit:
+                    bit, spare = spare, spare << 1
+                self._bits.append((name, bit))
+                self._mask |= bit
         self._pos = 0
         self._depths: dict[str, int] = {}
         self.min_blocks = min_blocks
+        self.cold_blocks = 0
+        """Blocks to key when no synced candidate holds the first one (0: none)."""
 
     def __call__(self, keys: Sequence[int]) -> bool:
         mask, pos = self._mask, self._pos
@@ -66,11 +89,14 @@ class Frontier:
                 m = get(key, 0)
                 for name, bit in self._bits:
                     if spec.holds(key, name):
-                        m |= bit or -1
+                        m |= bit
                 mask &= m
                 pos += 1
         self._mask, self._pos = mask, pos
-        return not mask and n >= max(1, self.min_blocks)
+        need = self.min_blocks
+        if self.cold_blocks and pos <= 1:  # the set emptied at the first block (or was)
+            need = max(need, self.cold_blocks)
+        return not mask and n >= max(1, need)
 
     def _walk(self, keys: Sequence[int], mask: int, pos: int) -> tuple[int, int]:
         """The AND-chain of holder masks from ``keys[pos]`` on, in C (``map`` and

@@ -8,8 +8,11 @@ that would exceed either is dropped and counted (``dropped``) — the cache then
 the decision encoded, and a next turn encodes the rest itself. The BPE runs without the
 cache's lock (the ``tokenizers`` library releases the GIL for texts of 4,096 characters or
 more), the store under it. ``done(keys)``, when given, receives the prompt's whole block
-keys — on the event loop the request was decided on (``call_soon_threadsafe``), or, without
-one, in the worker.
+keys — on the event loop the request was decided on (``call_soon_threadsafe``), or, in a
+host without one (a benchmark, the lab), on the submitting thread: queued by the worker
+and run at that thread's next :meth:`DeferredEncoder.submit` or
+:meth:`DeferredEncoder.drain` (a callback mutates state the caller reads, e.g. the
+speculative entries, so it never runs in the worker).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from tokenizers import Encoding
@@ -66,6 +70,10 @@ class DeferredEncoder:
         self.pending_bytes = 0
         """UTF-8 bytes of the prompts queued and not yet finished."""
         self._bytes_lock = threading.Lock()
+        self._ready: deque[tuple[Done, list[int]]] = deque()
+        """Callbacks of prompts finished for a host without an event loop, for the
+        submitting thread to run (at most one per prompt queued: bounded as the queue
+        is, since each submit runs those ready before)."""
 
     def submit(self, progress: Progress, done: Done | None = None) -> None:
         """Queue ``progress`` to be encoded to its end and stored (a full queue drops it,
@@ -81,6 +89,7 @@ class DeferredEncoder:
             loop = None
         self._ensure_thread()
         if loop is None:
+            self.run_ready()
             self._enqueue((progress, done, None))
         else:
             loop.call_soon(self._enqueue, (progress, done, loop))
@@ -107,9 +116,22 @@ class DeferredEncoder:
             self.pending_bytes -= size
 
     def drain(self) -> None:
-        """Wait until every queued prompt is finished (benchmarks, tests)."""
+        """Wait until every queued prompt is finished (benchmarks, tests), then run the
+        callbacks ready for this thread (a host without an event loop)."""
         if self._thread is not None:
             self._queue.join()
+        self.run_ready()
+
+    def run_ready(self) -> None:
+        """Run, on the calling thread, the callbacks of prompts finished for a host
+        without an event loop (one failing is logged; the rest still run)."""
+        ready = self._ready
+        while ready:
+            done, keys = ready.popleft()
+            try:
+                done(keys)
+            except Exception:
+                log.exception("handing a finished prompt's block keys on failed")
 
     def close(self) -> None:
         """Stop the worker after the prompt it is on (what is still queued is dropped; it
@@ -151,7 +173,7 @@ class DeferredEncoder:
             advance(p, self.encode, None, p.limit)
             with self.lock:
                 store(self.cache, p)
-                self.cache.counters.tokens_encoded += p.encoded_tokens - before
+                self.cache.counters.add(tokens_encoded=p.encoded_tokens - before)
         except Exception:  # a worker must survive any one prompt
             self.counters.failed += 1
             log.exception("finishing a prompt's encoding after dispatch failed")
@@ -163,8 +185,8 @@ class DeferredEncoder:
             return
         keys = list(p.keys)
         try:  # a failing callback, or a loop closing meanwhile, must not end the worker
-            if loop is None:
-                done(keys)
+            if loop is None:  # for the submitting thread (deque appends are atomic)
+                self._ready.append((done, keys))
             elif not loop.is_closed():
                 loop.call_soon_threadsafe(done, keys)
         except Exception:  # the prompt itself is finished (counted) and stored

@@ -51,7 +51,7 @@ from sluicegate.tokenization.chat import (
     template_source,
 )
 from sluicegate.tokenization.deferred import DeferredEncoder, Done
-from sluicegate.tokenization.prefix_cache import PrefixTokenCache
+from sluicegate.tokenization.prefix_cache import PrefixTokenCache, chunk_hashes
 from sluicegate.tokenization.progressive import BlockKeying, Progress, advance, begin, store
 from sluicegate.tokenization.selfcheck import (
     continues_exactly,
@@ -328,7 +328,7 @@ class LocalTokenizer(PoolTokenizer):
                 advance(resume, self._encode, enough, max_tokens)
             finally:
                 self.counters.seconds += time.perf_counter() - started
-            self.cache.counters.tokens_encoded += resume.encoded_tokens - before
+            self.cache.counters.add(tokens_encoded=resume.encoded_tokens - before)
             return resume
         try:
             p = self._decide(request, keying, enough, max_tokens)
@@ -360,20 +360,23 @@ class LocalTokenizer(PoolTokenizer):
                 p = begin(cache, text, keying)
             finally:
                 self._lock.release()
-        else:  # a worker holds the cache through a whole encode: do without it
-            p = Progress(text, b"", [], keying, array("I"), 0, [], False)
+        else:  # a worker holds the cache through a whole encode: do without it (the
+            # text's bytes and chunk hashes all the same, so the rest can still be
+            # finished after dispatch and stored, and its speculation run)
+            data = text.encode()
+            p = Progress(text, data, chunk_hashes(data), keying, array("I"), 0, [], False)
         known = 0 if p.whole else len(p.ids)
-        if not advance(p, self._encode, enough, max_tokens):
-            cache.counters.mismatches += 1
+        mismatched = not advance(p, self._encode, enough, max_tokens)
+        if mismatched:
             known = 0
-        counters = cache.counters
-        if known:
-            counters.prefix_hits += 1
-            counters.tokens_saved += known
-        elif p.encoded_tokens:
-            counters.misses += 1
-        counters.tokens_encoded += p.encoded_tokens
-        if locked and p.whole:  # a partial encoding is stored when it is finished
+        cache.counters.add(
+            mismatches=int(mismatched),
+            prefix_hits=int(known > 0),
+            tokens_saved=known,
+            misses=int(not known and p.encoded_tokens > 0),
+            tokens_encoded=p.encoded_tokens,
+        )
+        if p.whole:  # a partial encoding is stored when it is finished
             self._store(p, on_loop)
         return p
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import bisect
 import sys
+import threading
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable
@@ -116,6 +117,31 @@ class CacheCounters:
     tokens_encoded: int = 0
     mismatches: int = 0
     evictions: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(
+        self,
+        *,
+        hits: int = 0,
+        prefix_hits: int = 0,
+        misses: int = 0,
+        tokens_saved: int = 0,
+        tokens_encoded: int = 0,
+        mismatches: int = 0,
+        evictions: int = 0,
+    ) -> None:
+        """Add to the totals atomically. The event loop and the tokenizer's worker
+        threads count into the same totals, and not always under the cache's lock (a
+        decision on the loop does without a busy cache), so a plain ``+=`` could lose
+        counts; this short lock is never held across an encode."""
+        with self._lock:
+            self.hits += hits
+            self.prefix_hits += prefix_hits
+            self.misses += misses
+            self.tokens_saved += tokens_saved
+            self.tokens_encoded += tokens_encoded
+            self.mismatches += mismatches
+            self.evictions += evictions
 
 
 @dataclass(eq=False)
@@ -146,8 +172,7 @@ class PrefixTokenCache:
         """The token ids of ``text`` (an ``array("I")``; callers must not change it)."""
         if self.max_bytes <= 0:
             ids = array("I", self.encode_fn(text).ids)
-            self.counters.misses += 1
-            self.counters.tokens_encoded += len(ids)
+            self.counters.add(misses=1, tokens_encoded=len(ids))
             return ids
         data = text.encode()
         whole = whole_hash(data)
@@ -163,11 +188,10 @@ class PrefixTokenCache:
                 whole_prefix = shared == len(entry.data)
                 self._store(made, hashes, whole, supersedes=key if whole_prefix else None)
                 return made.ids
-            self.counters.mismatches += 1
+            self.counters.add(mismatches=1)
         encoding = self.encode_fn(text)
         made = _entry_of(data, encoding, encoding.ids, 0, None)
-        self.counters.misses += 1
-        self.counters.tokens_encoded += len(made.ids)
+        self.counters.add(misses=1, tokens_encoded=len(made.ids))
         self._store(made, hashes, whole, None)
         return made.ids
 
@@ -180,8 +204,7 @@ class PrefixTokenCache:
         if entry.data != data:
             return None
         self._entries.move_to_end(key)
-        self.counters.hits += 1
-        self.counters.tokens_saved += len(entry.ids)
+        self.counters.add(hits=1, tokens_saved=len(entry.ids))
         return key, entry
 
     def rekey(self, key: int, keys: array[int], keying: BlockKeying) -> None:
@@ -234,9 +257,7 @@ class PrefixTokenCache:
         ):
             return None
         made = _entry_of(data, tail, tail_ids, start_char, entry, start_tok, i - 1)
-        self.counters.prefix_hits += 1
-        self.counters.tokens_saved += start_tok
-        self.counters.tokens_encoded += len(tail_ids)
+        self.counters.add(prefix_hits=1, tokens_saved=start_tok, tokens_encoded=len(tail_ids))
         return made
 
     def _store(
@@ -267,7 +288,7 @@ class PrefixTokenCache:
         while len(self._entries) > self.max_entries or self.nbytes > self.max_bytes:
             oldest = next(iter(self._entries))
             self._drop(oldest)
-            self.counters.evictions += 1
+            self.counters.add(evictions=1)
         return key if key in self._entries else None
 
     def _drop(self, key: int) -> None:

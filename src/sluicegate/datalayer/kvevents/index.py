@@ -326,6 +326,12 @@ class PreciseIndex:
                 into[name] = depth
             mask ^= low
 
+    @property
+    def bit_width(self) -> int:
+        """Bit positions the endpoints' masks use: every bit of a holder mask is below
+        ``1 << bit_width`` (an endpoint joining meanwhile may take the next one)."""
+        return len(self._names)
+
     def mask_of(self, endpoints: Iterable[str]) -> int:
         """The bits of ``endpoints`` (those without entries have none)."""
         mask = 0

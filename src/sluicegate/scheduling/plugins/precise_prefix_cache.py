@@ -112,15 +112,18 @@ from sluicegate.framework import (
 )
 from sluicegate.scheduling.approximate import ApproximatePrefix, ApproximatePrefixParameters
 from sluicegate.scheduling.precise_frontier import Frontier, keying
+from sluicegate.scheduling.precise_views import (
+    VLLM_DEFAULT_BLOCK_SIZE,
+    blocks_reach,
+    reach,
+    views,
+)
 from sluicegate.scheduling.speculative import SpeculativeEntries
 from sluicegate.tokenization.base import TOKENIZER_SERVICE, PoolTokenizer, TokenizerService
 from sluicegate.tokens import token_id_array
 
 if TYPE_CHECKING:
     from sluicegate.tokenization.progressive import Progress
-
-VLLM_DEFAULT_BLOCK_SIZE = 16
-"""vLLM's default ``--block-size`` (tokens), used before any event or scrape told it."""
 
 _APPROXIMATE: StateKey[PrefixMatch] = StateKey("precise-prefix/approximate")
 _FETCHED: StateKey[array[int] | None] = StateKey("precise-prefix/token-ids")
@@ -205,7 +208,7 @@ class PrecisePrefixCacheProducer(
             self._approximate_only(request, state, endpoints, tokenizer, counting)
             return
         index = subs.index
-        size, synced, unknown = self._views(subs, endpoints)
+        size, synced, unknown = views(subs, endpoints)
         approx = self._fallback(request, unknown)
         state.put(_APPROXIMATE, approx)
         limit = self.params.max_prefix_tokens_to_match
@@ -261,7 +264,7 @@ class PrecisePrefixCacheProducer(
             # was, not wherever load is lowest (which would copy it across the pool)
             names = set(synced)
             cold = self.approximate.match(request, [e for e in endpoints if e.name in names])
-            need = _reach(cold, size)
+            need = reach(cold, size)
             if estimated and progress is not None and tokenizer is not None and need > len(keys):
                 # as for the unknown candidates: keys as far as the converted matches reach
                 # (or the prompt's end), so the cap below is the prompt's real block count
@@ -308,38 +311,10 @@ class PrecisePrefixCacheProducer(
             return self.approximate.match(request, unknown)
         return PrefixMatch([], self.approximate.block_size_tokens, {})
 
-    def _views(
-        self, subs: KVEventSubscribers, endpoints: Sequence[Endpoint]
-    ) -> tuple[int, list[str], list[Endpoint]]:
-        """The block size, the candidates whose view is synced at it, and the others."""
-        index = subs.index
-        size = self._block_size(subs, endpoints)
-        synced: list[str] = []
-        unknown: list[Endpoint] = []
-        for e in endpoints:
-            learned = index.block_size(e.name)
-            if subs.view(e.name) is View.SYNCED and learned in (0, size):
-                synced.append(e.name)
-            else:
-                unknown.append(e)
-        return size, synced, unknown
-
     def _subscribers(self, endpoints: Sequence[Endpoint]) -> KVEventSubscribers | None:
         if self.service is None or not endpoints:
             return None
         return self.service.pools.get(endpoints[0].pool)
-
-    def _block_size(self, subs: KVEventSubscribers, endpoints: Sequence[Endpoint]) -> int:
-        """The servers' block size: from their events, else their scraped cache config."""
-        for e in endpoints:
-            size = subs.index.block_size(e.name)
-            if size and subs.view(e.name) is View.SYNCED:
-                return size
-        for e in endpoints:
-            m = e.metrics
-            if m is not None and m.block_size:
-                return m.block_size
-        return VLLM_DEFAULT_BLOCK_SIZE
 
     @property
     def fetches(self) -> bool:
@@ -360,9 +335,13 @@ class PrecisePrefixCacheProducer(
             return
         limit = self.params.max_prefix_tokens_to_match
         if tokenizer.progressive and not self.params.encode_whole_prompt:
-            size, synced, unknown = self._views(subs, endpoints)
+            size, synced, unknown = views(subs, endpoints)
             approx = self._fallback(request, unknown)
             enough = self._frontier(subs, synced, approx, size)
+            if self.params.approximate_when_none_holds and synced and approx.hashes:
+                # the cold fallback's reach: its catch-up is then encoded in the thread
+                cold = self.approximate.index.match(approx.hashes, synced)
+                enough.cold_blocks = blocks_reach(cold, approx.block_tokens, size)
             state.put(
                 _PROGRESS,
                 await tokenizer.fetch_decision(request, keying(request, size), enough, limit),
@@ -378,7 +357,7 @@ class PrecisePrefixCacheProducer(
         self, subs: KVEventSubscribers, synced: Sequence[str], approx: PrefixMatch, size: int
     ) -> Frontier:
         """The ``enough`` test of a progressive decision over these candidates."""
-        return Frontier(subs.index, synced, self.speculative, _reach(approx, size))
+        return Frontier(subs.index, synced, self.speculative, reach(approx, size))
 
     def _progress(
         self,
@@ -467,8 +446,3 @@ class PrecisePrefixCacheProducer(
         self.approximate.forget(endpoint)
         if self.speculative is not None:
             self.speculative.forget(endpoint.name)
-
-
-def _reach(approx: PrefixMatch, size: int) -> int:
-    """The longest of ``approx``'s matches converted to blocks of ``size`` tokens."""
-    return max((b * approx.block_tokens // size for b in approx.matched_blocks.values()), default=0)
