@@ -11,12 +11,24 @@ costing only a ``len()``.
 Fixed-width tokens have a property routing relies on: the tokens of a text's prefix are
 a prefix of the text's tokens (up to the last whole token), so block hashes of a shared
 prefix are the same whatever follows.
+
+The built-in chat template (:func:`render_chat`) turns chat ``messages`` into prompt
+bytes. It is the one both sides of the built-in tokenizer use: the simulator's engine
+renders a chat request with it (and counts, caches and publishes KV-cache events for the
+tokens of the result), and the gateway's built-in tokenizer renders it the same way, so
+precise prefix routing keys a chat request's blocks by the token ids the simulator
+reports for it. Each message is ``<|role|>\\n`` padded with spaces to a token boundary,
+its text, and ``\\n``; the generation prompt ``<|assistant|>\\n`` is padded the same way.
+A message body so starts on a token boundary, generated text too, and a conversation's
+history re-renders to exactly the tokens the engine computed for it (generated tokens
+included): a follow-up turn hits the prefix cache the way it would on vLLM.
 """
 
 from __future__ import annotations
 
 import sys
 from array import array
+from collections.abc import Sequence
 
 import xxhash
 
@@ -90,3 +102,60 @@ def token_id_array(data: bytes, max_tokens: int = 0) -> array[int]:
     if sys.byteorder == "big":
         ids.byteswap()
     return ids
+
+
+class PromptError(ValueError):
+    """A prompt or message list the built-in template cannot render."""
+
+
+def message_text(content: object) -> str:
+    """Text of a chat message ``content``: a string, None (empty), or a list of
+    ``{"type": "text", "text": ...}`` parts, concatenated without a separator."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts: list[str] = []
+        for part in content:
+            if not isinstance(part, dict):
+                raise PromptError("content parts must be objects")
+            kind = part.get("type")
+            if kind != "text":
+                raise PromptError(f"content part type {kind!r} is not supported (text only)")
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise PromptError("a text content part needs a string 'text'")
+            parts.append(text)
+        return "".join(parts)
+    raise PromptError("message content must be a string or a list of content parts")
+
+
+def pad_to_token(buf: bytearray) -> None:
+    """Pad ``buf`` with spaces to a whole number of built-in tokens."""
+    buf.extend(b" " * (-len(buf) % BYTES_PER_TOKEN))
+
+
+def render_chat(messages: Sequence[object], add_generation_prompt: bool = True) -> bytes:
+    """Render chat ``messages`` to prompt bytes with the built-in chat template (above).
+
+    Raises :class:`PromptError` for an empty list, a message that is not an object or has
+    no non-empty string ``role``, or content that is not text.
+    """
+    if not messages:
+        raise PromptError("messages must be a non-empty list")
+    buf = bytearray()
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise PromptError(f"messages[{i}] must be an object")
+        role = message.get("role")
+        if not isinstance(role, str) or not role:
+            raise PromptError(f"messages[{i}].role must be a non-empty string")
+        buf += f"<|{role}|>\n".encode()
+        pad_to_token(buf)
+        buf += message_text(message.get("content")).encode()
+        buf += b"\n"
+    if add_generation_prompt:
+        buf += b"<|assistant|>\n"
+        pad_to_token(buf)
+    return bytes(buf)

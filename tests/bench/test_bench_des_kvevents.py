@@ -5,17 +5,19 @@ and the ``precise-prefix`` policy routes on it."""
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sluicegate import cli
+from sluicegate.bench import sharegpt
 from sluicegate.bench.des import ClusterSimulation
 from sluicegate.bench.des_kvevents import DEFAULT_DELAY_S, KVEventDelivery
 from sluicegate.bench.des_spec import ClusterSpec
 from sluicegate.bench.policies import policy_config
-from sluicegate.bench.workloads import OpenLoop, shared_prefix
+from sluicegate.bench.workloads import OpenLoop, Sessions, random_text, shared_prefix
 from sluicegate.builtins import default_registry
 from sluicegate.clock import ManualClock
 from sluicegate.framework import PluginContext
@@ -123,6 +125,39 @@ def test_precise_routing_finds_more_cached_prefix_than_random() -> None:
         queried = sum(e.counters.prefix_cache_queries for e in result.engines)
         rates[policy] = sum(e.counters.prefix_cache_hits for e in result.engines) / queried
     assert rates["precise-prefix"] > rates["random"] + 0.1
+
+
+def chats(seed: int = 0) -> Sessions:
+    """60 four-turn chats (distinct texts, so only a conversation's own history is shared)
+    on the chat route: each turn's prompt is the history and the replies generated."""
+    rng = random.Random(seed)
+    convs = []
+    for c in range(60):
+        texts: list[str] = []
+        for _ in range(4):
+            texts += [random_text(rng, rng.randint(40, 160)), "a" * 4 * rng.randint(20, 80)]
+        convs.append(sharegpt.Conversation(f"c{c}", ("user", "assistant") * 4, tuple(texts)))
+    return Sessions(convs, 8.0, 5.0, MODEL, think_s=0.5, seed=seed)
+
+
+def test_precise_routing_matches_chat_requests() -> None:
+    """Chat requests are keyed by the tokens the simulator renders and publishes for them
+    (not the serialised messages): follow-up turns find their history in the index, and
+    precise routing keeps conversations where their cache is."""
+    rates = {}
+    for policy in ("round-robin", "precise-prefix"):
+        sim = simulation(policy)
+        result = sim.run(chats(), horizon_s=120.0)
+        assert all(r.completed for r in result.records)
+        queried = sum(e.counters.prefix_cache_queries for e in result.engines)
+        rates[policy] = sum(e.counters.prefix_cache_hits for e in result.engines) / queried
+        if policy == "precise-prefix":
+            assert sim.kv_events is not None
+            lookups = sim.kv_events.service.lookups
+            assert lookups.requests >= 100
+            assert lookups.fallbacks == 0
+            assert lookups.hit_blocks > 0.3 * (lookups.hit_blocks + lookups.miss_blocks)
+    assert rates["precise-prefix"] > rates["round-robin"] + 0.2
 
 
 def test_negative_delay_is_refused() -> None:

@@ -9,6 +9,7 @@ import asyncio
 from typing import Any
 
 import aiohttp
+import pytest
 from gw_support import gateway_doc, wait_until_scraped
 
 from sluicegate.api.loader import build_config
@@ -47,17 +48,31 @@ def _pool(cluster: SimCluster) -> dict[str, Any]:
     }
 
 
-async def _complete(http: aiohttp.ClientSession, url: str, prompt: str) -> aiohttp.ClientResponse:
-    body = {"model": BASE, "prompt": prompt, "max_tokens": 1}
-    async with http.post(f"{url}/v1/completions", json=body) as response:
+async def _complete(
+    http: aiohttp.ClientSession, url: str, prompt: str, chat: bool = False
+) -> aiohttp.ClientResponse:
+    """A one-token answer to ``prompt``, sent as a completion or as a chat's user message."""
+    body: dict[str, Any] = {"model": BASE, "max_tokens": 1}
+    if chat:
+        body["messages"] = [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": prompt},
+        ]
+    else:
+        body["prompt"] = prompt
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    async with http.post(f"{url}{path}", json=body) as response:
         assert response.status == 200, await response.text()
         await response.read()
         return response
 
 
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
 async def test_the_simulators_events_route_a_prompt_to_the_replica_that_cached_it(
-    sim_cluster: Any, http: aiohttp.ClientSession
+    sim_cluster: Any, http: aiohttp.ClientSession, chat: bool
 ) -> None:
+    """Chat too: the gateway's built-in tokenizer renders the messages as the simulator
+    does, so their blocks are the ones the replica's events name."""
     cluster: SimCluster = await sim_cluster(replicas=2, kv_events=FREE_PORTS)
     config = build_config([_pool(cluster), gateway_doc(scrapeIntervalMs=20)])
     config.picker = load_preset("precise-prefix")
@@ -84,7 +99,7 @@ async def test_the_simulators_events_route_a_prompt_to_the_replica_that_cached_i
         before = {n: index.size(n) for n in names}
         for letter, name in cached.items():
             replica = next(r for r in cluster.replicas if r.pod_name == name)
-            await _complete(http, replica.url, _prompt(letter))
+            await _complete(http, replica.url, _prompt(letter), chat)
         for _ in range(500):
             if all(index.size(n) >= before[n] + 32 for n in names):
                 break
@@ -95,7 +110,7 @@ async def test_the_simulators_events_route_a_prompt_to_the_replica_that_cached_i
         gateway_url = f"http://127.0.0.1:{gw.port}"
         for _ in range(3):
             for letter, name in cached.items():
-                response = await _complete(http, gateway_url, _prompt(letter))
+                response = await _complete(http, gateway_url, _prompt(letter), chat)
                 served = response.headers["x-gateway-destination-endpoint-served"]
                 assert served == addresses[name], (letter, name, served)
     finally:

@@ -4,7 +4,8 @@ The engine sees a request as UTF-8 bytes cut into 4-byte tokens (``sluicegate.to
 Chat messages are rendered with a small template whose message bodies start on a token
 boundary, so a conversation's history re-tokenises to exactly the tokens the engine
 computed for it, generated tokens included, and a follow-up turn hits the prefix cache the
-way it would on vLLM.
+way it would on vLLM. The template lives in :func:`sluicegate.tokens.render_chat` (re-exported
+here), which the gateway's built-in tokenizer renders chat requests with too.
 
 Generated tokens are 4-byte ASCII pieces, a space and a common three-letter English word
 (" the", " and", " cat"), drawn deterministically from a fixed vocabulary by (sequence seed,
@@ -21,6 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sluicegate.tokens import BYTES_PER_TOKEN
+from sluicegate.tokens import PromptError as PromptError
+from sluicegate.tokens import message_text as message_text
+from sluicegate.tokens import render_chat as render_chat
 
 # The 256 most common of the three-letter English words whose space-prefixed form is a single
 # token of cl100k_base (checked by tests/sim/test_text_tokenizer.py against the vocabulary the
@@ -185,62 +189,6 @@ def token_logprobs(seed: int, index: int, k: int) -> TokenLogprobs:
         if r <= k:
             top.append((piece, math.log(prob(r))))
     return TokenLogprobs(VOCAB[sampled], math.log(prob(rank)), rank, tuple(top))
-
-
-class PromptError(ValueError):
-    """A prompt or message list the simulator cannot render."""
-
-
-def message_text(content: object) -> str:
-    """Text of a chat message ``content``: a string or a list of ``{"type": "text"}`` parts."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts: list[str] = []
-        for part in content:
-            if not isinstance(part, dict):
-                raise PromptError("content parts must be objects")
-            kind = part.get("type")
-            if kind != "text":
-                raise PromptError(f"content part type {kind!r} is not supported (text only)")
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise PromptError("a text content part needs a string 'text'")
-            parts.append(text)
-        return "".join(parts)
-    raise PromptError("message content must be a string or a list of content parts")
-
-
-def _pad_to_token(buf: bytearray) -> None:
-    buf.extend(b" " * (-len(buf) % BYTES_PER_TOKEN))
-
-
-def render_chat(messages: Sequence[object], add_generation_prompt: bool = True) -> bytes:
-    """Render chat ``messages`` to prompt bytes.
-
-    Each message is ``<|role|>\\n`` padded to a token boundary, its text, and ``\\n``; the
-    generation prompt ``<|assistant|>\\n`` is padded the same way, so generated text starts
-    on a token boundary and re-renders to the same tokens in the next turn.
-    """
-    if not messages:
-        raise PromptError("messages must be a non-empty list")
-    buf = bytearray()
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise PromptError(f"messages[{i}] must be an object")
-        role = message.get("role")
-        if not isinstance(role, str) or not role:
-            raise PromptError(f"messages[{i}].role must be a non-empty string")
-        buf += f"<|{role}|>\n".encode()
-        _pad_to_token(buf)
-        buf += message_text(message.get("content")).encode()
-        buf += b"\n"
-    if add_generation_prompt:
-        buf += b"<|assistant|>\n"
-        _pad_to_token(buf)
-    return bytes(buf)
 
 
 def render_prompt(prompt: object) -> bytes:

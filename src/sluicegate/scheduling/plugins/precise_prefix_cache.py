@@ -12,8 +12,9 @@ Inputs: the request's prompt bytes, its target model when that is a LoRA adapter
 (the host's ``kv-events`` service, filled from the servers' events per the pool's
 ``kvEvents`` configuration). Token ids come from the pool's tokenizer (the host's
 ``tokenizer`` service, per the pool's ``spec.tokenizer``): by default the built-in one
-(:func:`sluicegate.tokens.token_id_array`, 4 UTF-8 bytes per token) — exact against the
-simulator, which publishes the same ids; ``local``, the model's own ``tokenizer.json``
+(:func:`sluicegate.tokenization.builtin.builtin_token_ids`, 4 UTF-8 bytes per token, chat
+messages rendered with the simulator's template) — exact against the simulator, which
+publishes the same ids; ``local``, the model's own ``tokenizer.json``
 and chat template, rendered and encoded as vLLM does (with a prefix cache, so a new turn
 encodes only what is new); ``server``, the servers' ``/tokenize``, awaited in this
 producer's prefetch (it is then an I/O-bound producer); ``local`` prompts over 8 KiB are
@@ -120,7 +121,7 @@ from sluicegate.scheduling.precise_views import (
 )
 from sluicegate.scheduling.speculative import SpeculativeEntries
 from sluicegate.tokenization.base import TOKENIZER_SERVICE, PoolTokenizer, TokenizerService
-from sluicegate.tokens import token_id_array
+from sluicegate.tokenization.builtin import builtin_token_ids
 
 if TYPE_CHECKING:
     from sluicegate.tokenization.progressive import Progress
@@ -396,7 +397,7 @@ class PrecisePrefixCacheProducer(
         limit = self.params.max_prefix_tokens_to_match
         tokenizer = self._tokenizer(pool)
         if tokenizer is None:
-            return token_id_array(request.prompt, limit)
+            return builtin_token_ids(request, limit)
         if state.get(_FETCH_DONE):
             ids = state.get(_FETCHED)
         elif tokenizer.needs_io or (state.get(PREFETCH_PASS) and tokenizer.wants_fetch(request)):
