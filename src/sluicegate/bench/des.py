@@ -108,7 +108,14 @@ class ClusterSimulation:
             self._bodies,
             self._engine_sequence,
         )
-        self.group = GatewayGroup(spec, self.clock, names, services, self._schedule_delivery)
+        self.group = GatewayGroup(
+            spec,
+            self.clock,
+            names,
+            services,
+            self._schedule_delivery,
+            lambda g, now: self._release(self.gateways[g], now),
+        )
         self.predictors = services.predictors
         """The online-trained latency models (``predictor="model"``), one per replica."""
         self.gateways = self.group.replicas

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
+from sluicegate.bench.des_backlog import BacklogFeed, Pump
 from sluicegate.bench.des_sharing import (
     Delivery,
     Schedule,
@@ -131,13 +132,14 @@ class GatewayGroup:
     """The run's gateway replicas (``spec.gateways``), how arrivals reach them and what
     they share. ``services(g)`` gives replica *g*'s host services (its KV-events view, its
     predictor); with shared state each also gets its own prefix outbox. ``schedule``
-    puts a shared message's delivery on the event queue.
+    puts a shared message's delivery on the event queue; ``pump(g, now)`` runs replica
+    *g*'s dispatch pass (after a backlog reading: held requests may go now).
 
-    The seam for more shared state (e.g. flow control's per-priority-band backlog across
-    replicas): build each replica's object here beside its prefix outbox, offer it under
-    its service name, and give :func:`~sluicegate.bench.des_sharing.shared_feeds` its feed
-    (what a replica publishes per tick, what a receiver applies); the channel, its delay
-    and loss, and the event loop need no change."""
+    The seam for more shared state: build each replica's object here beside its prefix
+    outbox (or over its director, as the backlog feed does), offer it under its service
+    name, and give :func:`~sluicegate.bench.des_sharing.shared_feeds` its feed (what a
+    replica publishes per tick, what a receiver applies); the channel, its delay and loss,
+    and the event loop need no change."""
 
     def __init__(
         self,
@@ -146,6 +148,7 @@ class GatewayGroup:
         names: list[str],
         services: Callable[[int], dict[str, object]],
         schedule: Schedule,
+        pump: Pump,
     ) -> None:
         settings = spec.gateways
         shares: list[PrefixShare] = []
@@ -159,7 +162,11 @@ class GatewayGroup:
             self.replicas.append(GatewayReplica(g, spec, clock, offered))
         self.spreader = Spreader(settings.gateways, settings.spread)
         self.feeds: list[SharedFeed] = shared_feeds(
-            settings, shares, [r.datastore for r in self.replicas]
+            settings,
+            shares,
+            [r.datastore for r in self.replicas],
+            [r.director for r in self.replicas],
+            pump,
         )
         """What the replicas exchange (empty: independent, or one replica)."""
         self.channel = ShareChannel(
@@ -200,6 +207,9 @@ class GatewayGroup:
         counters["prefix_records_applied"] = sum(
             r.share.received for r in self.replicas if r.share is not None
         )
+        for feed in self.feeds:
+            if isinstance(feed, BacklogFeed):
+                counters.update(feed.counters())
         return counters
 
 

@@ -22,9 +22,9 @@ shares through Redis (``docs/replicas.md``, :mod:`sluicegate.runtime.shared`):
 The channel is generic: a :class:`SharedFeed` says what a replica publishes on its tick
 and what a receiver does with it; the channel delays every message by ``delay_s`` and loses
 each copy (one per receiver) with probability ``loss``, from its own random stream, so
-``loss=1.0`` routes exactly as ``independent``. Other shared state — e.g. a per-priority-
-band backlog count for flow control across replicas — is one more feed added to
-:func:`shared_feeds`, with no change to the channel or the event loop.
+``loss=1.0`` routes exactly as ``independent``. Flow control's per-priority-band backlog
+across replicas is one more feed (:class:`~sluicegate.bench.des_backlog.BacklogFeed`, with
+flow control on), added in :func:`shared_feeds` with no change to the channel.
 
 What the model simplifies: the live in-flight sync stores a snapshot and reads the others'
 in one call, so a count is up to two sync periods old; here a snapshot is applied on
@@ -42,8 +42,10 @@ from dataclasses import dataclass
 from typing import Final, Literal, Protocol
 
 from sluicegate.api.settings import SharedStateSettings
+from sluicegate.bench.des_backlog import Pump, backlog_feed
 from sluicegate.datalayer.datastore import Datastore
 from sluicegate.datalayer.sharing import PrefixShare
+from sluicegate.requestcontrol.director import Director
 from sluicegate.runtime.shared_wire import (
     WireError,
     decode_load,
@@ -83,6 +85,8 @@ class ReplicaSettings:
     prefix_flush_s: float = float(_DEFAULTS["prefix_flush_ms"].default) / 1000.0
     inflight_sync_s: float = float(_DEFAULTS["inflight_sync_ms"].default) / 1000.0
     lease_s: float = float(_DEFAULTS["lease_ms"].default) / 1000.0
+    backlog_sync_s: float = float(_DEFAULTS["backlog_sync_ms"].default) / 1000.0
+    max_yield_s: float = float(_DEFAULTS["max_yield_ms"].default) / 1000.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.gateways <= MAX_GATEWAY_REPLICAS:
@@ -101,7 +105,13 @@ class ReplicaSettings:
             raise ValueError(f"share delay must be 0 … 60 s, got {self.delay_s:g}")
         if not (math.isfinite(self.loss) and 0.0 <= self.loss <= 1.0):
             raise ValueError(f"share loss must be 0 … 1, got {self.loss:g}")
-        for name in ("prefix_flush_s", "inflight_sync_s", "lease_s"):
+        for name in (
+            "prefix_flush_s",
+            "inflight_sync_s",
+            "lease_s",
+            "backlog_sync_s",
+            "max_yield_s",
+        ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value:g}")
@@ -304,15 +314,24 @@ def shared_feeds(
     settings: ReplicaSettings,
     shares: Sequence[PrefixShare],
     datastores: Sequence[Datastore],
+    directors: Sequence[Director],
+    pump: Pump,
 ) -> list[SharedFeed]:
-    """What the replicas of a ``shared`` run exchange (none for ``independent``). The seam
-    for more shared state: append its feed here."""
+    """What the replicas of a ``shared`` run exchange (none for ``independent``); the
+    backlog feed sets each director's ``peer_yield`` and calls ``pump`` after a reading.
+    The seam for more shared state: append its feed here."""
     if not settings.sharing:
         return []
-    return [
+    feeds: list[SharedFeed] = [
         PrefixFeed(shares, settings.prefix_flush_s),
         InflightFeed(datastores, settings.inflight_sync_s, settings.lease_s),
     ]
+    backlog = backlog_feed(
+        directors, settings.backlog_sync_s, settings.lease_s, settings.max_yield_s, pump
+    )
+    if backlog is not None:
+        feeds.append(backlog)
+    return feeds
 
 
 __all__ = [
