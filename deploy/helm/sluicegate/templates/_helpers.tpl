@@ -52,7 +52,7 @@ plugins:
   parameters: {affinityThreshold: 0.80, ttftSource: latencyPredictor, maxTTFTPenaltyMs: 5000}
 - type: slo-headroom-tier-filter
 - type: latency-scorer
-  parameters: {headroomSelectionStrategy: most}
+  parameters: {headroomSelectionStrategy: load, capacityNormalization: measured}
 - type: weighted-random-picker
 - type: latency-slo-admitter
 schedulingProfiles:
