@@ -265,3 +265,30 @@ def test_seed_summary_pairs_each_seed_with_its_own_single_replica() -> None:
     assert row.endswith("| 2/3 |")
     with pytest.raises(ValueError, match="different scenarios"):
         summary([doc(0.8, 0.8), {"scenario": "slo-mixed", "runs": []}])
+
+
+# ---------------------------------------------------------------------- regressions
+
+
+@pytest.mark.parametrize(
+    ("policy", "hits", "endpoints", "finish_sum"),
+    [
+        ("default", 17840, "023113011320001012320301230230002", 313.455981),
+        ("predicted-latency-precise", 8112, "231022122302013012012012312031220", 314.712959),
+    ],
+)
+def test_one_replica_routes_as_the_code_before_replicas(
+    policy: str, hits: int, endpoints: str, finish_sum: float
+) -> None:
+    """Fixed expectations computed with the simulation as it was before gateway replicas
+    (commit 138710f's parent): the approximate path and the precise path (KV events, the
+    online-trained predictor). Change them only with a change meant to move one-gateway
+    runs."""
+    result = run(policy)
+    assert len(result.records) == 33
+    assert sum(e.counters.prefix_cache_hits for e in result.engines) == hits
+    assert sum(e.counters.prefix_cache_queries for e in result.engines) == 21670
+    assert "".join(str(r.endpoint) for r in result.records) == endpoints
+    assert sum(r.finish for r in result.records) == pytest.approx(finish_sum, abs=1e-6)
+    assert result.end_time == pytest.approx(20.0)
+
