@@ -19,6 +19,7 @@ from sluicegate.bench.des_sharing import (
     Spreader,
 )
 from sluicegate.bench.des_spec import ClusterSpec, RunResult
+from sluicegate.bench.goals_replicas import replica_verdicts
 from sluicegate.bench.policies import policy_config
 from sluicegate.bench.replica_seeds import summary
 from sluicegate.bench.runner import run_level
@@ -291,4 +292,27 @@ def test_one_replica_routes_as_the_code_before_replicas(
     assert "".join(str(r.endpoint) for r in result.records) == endpoints
     assert sum(r.finish for r in result.records) == pytest.approx(finish_sum, abs=1e-6)
     assert result.end_time == pytest.approx(20.0)
+
+
+def test_a_shared_run_that_cannot_be_judged_does_not_hide_one_that_failed() -> None:
+    def entry(n: int, state: str, rate: float | None) -> dict[str, object]:
+        return {
+            "policy": "default",
+            "load": 2,
+            "gateway_replicas": n,
+            "replica_state": state,
+            "metrics": {"engine_prefix_hit_rate": rate, "by_class": {}},
+        }
+
+    def verdict(*runs: dict[str, object]) -> bool | None:
+        doc = {"scenario": "slo-mixed", "runs": list(runs)}
+        for r in runs:
+            r["metrics"]["slo_attainment"] = r["metrics"]["engine_prefix_hit_rate"]  # type: ignore[index]
+        (v,) = replica_verdicts(doc)
+        return v.met
+
+    one = entry(1, "independent", 0.9)
+    assert verdict(one, entry(2, "shared", 0.5), entry(4, "shared", None)) is False
+    assert verdict(one, entry(2, "shared", None), entry(4, "shared", 0.9)) is None
+    assert verdict(one, entry(2, "shared", 0.89), entry(4, "shared", 0.9)) is True
 
