@@ -316,3 +316,13 @@ def test_a_shared_run_that_cannot_be_judged_does_not_hide_one_that_failed() -> N
     assert verdict(one, entry(2, "shared", None), entry(4, "shared", 0.9)) is None
     assert verdict(one, entry(2, "shared", 0.89), entry(4, "shared", 0.9)) is True
 
+
+@pytest.mark.parametrize("flag", ["--replica-share-delay-ms", "--replica-share-loss"])
+def test_cli_refuses_a_zero_share_option_without_shared_state(
+    flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["bench", "run", "multi-turn-chat", "--quick", "--gateway-replicas", "2", flag, "0"]
+    with pytest.raises(SystemExit) as exited:
+        cli.main([*args, "--out", str(tmp_path)])
+    assert exited.value.code == 2
+    assert f"{flag}: apply to --replica-state shared" in capsys.readouterr().err
