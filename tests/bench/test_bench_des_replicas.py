@@ -201,6 +201,8 @@ def test_shared_in_flight_counts_reach_the_peers() -> None:
     assert max(seen) > 0
     for gateway in sim.gateways:  # nothing in flight at the end: nothing leaks
         assert all(e.inflight.requests == 0 for e in gateway.endpoints)
+        # every replica published once more after the last finish: no peer count is left
+        assert all(e.peers.requests == e.peers.prompt_tokens == 0 for e in gateway.endpoints)
 
 
 # ---------------------------------------------------------------------- pieces
