@@ -15,6 +15,7 @@ from sluicegate import cli
 from sluicegate.bench import sharegpt
 from sluicegate.bench.des import ClusterSimulation
 from sluicegate.bench.des_kvevents import DEFAULT_DELAY_S, KVEventDelivery
+from sluicegate.bench.des_sharing import ReplicaSettings
 from sluicegate.bench.des_spec import ClusterSpec
 from sluicegate.bench.policies import policy_config
 from sluicegate.bench.workloads import OpenLoop, Sessions, random_text, shared_prefix
@@ -226,3 +227,26 @@ def test_cli_delay_reaches_the_results(tmp_path: Path) -> None:
     assert results["kv_event_delay_s"] == pytest.approx(0.012)
     assert all(run["kv_events"] for run in results["runs"])
     assert "12 ms after the step ends" in (out / "report.md").read_text()
+
+
+def test_every_gateway_replica_subscribes_to_every_engine() -> None:
+    """With several gateway replicas each has its own index, fed every engine's batches:
+    after a run each mirrors the engines' caches (independent replicas share no index
+    object)."""
+    sim = simulation(
+        "precise-prefix", kv_event_delay_s=0.0, gateways=ReplicaSettings(3, "independent")
+    )
+    sim.run(workload(), horizon_s=60.0)
+    delivery = sim.kv_events
+    assert delivery is not None
+    assert len(delivery.views) == 3
+    assert len({id(v.index) for v in delivery.views}) == 3
+    published = sum(delivery.seq)
+    for view in delivery.views:
+        decoded = sum(s.counters.decoded for s in view.subscribers.streams.values())
+        assert decoded == published > 0
+        for name, engine in zip(delivery.names, sim.engines, strict=True):
+            held = engine.pool.cached_hashes()
+            got = set(view.index.entries(name))
+            assert got <= held
+            assert len(held - got) <= view.index.counters.orphans

@@ -19,6 +19,7 @@ from sluicegate.bench.des_sharing import (
     Spreader,
 )
 from sluicegate.bench.des_spec import ClusterSpec, RunResult
+from sluicegate.bench.goals_replicas import replica_verdicts
 from sluicegate.bench.policies import policy_config
 from sluicegate.bench.replica_seeds import summary
 from sluicegate.bench.runner import run_level
@@ -200,6 +201,8 @@ def test_shared_in_flight_counts_reach_the_peers() -> None:
     assert max(seen) > 0
     for gateway in sim.gateways:  # nothing in flight at the end: nothing leaks
         assert all(e.inflight.requests == 0 for e in gateway.endpoints)
+        # every replica published once more after the last finish: no peer count is left
+        assert all(e.peers.requests == e.peers.prompt_tokens == 0 for e in gateway.endpoints)
 
 
 # ---------------------------------------------------------------------- pieces
@@ -265,3 +268,63 @@ def test_seed_summary_pairs_each_seed_with_its_own_single_replica() -> None:
     assert row.endswith("| 2/3 |")
     with pytest.raises(ValueError, match="different scenarios"):
         summary([doc(0.8, 0.8), {"scenario": "slo-mixed", "runs": []}])
+
+
+# ---------------------------------------------------------------------- regressions
+
+
+@pytest.mark.parametrize(
+    ("policy", "hits", "endpoints", "finish_sum"),
+    [
+        ("default", 17840, "023113011320001012320301230230002", 313.455981),
+        ("predicted-latency-precise", 8112, "231022122302013012012012312031220", 314.712959),
+    ],
+)
+def test_one_replica_routes_as_the_code_before_replicas(
+    policy: str, hits: int, endpoints: str, finish_sum: float
+) -> None:
+    """Fixed expectations computed with the simulation as it was before gateway replicas
+    (commit 138710f's parent): the approximate path and the precise path (KV events, the
+    online-trained predictor). Change them only with a change meant to move one-gateway
+    runs."""
+    result = run(policy)
+    assert len(result.records) == 33
+    assert sum(e.counters.prefix_cache_hits for e in result.engines) == hits
+    assert sum(e.counters.prefix_cache_queries for e in result.engines) == 21670
+    assert "".join(str(r.endpoint) for r in result.records) == endpoints
+    assert sum(r.finish for r in result.records) == pytest.approx(finish_sum, abs=1e-6)
+    assert result.end_time == pytest.approx(20.0)
+
+
+def test_a_shared_run_that_cannot_be_judged_does_not_hide_one_that_failed() -> None:
+    def entry(n: int, state: str, rate: float | None) -> dict[str, object]:
+        return {
+            "policy": "default",
+            "load": 2,
+            "gateway_replicas": n,
+            "replica_state": state,
+            "metrics": {"engine_prefix_hit_rate": rate, "by_class": {}},
+        }
+
+    def verdict(*runs: dict[str, object]) -> bool | None:
+        doc = {"scenario": "slo-mixed", "runs": list(runs)}
+        for r in runs:
+            r["metrics"]["slo_attainment"] = r["metrics"]["engine_prefix_hit_rate"]  # type: ignore[index]
+        (v,) = replica_verdicts(doc)
+        return v.met
+
+    one = entry(1, "independent", 0.9)
+    assert verdict(one, entry(2, "shared", 0.5), entry(4, "shared", None)) is False
+    assert verdict(one, entry(2, "shared", None), entry(4, "shared", 0.9)) is None
+    assert verdict(one, entry(2, "shared", 0.89), entry(4, "shared", 0.9)) is True
+
+
+@pytest.mark.parametrize("flag", ["--replica-share-delay-ms", "--replica-share-loss"])
+def test_cli_refuses_a_zero_share_option_without_shared_state(
+    flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["bench", "run", "multi-turn-chat", "--quick", "--gateway-replicas", "2", flag, "0"]
+    with pytest.raises(SystemExit) as exited:
+        cli.main([*args, "--out", str(tmp_path)])
+    assert exited.value.code == 2
+    assert f"{flag}: apply to --replica-state shared" in capsys.readouterr().err

@@ -120,7 +120,7 @@ def replica_verdicts(results: dict[str, Any]) -> list[Verdict]:
             continue
         base_value = headline.value(base)
         rows = [f"1: {_show(headline, base_value)}"]
-        met: bool | None = None
+        judged: list[bool | None] = []
         for r in sorted(several, key=lambda r: (r["gateway_replicas"], r["replica_state"])):
             m = r["metrics"]
             value = headline.value(m)
@@ -129,10 +129,19 @@ def replica_verdicts(results: dict[str, Any]) -> list[Verdict]:
                 + _ratio(value, base_value)
             )
             if r["replica_state"] == "shared":
-                ok = headline.ok(base, m)
-                met = ok if met is None or ok is None else met and ok
-        verdicts.append(Verdict(goal, met, "; ".join(rows)))
+                judged.append(headline.ok(base, m))
+        verdicts.append(Verdict(goal, _all_met(judged), "; ".join(rows)))
     return verdicts
+
+
+def _all_met(judged: list[bool | None]) -> bool | None:
+    """False if any shared run failed; else None if one could not be judged (or none
+    ran); else True."""
+    if False in judged:
+        return False
+    if not judged or None in judged:
+        return None
+    return True
 
 
 def _show(headline: _Headline, value: float | None) -> str:

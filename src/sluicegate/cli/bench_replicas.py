@@ -54,7 +54,9 @@ def gateway_replicas(args: argparse.Namespace) -> tuple[ReplicaSettings, ...] | 
         raise ValueError(
             f"--replica-spread {args.replica_spread!r} is not known; known: {', '.join(spreads)}"
         )
-    sharing = [n for n in ("replica_share_delay_ms", "replica_share_loss") if getattr(args, n)]
+    sharing = [
+        n for n in ("replica_share_delay_ms", "replica_share_loss") if getattr(args, n) is not None
+    ]
     if sharing and state == "independent":
         flags = ", ".join("--" + name.replace("_", "-") for name in sharing)
         raise ValueError(f"{flags}: apply to --replica-state shared (or both) only")
