@@ -59,6 +59,8 @@ def routes(result: RunResult) -> list[tuple[float, int, float, float]]:
         ({"spread": "random"}, "not one of round-robin, session"),
         ({"delay_s": -0.001}, "share delay must be 0"),
         ({"delay_s": float("nan")}, "share delay must be 0"),
+        ({"delay_s": 1.5}, "share delay must be 0 … 1000 ms"),
+        ({"delay_s": 0.5, "lease_s": 0.5}, "must be below the lease"),
         ({"loss": 1.5}, "share loss must be 0 … 1"),
         ({"inflight_sync_s": 0.0}, "inflight_sync_s must be a positive number"),
     ],
@@ -277,7 +279,9 @@ def test_seed_summary_pairs_each_seed_with_its_own_single_replica() -> None:
     ("policy", "hits", "endpoints", "finish_sum"),
     [
         ("default", 17840, "023113011320001012320301230230002", 313.455981),
-        ("predicted-latency-precise", 8112, "231022122302013012012012312031220", 314.712959),
+        # Moved on purpose once since: chat requests keyed as the simulator renders them
+        # (before, precise routing found none of a chat's blocks: 8112 hits).
+        ("predicted-latency-precise", 18976, "231022122312213222312223232122221", 315.149821),
     ],
 )
 def test_one_replica_routes_as_the_code_before_replicas(
@@ -286,7 +290,7 @@ def test_one_replica_routes_as_the_code_before_replicas(
     """Fixed expectations computed with the simulation as it was before gateway replicas
     (commit 138710f's parent): the approximate path and the precise path (KV events, the
     online-trained predictor). Change them only with a change meant to move one-gateway
-    runs."""
+    runs, and say which."""
     result = run(policy)
     assert len(result.records) == 33
     assert sum(e.counters.prefix_cache_hits for e in result.engines) == hits

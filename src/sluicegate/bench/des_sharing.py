@@ -65,6 +65,8 @@ DEFAULT_SHARE_DELAY_S: Final = 0.001
 one data centre plus the reader's wake-up (a loopback round trip measures ~0.25 ms,
 ``docs/replicas.md``). The write-behind's own period is modelled apart (``prefix_flush_s``)."""
 MAX_GATEWAY_REPLICAS: Final = 64
+MAX_SHARE_DELAY_S: Final = 1.0
+"""Bound of ``--replica-share-delay-ms`` (simulated seconds): half the default lease."""
 _TAKE = 4096
 """Records packed per flush, at most (as the runtime's writer)."""
 
@@ -101,8 +103,19 @@ class ReplicaSettings:
             raise ValueError(
                 f"replica spread {self.spread!r} is not one of {', '.join(REPLICA_SPREADS)}"
             )
-        if not (math.isfinite(self.delay_s) and 0 <= self.delay_s <= 60.0):
-            raise ValueError(f"share delay must be 0 … 60 s, got {self.delay_s:g}")
+        # Below the lease, or every in-flight snapshot would arrive expired (and the
+        # channel holds one event per copy in flight: n(n-1) x ~40 messages/s x delay,
+        # at most ~160k events with 64 replicas and this bound).
+        if not (math.isfinite(self.delay_s) and 0 <= self.delay_s <= MAX_SHARE_DELAY_S):
+            raise ValueError(
+                f"share delay must be 0 … {MAX_SHARE_DELAY_S * 1000:g} ms, got "
+                f"{self.delay_s * 1000:g} ms"
+            )
+        if self.delay_s >= self.lease_s:
+            raise ValueError(
+                f"share delay ({self.delay_s * 1000:g} ms) must be below the lease "
+                f"({self.lease_s * 1000:g} ms): every in-flight snapshot would arrive expired"
+            )
         if not (math.isfinite(self.loss) and 0.0 <= self.loss <= 1.0):
             raise ValueError(f"share loss must be 0 … 1, got {self.loss:g}")
         for name in (
