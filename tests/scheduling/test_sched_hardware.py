@@ -228,6 +228,48 @@ def test_cost_scorer_without_costs_or_without_a_meeting_endpoint() -> None:
     assert scorer.score(new_request(), CycleState(), [a, b]) == [0.0, 0.0]
 
 
+def test_cost_per_token_at_class_capacity_prices_throughput_not_the_stream() -> None:
+    """Per hour the H100 is dearer (3.95 against 2.50) but it emits 3× the tokens: per
+    token at class capacity it is the cheaper, whatever the moment's TPOT says."""
+    fast = on(new_endpoint(0), H100, 3.95)
+    slow = on(new_endpoint(1), A100, 2.50)
+    out_of_slo = on(new_endpoint(2), A100, 0.10)
+    state = CycleState()
+    state.put(
+        PREDICTIONS,
+        predictions(
+            **{"ep-0": (200.0, 40.0, True), "ep-1": (300.0, 30.0, True), "ep-2": (9.0, 99, False)}
+        ),
+    )
+    pool = [fast, slow, out_of_slo]
+    # Per stream: 3.95 · 40 against 2.50 · 30, the A100 looks cheaper.
+    per_stream = plugin("cost-aware-scorer").score(new_request(), state, pool)
+    assert per_stream == pytest.approx([75 / 158, 1.0, 0.0])
+    # Per token at capacity: 3.95 / 3 against 2.50 / 1.
+    scores = plugin("cost-aware-scorer", **CAPACITY).score(new_request(), state, pool)
+    assert scores == pytest.approx([1.0, (3.95 / 3) / 2.50, 0.0])
+    # A class of unknown capacity: back to per stream for the whole decision.
+    blind = [fast, slow, on(new_endpoint(3), "l40s", 1.0)]
+    assert plugin("cost-aware-scorer", **CAPACITY).score(new_request(), state, blind) == (
+        pytest.approx([75 / 158, 1.0, 0.0])
+    )
+
+
+def test_cost_scorer_measures_class_capacity_from_saturated_scrapes() -> None:
+    fast, slow = on(new_endpoint(0), H100, 3.95), on(new_endpoint(1), A100, 2.50)
+    scorer = plugin("cost-aware-scorer", capacityNormalization="measured")
+    state = CycleState()
+    state.put(PREDICTIONS, predictions(**{"ep-0": (1.0, 40.0, True), "ep-1": (1.0, 30.0, True)}))
+    scores = scorer.score(new_request(), state, [fast, slow])
+    assert scores == pytest.approx([75 / 158, 1.0])  # nothing measured yet: per stream
+    for t in range(1, 3):
+        fast.metrics = EngineMetrics(float(t), waiting=6, generation_tokens=6000.0 * t)
+        slow.metrics = EngineMetrics(float(t), waiting=3, generation_tokens=2000.0 * t)
+        scores = scorer.score(new_request(), state, [fast, slow])
+    assert scorer.capacity.measured == {H100: 6000.0, A100: 2000.0}
+    assert scores == pytest.approx([1.0, (3.95 / 6000) / (2.50 / 2000)])
+
+
 # ---------------------------------------------------------------------- presets
 
 

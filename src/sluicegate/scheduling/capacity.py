@@ -89,6 +89,18 @@ class ClassCapacity:
     def factors(self, endpoints: Sequence[Endpoint]) -> list[float] | None:
         """``c_max / c`` per candidate, or None when the normalisation is neutral (off,
         all capacities equal, or one unknown). Learns from new scrapes first (measured)."""
+        caps = self.capacities(endpoints)
+        if caps is None:
+            return None
+        top = max(caps)
+        if min(caps) == top:
+            return None
+        return [top / c for c in caps]
+
+    def capacities(self, endpoints: Sequence[Endpoint]) -> list[float] | None:
+        """The class capacity ``c`` of each candidate (the configured unit, or output
+        tokens/s measured), or None when off, empty or one is unknown. Learns from new
+        scrapes first (measured)."""
         if self.mode == "off" or not endpoints:
             return None
         if self.mode == "measured":
@@ -105,10 +117,7 @@ class ClassCapacity:
                 if cap is None:
                     return None
             caps.append(cap)
-        top = max(caps)
-        if min(caps) == top:
-            return None
-        return [top / c for c in caps]
+        return caps
 
     def _observe(self, e: Endpoint) -> None:
         m = e.metrics

@@ -2,20 +2,24 @@
 
 Type: scorer (balance). Inputs: the predictions of ``predicted-latency-producer`` (TTFT and
 TPOT per candidate, and whether they meet the request's SLOs), each endpoint's cost
-(``Endpoint.hardware.cost_per_hour``, currency per hour) and running requests, and the
-request's expected output length. Parameters: ``unknownCost`` (``most-expensive``): how an
-endpoint without a cost counts — ``most-expensive`` (as the dearest known cost per hour
-among the candidates) or ``free`` (0 per hour); ``sharedBatch`` (false): whether the
-endpoint's predicted output rate counts the batch the request joins (below).
+(``Endpoint.hardware.cost_per_hour``, currency per hour), hardware class and running
+requests, and the request's expected output length. Parameters: ``unknownCost``
+(``most-expensive``): how an endpoint without a cost counts — ``most-expensive`` (as the
+dearest known cost per hour among the candidates) or ``free`` (0 per hour);
+``capacityNormalization`` (``off``) and ``classCapacity`` (empty), as the capacity-aware
+heuristics (:mod:`sluicegate.scheduling.capacity`): the output rate an endpoint of each
+class sustains, configured or measured while saturated; ``sharedBatch`` (false): whether
+the per-stream fallback counts the batch the request joins (below).
 
 Formula, for a candidate ``e`` with this request added:
 
-- ``b = running + 1`` sequences in its batch with ``sharedBatch``, else ``b = 1`` (the
-  request's own stream), each producing a token every ``τ`` ms —
-  the predicted TPOT, or, when there is none (non-streaming: TTFT stands for the whole
+- its output rate ``T`` in tokens/s: with capacity normalisation on and every
+  candidate's class capacity known, ``T = c(class)`` — what a token costs on that hardware
+  when the engine's batch is shared, independent of the moment's load; otherwise, per
+  stream, ``T = b · 1000 / τ`` with ``b = running + 1`` (``sharedBatch``) or 1, and ``τ``
+  the predicted TPOT (ms), or, without one (non-streaming: TTFT stands for the whole
   request), predicted TTFT / max(expected output tokens, 1);
-- predicted output rate ``T = b · 1000 / τ`` tokens/s, and
-  **cost per predicted token** ``k = cost_per_hour / (3600 · T)``;
+- **cost per predicted token** ``k = cost_per_hour / (3600 · T)``;
 - the *meeting* set ``M``: candidates with a prediction whose TTFT and TPOT are both
   predicted within the SLOs (``EndpointPrediction.valid``);
 - score ``k_min / k`` for ``e ∈ M`` (the cheapest 1.0; a cost of 0 with ``k_min = 0``
@@ -23,14 +27,17 @@ Formula, for a candidate ``e`` with this request added:
   (cost cannot tell them apart). If ``M`` is empty (no prediction, no SLO, or none meets
   it) every candidate scores 0: the other scorers decide.
 
-Why per token: an endpoint's price is per hour, its output per token; the cheapest
-hardware per token is packed first and the SLO test moves requests to other hardware once
-it would miss them. ``sharedBatch`` also credits a busy endpoint with the batch the
-request shares (its cost per token falls with load), which packs harder — measured on the
-``heterogeneous-pool`` scenario (80 req/s, seed 0) it herded requests onto the busiest
-endpoint: SLO attainment 59.9 % against 71.1 % per stream, at a higher cost per 1M output
-tokens ($0.302 against $0.290, busy). Use it next to ``latency-scorer`` (which breaks ties
-by headroom) in the ``cost-aware`` preset.
+Why class capacity: a request's share of an endpoint's hour is its tokens over what the
+engine emits in that hour, so the per-token cost is price / throughput of the class. The
+per-stream rate prices the request as if it had the engine to itself: ``k ∝ price · τ``,
+which ranks by the moment's TPOT ratio rather than by the hardware's cost per token (an
+H100 at 3.95/h looks dearer than an A100 at 2.50/h as soon as its TPOT exceeds 0.63 × the
+A100's, though per token at saturation it is ~1.7× cheaper on the ``heterogeneous-pool``
+scenario: busy $0.187 against $0.326 per 1M output tokens, ``default`` at 100 req/s,
+seed 0). ``sharedBatch`` credits a busy endpoint with its batch (its cost per token falls
+with load), which herds: on that scenario (80 req/s, seed 0) SLO attainment 59.9 %
+against 71.1 % per stream, at a higher cost ($0.302 against $0.290 per 1M, busy). Use it
+next to ``latency-scorer`` (which breaks ties by headroom) in the ``cost-aware`` preset.
 """
 
 from __future__ import annotations
@@ -39,7 +46,15 @@ from collections.abc import Sequence
 from typing import Literal
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.framework import PREDICTIONS, CycleState, LLMRequest, PluginParameters, Scorer
+from sluicegate.framework import (
+    PREDICTIONS,
+    CycleState,
+    LLMRequest,
+    PluginContext,
+    PluginParameters,
+    Scorer,
+)
+from sluicegate.scheduling.capacity import CapacityParameters
 
 _MIN_TAU_MS = 1e-3
 """Floor of the per-token time (ms), so a zero prediction cannot divide by zero."""
@@ -49,11 +64,17 @@ class CostAwareScorer(Scorer):
     type_name = "cost-aware-scorer"
     category = "balance"
 
-    class Parameters(PluginParameters):
+    class Parameters(CapacityParameters):
         unknown_cost: Literal["most-expensive", "free"] = "most-expensive"
         shared_batch: bool = False
 
     params: Parameters
+
+    def __init__(
+        self, name: str, context: PluginContext, params: PluginParameters | None = None
+    ) -> None:
+        super().__init__(name, context, params)
+        self.capacity = self.params.capacity()
 
     @property
     def hardware_aware(self) -> bool:
@@ -65,6 +86,8 @@ class CostAwareScorer(Scorer):
     ) -> list[float]:
         predictions = state.get(PREDICTIONS)
         out = [0.0] * len(endpoints)
+        # Every candidate, not only the meeting ones: measured capacity learns from them all.
+        capacities = self.capacity.capacities(endpoints)
         if not predictions:
             return out
         meeting: list[tuple[int, Endpoint, float]] = []
@@ -79,6 +102,8 @@ class CostAwareScorer(Scorer):
             meeting.append((i, e, rate))
         if not meeting:
             return out
+        if capacities is not None:
+            meeting = [(i, e, capacities[i]) for i, e, _ in meeting]
         costs = [e.hardware.cost_per_hour for _, e, _ in meeting]
         known = [c for c in costs if c is not None]
         if not known:
