@@ -19,6 +19,7 @@ from sluicegate.framework import (
     PluginContext,
 )
 from sluicegate.latency.calibration import LatencyCalibration
+from sluicegate.latency.metrics import calibration_metrics
 from sluicegate.latency.presence import PRESENCE_WINDOW_S, ClassPresence
 
 REGISTRY = default_registry()
@@ -128,3 +129,22 @@ def test_load_strategy_is_most_again_once_a_class_has_left() -> None:
     assert s.score(request(), state(headrooms, h100s), h100s) == most.score(
         request(), state(headrooms, h100s), h100s
     )
+
+
+def test_pool_wide_calibration_counters_total_every_class() -> None:
+    """With every row classed (a hardware-aware pool), the pool-wide observation and miss
+    counters still count every routed request, also of a class whose slot was freed."""
+    calibration = LatencyCalibration(0.9, max_classes=1)
+    calibration.see([H100], 0.0)
+    for _ in range(3):
+        calibration.of(H100).ttft.update(100.0, 200.0)  # three misses
+    calibration.see([A100], PRESENCE_WINDOW_S + 1.0)
+    calibration.of(A100).ttft.update(100.0, 50.0)  # H100's slot went to the A100s
+    totals = {
+        (m.name, s.labels["target"]): s.value
+        for m in calibration_metrics(calibration)
+        for s in m.samples
+        if "class" not in s.labels and s.name.endswith("_total")
+    }
+    assert totals[("sluicegate_predictor_calibration_observations", "ttft")] == 4
+    assert totals[("sluicegate_predictor_calibration_misses", "ttft")] == 3

@@ -159,6 +159,8 @@ class LatencyCalibration:
     """The classes among recent candidates (:meth:`see`)."""
     _now: float = field(init=False, default=0.0)
     """Clock time (s) of the latest :meth:`see`."""
+    _retired: dict[str, tuple[int, int]] = field(init=False)
+    """Per target, the observations and misses of classes whose trackers were dropped."""
 
     def __post_init__(self) -> None:
         if self.max_classes < 0:
@@ -166,6 +168,7 @@ class LatencyCalibration:
         self.pool = ClassTrackers.new(self.alpha)
         self.classes = {}
         self.presence = ClassPresence(max_classes=max(2, self.max_classes))
+        self._retired = {"ttft": (0, 0), "tpot": (0, 0)}
 
     def see(self, classes: Sequence[str | None], now: float) -> None:
         """A decision's candidates' hardware classes at ``now`` (clock s); a hardware-blind
@@ -214,7 +217,13 @@ class LatencyCalibration:
         now = self._now
         for cls in self.classes:
             if not self.presence.present(cls, now):
-                del self.classes[cls]
+                gone = self.classes.pop(cls)
+                for target, tracker in (("ttft", gone.ttft), ("tpot", gone.tpot)):
+                    seen, missed = self._retired[target]
+                    self._retired[target] = (
+                        seen + tracker.observations,
+                        missed + tracker.misses,
+                    )
                 return True
         return False
 
@@ -222,6 +231,16 @@ class LatencyCalibration:
         """The all-sizes (TTFT, TPOT) trackers of ``hardware_class`` (see :meth:`of`)."""
         trackers = self.of(hardware_class)
         return trackers.ttft, trackers.tpot
+
+    def totals(self, target: str) -> tuple[int, int]:
+        """Observations and misses of ``target`` (``ttft`` or ``tpot``) over every class,
+        also those whose trackers were dropped: monotonic, for the pool-wide counters."""
+        seen, missed = self._retired[target]
+        for trackers in (self.pool, *self.classes.values()):
+            tracker = trackers.ttft if target == "ttft" else trackers.tpot
+            seen += tracker.observations
+            missed += tracker.misses
+        return seen, missed
 
     @property
     def mixed(self) -> bool:
