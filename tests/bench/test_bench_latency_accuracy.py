@@ -228,3 +228,26 @@ def test_quick_mixed_section() -> None:
         mixed,
     )
     assert merge_report(merged, "latency-accuracy", "# new\n").count("## A mixed pool") == 1
+
+
+def test_scoring_predictor_keeps_each_class_s_prediction_of_an_identical_row() -> None:
+    """Two idle endpoints of different classes have equal feature rows: the sample of the
+    one chosen is scored against its own class's prediction, not the other's."""
+    clock = ManualClock()
+    settings = PredictorSettings(
+        retrain_interval_s=1.0, min_samples=20, train=TrainConfig(n_estimators=5)
+    )
+    p = la.ScoringPredictor(clock, settings, warmup_s=0.0, ablation=False)
+    for i in range(40):
+        p.observe(Sample(_row(i), ttft_ms=10.0 + i, tpot_ms=5.0, hardware_class="fast"))
+        p.observe(Sample(_row(i), ttft_ms=30.0 + 3 * i, tpot_ms=15.0, hardware_class="slow"))
+    clock.set(2.0)
+    assert p.maybe_retrain()
+    row = _row(3000)
+    out = p.predict([row, row], ["fast", "slow"])
+    assert out is not None
+    assert out.ttft_ms[1] > out.ttft_ms[0]
+    p.observe(Sample(row, ttft_ms=12.0, tpot_ms=5.0, hardware_class="fast"))
+    assert p.scored[0][2] == pytest.approx(float(out.ttft_ms[0]))  # the fast class's
+    p.observe(Sample(row, ttft_ms=40.0, tpot_ms=15.0, hardware_class="slow"))
+    assert p.scored[1][2] == pytest.approx(float(out.ttft_ms[1]))  # the slow class's

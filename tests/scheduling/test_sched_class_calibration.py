@@ -188,7 +188,7 @@ def test_ttft_is_calibrated_per_prediction_size() -> None:
     # One class so far: the all-sizes scale for every size, as before.
     assert not calibration.mixed
     assert calibration.scales(A100, 400.0)[0] == pytest.approx(3.0)
-    calibration.of(H100)  # a second class: a mixed pool
+    calibration.see([A100, H100], 0.0)  # a second class among the candidates: a mixed pool
     assert calibration.mixed
     assert calibration.scales(A100, 30.0)[0] == pytest.approx(3.0)
     assert calibration.scales(A100, 400.0)[0] == pytest.approx(1.0)

@@ -209,8 +209,10 @@ class ScoringPredictor(SynchronousPredictor):
     at completion.
 
     Implements :class:`~sluicegate.bench.des_spec.TrainedPredictor`. Predictions are keyed by
-    the feature row (the producer hands the chosen row back in the sample); at most
-    ``max_pending`` rows are kept (oldest dropped: candidates that were not chosen).
+    the feature row and its hardware class (the producer hands the chosen row and class
+    back in the sample; idle endpoints of two classes have equal rows but not equal
+    predictions); at most ``max_pending`` are kept (oldest dropped: candidates that were
+    not chosen).
     """
 
     def __init__(
@@ -235,7 +237,7 @@ class ScoringPredictor(SynchronousPredictor):
         """None: not trained, its predictions NaN."""
         self.warmup_s = warmup_s
         self.max_pending = max_pending
-        self._pending: dict[FeatureRow, tuple[float, ...]] = {}
+        self._pending: dict[tuple[FeatureRow, str | None], tuple[float, ...]] = {}
         self.ready_at: float | None = None
         """Clock time of the first routing model (s)."""
         self.scored: list[tuple[float, ...]] = []
@@ -283,7 +285,7 @@ class ScoringPredictor(SynchronousPredictor):
             # The scales the producer applies (the TTFT one depends on the prediction's size).
             hardware_class = classes[i] if classes else None
             ttft_scale, tpot_scale = cal.scales(hardware_class, ttft) if cal else (1.0, 1.0)
-            pending[row] = (
+            pending[row, hardware_class] = (
                 ttft * ttft_scale,
                 tpot * tpot_scale,
                 *_pair(mean, i),
@@ -298,7 +300,7 @@ class ScoringPredictor(SynchronousPredictor):
         self.shadow.observe(sample)
         if self.ablation is not None:
             self.ablation.observe(replace(sample, row=without_token_timing(sample.row)))
-        entry = self._pending.pop(sample.row, None)
+        entry = self._pending.pop((sample.row, sample.hardware_class), None)
         if entry is None:
             if self.clock.now() >= self.warmup_s and self.ready:
                 self.unscored += 1

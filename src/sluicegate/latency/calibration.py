@@ -25,9 +25,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from sluicegate.latency.presence import ClassPresence
 
 WINDOW = 1000
 """Routed requests whose outcome ratios set the scale (at 100 req/s: the last ~10 s)."""
@@ -140,19 +143,40 @@ class LatencyCalibration:
     its bound of 4 and sheddable requests the A100s would have served in time were shed).
     The unnamed class's trackers (a hardware-blind producer, rows without a class, and
     classes beyond ``max_classes``: bounded memory) are ``pool``; ``ttft``/``tpot`` are its
-    all-sizes trackers, for the pool-wide metrics."""
+    all-sizes trackers, for the pool-wide metrics.
+
+    Which classes the pool has is what the producer sees (:meth:`see`) among each decision's
+    candidates (:class:`~sluicegate.latency.presence.ClassPresence`): a class whose servers
+    all left stops counting after the presence window, so the pool is calibrated as one
+    class again, and its slot goes to the next new class once the slots are full."""
 
     alpha: float
     max_classes: int = 0
     pool: ClassTrackers = field(init=False)
     classes: dict[str, ClassTrackers] = field(init=False)
     """The trackers of each hardware class seen (at most ``max_classes``)."""
+    presence: ClassPresence = field(init=False)
+    """The classes among recent candidates (:meth:`see`)."""
+    _now: float = field(init=False, default=0.0)
+    """Clock time (s) of the latest :meth:`see`."""
+    _retired: dict[str, tuple[int, int]] = field(init=False)
+    """Per target, the observations and misses of classes whose trackers were dropped."""
 
     def __post_init__(self) -> None:
         if self.max_classes < 0:
-            raise ValueError("max_classes must be >= 0")
+            raise ValueError(f"max_classes must be >= 0, got {self.max_classes!r}")
         self.pool = ClassTrackers.new(self.alpha)
         self.classes = {}
+        self.presence = ClassPresence(max_classes=max(2, self.max_classes))
+        self._retired = {"ttft": (0, 0), "tpot": (0, 0)}
+
+    def see(self, classes: Sequence[str | None], now: float) -> None:
+        """A decision's candidates' hardware classes at ``now`` (clock s); a hardware-blind
+        calibration (``max_classes`` 0) ignores them."""
+        if self.max_classes == 0:
+            return
+        self._now = now
+        self.presence.see(classes, now)
 
     @property
     def ttft(self) -> QuantileTracker:
@@ -179,26 +203,56 @@ class LatencyCalibration:
             return self.pool
         trackers = self.classes.get(hardware_class)
         if trackers is None:
-            if len(self.classes) >= self.max_classes:
+            if len(self.classes) >= self.max_classes and not self._free_slot():
                 return self.pool
             trackers = self.classes[hardware_class] = ClassTrackers.new(self.alpha)
         return trackers
+
+    def _free_slot(self) -> bool:
+        """Drop the trackers of one class no longer present (its servers left); False if
+        every class with trackers is still present, or no caller reports presence (a
+        calibration used without :meth:`see` keeps its first classes)."""
+        if not self.presence.last_seen:
+            return False
+        now = self._now
+        for cls in self.classes:
+            if not self.presence.present(cls, now):
+                gone = self.classes.pop(cls)
+                for target, tracker in (("ttft", gone.ttft), ("tpot", gone.tpot)):
+                    seen, missed = self._retired[target]
+                    self._retired[target] = (
+                        seen + tracker.observations,
+                        missed + tracker.misses,
+                    )
+                return True
+        return False
 
     def trackers(self, hardware_class: str | None) -> tuple[QuantileTracker, QuantileTracker]:
         """The all-sizes (TTFT, TPOT) trackers of ``hardware_class`` (see :meth:`of`)."""
         trackers = self.of(hardware_class)
         return trackers.ttft, trackers.tpot
 
+    def totals(self, target: str) -> tuple[int, int]:
+        """Observations and misses of ``target`` (``ttft`` or ``tpot``) over every class,
+        also those whose trackers were dropped: monotonic, for the pool-wide counters."""
+        seen, missed = self._retired[target]
+        for trackers in (self.pool, *self.classes.values()):
+            tracker = trackers.ttft if target == "ttft" else trackers.tpot
+            seen += tracker.observations
+            missed += tracker.misses
+        return seen, missed
+
     @property
     def mixed(self) -> bool:
-        """Whether rows of two or more hardware classes were calibrated: the TTFT scales
+        """Whether two or more hardware classes are present (:meth:`see`): the TTFT scales
         per prediction size apply, and streamed TTFTs count at their first token (the
         producer), only then. On a pool of one class both cost SLO attainment
         (``slo-mixed``, 85 req/s, 3 seeds: 83.9 % against 86.9 %, medians): there the
         all-sizes scale, updated when requests end, smooths what the finer one chases; on
         a mixed pool its lag let one class be flooded before its scale moved
-        (``heterogeneous-pool``, 80 req/s: 69.6 % against 64.2 %)."""
-        return len(self.classes) >= 2
+        (``heterogeneous-pool``, 80 req/s: 69.6 % against 64.2 %). A class whose servers
+        all left stops counting after the presence window (class docstring)."""
+        return self.presence.mixed(self._now)
 
     def scales(self, hardware_class: str | None, ttft_ms: float) -> tuple[float, float]:
         """The (TTFT, TPOT) multipliers for a row of ``hardware_class`` whose unscaled TTFT

@@ -265,23 +265,25 @@ def calibration_metrics(calibration: LatencyCalibration | None) -> Iterator[Metr
     scale = GaugeMetricFamily(
         _P + "calibration_scale",
         "Factor applied to the quantile models' predictions so that routed requests meet "
-        "them at the configured quantile.",
+        "them at the configured quantile (a hardware-aware predictor: the factor of rows "
+        "without a class; each class's is class_calibration_scale).",
         labels=["target"],
     )
     observed = CounterMetricFamily(
         _P + "calibration_observations",
-        "Routed requests compared with the prediction they were routed on.",
+        "Routed requests compared with the prediction they were routed on (every class).",
         labels=["target"],
     )
     misses = CounterMetricFamily(
         _P + "calibration_misses",
-        "Routed requests slower than their scaled prediction.",
+        "Routed requests slower than their scaled prediction (every class).",
         labels=["target"],
     )
     for target, tracker in (("ttft", calibration.ttft), ("tpot", calibration.tpot)):
+        seen, missed = calibration.totals(target)
         scale.add_metric([target], tracker.scale)
-        observed.add_metric([target], tracker.observations)
-        misses.add_metric([target], tracker.misses)
+        observed.add_metric([target], seen)
+        misses.add_metric([target], missed)
     yield scale
     yield observed
     yield misses

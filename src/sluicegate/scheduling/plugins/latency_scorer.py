@@ -25,11 +25,13 @@ Without SLO headers headroom is −prediction, so the lowest predicted latency w
 hardware classes the least capacity-weighted load wins, ``l = inflight · f`` with
 ``inflight`` the requests this gateway has in flight there and ``f = c_max / c`` the load
 factor of capacity normalisation below (1 for every candidate while a capacity is
-unknown), score ``⌊(1 − l / l_max)·100 + 1⌋/100`` (1 when all are idle). Until candidates
-of two classes were seen it is ``most``, so a pool of one class is scored exactly as with
-``most``. Why: once every candidate is predicted to meet the SLO, the size of the margin
-says more about the model's errors than about the endpoint — on a mixed pool the largest
-headroom kept going to the faster class, whose queues then grew past anything the models
+unknown), score ``⌊(1 − l / l_max)·100 + 1⌋/100`` (1 when all are idle). While fewer
+than two classes appeared among the candidates of the last 60 s
+(:mod:`sluicegate.latency.presence`) it is ``most``, so a pool of one class — also one
+whose other class's servers have all left — is scored exactly as with ``most``. Why:
+once every candidate is predicted to meet the SLO, the size of the margin says more
+about the model's errors than about the endpoint — on a mixed pool the largest headroom
+kept going to the faster class, whose queues then grew past anything the models
 were trained on (heterogeneous-pool, 80 req/s, 3 seeds: docs/benchmarks/heterogeneous-pool).
 
 Composite fallback: weights normalised to sum 1; relQ = (maxQ − q)/maxQ (1 if maxQ = 0);
@@ -61,6 +63,7 @@ from sluicegate.framework import (
     PluginContext,
     PluginParameters,
 )
+from sluicegate.latency.presence import ClassPresence
 from sluicegate.scheduling.capacity import MAX_CLASSES, CapacityParameters, CapacityScorer
 
 _FLAT = 1e-9
@@ -84,8 +87,8 @@ class LatencyScorer(CapacityScorer):
         self, name: str, context: PluginContext, params: PluginParameters | None = None
     ) -> None:
         super().__init__(name, context, params)
-        self._classes_seen: set[str] = set()
-        """Hardware classes of the candidates seen, until two (at most MAX_CLASSES)."""
+        self._presence = ClassPresence(max_classes=MAX_CLASSES)
+        """Hardware classes among recent candidates (``load`` applies while two are)."""
 
     def score(
         self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
@@ -149,15 +152,13 @@ class LatencyScorer(CapacityScorer):
     def _load_scores(
         self, group: list[Endpoint], endpoints: Sequence[Endpoint]
     ) -> list[float] | None:
-        """``load`` within the group that meets the SLOs (module docstring); None until
-        candidates of two or more hardware classes were seen (then ``most``)."""
-        if len(self._classes_seen) < 2:
-            for e in endpoints:
-                cls = e.hardware.accelerator
-                if cls is not None and len(self._classes_seen) < MAX_CLASSES:
-                    self._classes_seen.add(cls)
-            if len(self._classes_seen) < 2:
-                return None
+        """``load`` within the group that meets the SLOs (module docstring); None while
+        fewer than two hardware classes are present among recent candidates (then
+        ``most``)."""
+        now = self.context.clock.now()
+        self._presence.see((e.hardware.accelerator for e in endpoints), now)
+        if not self._presence.mixed(now):
+            return None
         factors = self.capacity.factors(endpoints) or [1.0] * len(endpoints)
         f_of = {e.name: f for e, f in zip(endpoints, factors, strict=True)}
         loads = [e.inflight.requests * f_of[e.name] for e in group]

@@ -95,11 +95,11 @@ from sluicegate.latency.predictor import LatencyPredictor, PredictionQuery, Pred
 
 _ROWS: StateKey[dict[str, FeatureRow]] = StateKey("latency-feature-rows")
 _CHOSEN: StateKey[tuple[str, FeatureRow, str | None]] = StateKey("latency-chosen-row")
+"""The chosen endpoint, its row and the hardware class its sample is filed under."""
 _ROUTED_AT: StateKey[float] = StateKey("latency-routed-at")
 """Clock time (s) the request was handed to its endpoint (its TTFT starts there)."""
 _TTFT_CALIBRATED: StateKey[bool] = StateKey("latency-ttft-calibrated")
 """The request's TTFT already fed the calibration, at its first token."""
-"""The chosen endpoint, its row and the hardware class its sample is filed under."""
 _SCALES: StateKey[dict[str, tuple[float, float]]] = StateKey("latency-calibration-scales")
 """The TTFT and TPOT scales each endpoint's predictions were multiplied by."""
 _PREFETCHED: StateKey[tuple[dict[str, FeatureRow], Predictions | None, float]] = StateKey(
@@ -238,6 +238,12 @@ class PredictedLatencyProducer(
     ) -> None:
         rows = self._rows(request, state, endpoints)
         state.put(_ROWS, rows)
+        if self.calibration is not None and self.params.hardware_aware:
+            # Which classes the pool has now (LatencyCalibration.mixed; a class whose
+            # servers all left stops counting after the presence window).
+            self.calibration.see(
+                [e.hardware.accelerator for e in endpoints], self.context.clock.now()
+            )
         # A request that waited in flow control is produced again: what an earlier pass
         # predicted, for other candidates, must not outlive it.
         state.discard(PREDICTIONS)
