@@ -14,12 +14,12 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
 from sluicegate.bench.des_requests import engine_sequence
+from sluicegate.model_tokenizer import TokenizerLoadError
 from sluicegate.sim.api import parse_generate
 from sluicegate.sim.engine import Engine
 from sluicegate.sim.profile_file import ProfileFileError, dump_profile, load_profile_file
 from sluicegate.sim.profiles import get_profile
 from sluicegate.sim.prompt_tokens import PromptTokens, pack
-from sluicegate.tokenization.base import TokenizerLoadError
 from sluicegate.tokens import count_bytes_tokens
 
 TEMPLATE = (
@@ -79,6 +79,45 @@ def test_chat_prompts_render_the_models_template(tokenizer_dir: Path) -> None:
     assert parse_generate(body, True, tokens).prompt == pack(
         _ids(tokenizer_dir, rendered, special=False)
     )
+
+
+def test_the_simulator_and_the_gateway_apply_the_same_prompt_rules(tokenizer_dir: Path) -> None:
+    """One implementation of vLLM's rules (``sluicegate.model_tokenizer``): a simulated
+    server sizes a prompt in exactly the ids the gateway's ``source: local`` tokenizer
+    routes it by, and both give up on the same prompts."""
+    from sluicegate.api.tokenizer import TokenizerSettings
+    from sluicegate.framework import LLMRequest
+    from sluicegate.tokenization.local import LocalTokenizer
+
+    sim = PromptTokens.load(str(tokenizer_dir))
+    gateway = LocalTokenizer.load(TokenizerSettings(source="local", path=str(tokenizer_dir)))
+    text = " ".join(WORDS * 2)
+    bodies: list[tuple[dict[str, object], bool]] = [
+        ({"prompt": text}, False),
+        ({"prompt": text, "add_special_tokens": False}, False),
+        ({"prompt": [text, "seven wizards"]}, False),
+        ({"prompt": [3, 4, 5]}, False),
+        ({"messages": [{"role": "user", "content": text}]}, True),
+        ({"messages": [{"role": "user", "content": text}], "add_special_tokens": True}, True),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, True),
+        ({"prompt": {"not": "a prompt"}}, False),
+    ]
+    given_up = 0
+    for body, chat in bodies:
+        request = LLMRequest(
+            request_id="r",
+            model="m",
+            target_model="m",
+            prompt=b"",
+            prompt_tokens=0,
+            arrival=0.0,
+            kind="chat" if chat else "completions",
+            body=body,
+        )
+        ids = gateway.token_ids(request)
+        assert sim.encode(body, chat) == (None if ids is None else pack(ids)), body
+        given_up += ids is None
+    assert given_up == 2
 
 
 def test_engines_of_a_profile_with_a_tokenizer_share_blocks_by_token_ids(

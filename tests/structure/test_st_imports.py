@@ -6,7 +6,7 @@ Layers, lowest first (a module may import its own package and lower layers only)
 | rank | packages |
 |---|---|
 | 0 | ``api``, ``clock``, ``lax``, ``lazy``, ``tokens``, ``kv_wire``, ``errors``, ``instruments``, |
-|   | ``upstream``, ``metric_buckets``, ``metric_names`` |
+|   | ``upstream``, ``metric_buckets``, ``metric_names``, ``model_tokenizer`` |
 | 1 | ``datalayer`` |
 | 2 | ``framework``, ``k8s``, ``live_metrics`` |
 | 3 | ``latency``, ``metrics``, ``tokenization`` |
@@ -44,6 +44,7 @@ RANKS = {
             "upstream",
             "metric_buckets",
             "metric_names",
+            "model_tokenizer",
         ),
         0,
     ),
@@ -64,15 +65,7 @@ PLUGIN_PACKAGES = (f"{PACKAGE}.scheduling.plugins", f"{PACKAGE}.flowcontrol.poli
 # Circles that are known and scheduled to go (each names its fix); a new one fails.
 KNOWN_CIRCLES: list[list[str]] = []
 # Arrows out of the simulator that are known and scheduled to go; a new one fails.
-# A profile that names a model's tokenizer.json sizes simulated prompts with the gateway's
-# implementation of vLLM's tokenizer rules (imported lazily, only for such a profile).
-# Fix: move the rules themselves (load a tokenizer.json, render the chat template, the
-# special-token rules) into a rank-0 module both `tokenization.local` and `sim` build on.
-KNOWN_SIM_ARROWS = {
-    ("sluicegate.sim.profile_file", "sluicegate.tokenization.base"),
-    ("sluicegate.sim.prompt_tokens", "sluicegate.framework"),
-    ("sluicegate.sim.prompt_tokens", "sluicegate.tokenization.local"),
-}
+KNOWN_SIM_ARROWS: set[tuple[str, str]] = set()
 
 
 def _package(module: str) -> str:

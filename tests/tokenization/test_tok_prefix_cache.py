@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Encoding, Tokenizer, models, normalizers, pre_tokenizers
 
-from sluicegate.tokenization.prefix_cache import CHUNK_BYTES, PrefixTokenCache
+from sluicegate.model_tokenizer.prefix_cache import CHUNK_BYTES, PrefixTokenCache
 
 # pieces that stress the pre-tokenizer: whitespace runs, newlines, contractions, digits,
 # punctuation runs, non-ASCII letters, special tokens of the tiny tokenizer

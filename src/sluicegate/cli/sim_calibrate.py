@@ -127,8 +127,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             return fail(f"{flag} must be a positive number, got {value}")
     tokenizer = None
     if args.tokenizer is not None:
+        from sluicegate.model_tokenizer import TokenizerLoadError
         from sluicegate.sim.prompt_tokens import PromptTokens
-        from sluicegate.tokenization.base import TokenizerLoadError
 
         try:
             PromptTokens.load(args.tokenizer)

@@ -206,8 +206,8 @@ def load_profile_file(path: str | Path) -> EngineProfile:
             tokenizer = p.parent / tokenizer
         if not tokenizer.exists():
             raise ProfileFileError(f"{p}: tokenizer: {tokenizer} does not exist")
+        from sluicegate.model_tokenizer import TokenizerLoadError
         from sluicegate.sim.prompt_tokens import PromptTokens
-        from sluicegate.tokenization.base import TokenizerLoadError
 
         try:  # refused here, naming the field, rather than when an engine starts
             PromptTokens.load(str(tokenizer))

@@ -8,8 +8,9 @@ different numbers of tokens into the engines and the KV caches. A profile that n
 Hugging Face ``tokenizer.json`` (``tokenizer:`` in a profile file, e.g. the one
 ``sluicegate sim calibrate`` measured with) makes the simulated server do what vLLM does
 with a text prompt: render chat messages with the model's chat template and encode the
-text with the model's tokenizer (:class:`~sluicegate.tokenization.local.LocalTokenizer`,
-vLLM 0.32's rules for special tokens). The token ids are then packed as 4-byte built-in
+text with the model's tokenizer (:class:`~sluicegate.model_tokenizer.model.ModelTokenizer`,
+vLLM 0.32's rules for special tokens — the same rules the gateway's ``source: local``
+tokenizer follows). The token ids are then packed as 4-byte built-in
 tokens (little-endian, as a prompt of token ids already is), so every count, KV block and
 block hash downstream is in the model's tokens — a prompt of ``n`` model tokens is ``n``
 simulated tokens, and two prompts share cached blocks exactly when their token ids do, as
@@ -26,7 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sluicegate.tokenization.local import LocalTokenizer
+    from sluicegate.model_tokenizer.model import ModelTokenizer
+    from sluicegate.model_tokenizer.prefix_cache import PrefixTokenCache
 
 CACHE_BYTES = 16 * 1024 * 1024
 """Bound of the tokenizer's cache of prompts seen (a simulated server sees the same
@@ -37,47 +39,40 @@ CACHE_ENTRIES = 1024
 class PromptTokens:
     """A model tokenizer sizing one simulated server's prompts."""
 
-    def __init__(self, tokenizer: LocalTokenizer) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, model: ModelTokenizer, cache: PrefixTokenCache) -> None:
+        self.model = model
+        self.cache = cache
+        """Content ids of the prompts seen (bounded: :data:`CACHE_BYTES`,
+        :data:`CACHE_ENTRIES`)."""
 
     @classmethod
     def load(cls, path: str) -> PromptTokens:
         """The tokenizer at ``path`` (a ``tokenizer.json`` or its folder, with
         ``tokenizer_config.json`` and ``chat_template.jinja`` beside it when present);
-        :class:`~sluicegate.tokenization.base.TokenizerLoadError` if it cannot be read."""
+        :class:`~sluicegate.model_tokenizer.TokenizerLoadError` if it cannot be read."""
         # imported here: the engine imports this module, and most simulations never load
-        # a tokenizer (tokenizers, jinja2 and the settings model cost ~0.15 s of start-up)
-        from sluicegate.api.tokenizer import TokenizerSettings
-        from sluicegate.tokenization.local import LocalTokenizer
+        # a tokenizer (tokenizers and jinja2 cost ~0.15 s of start-up)
+        from sluicegate.model_tokenizer.model import ModelTokenizer
 
-        settings = TokenizerSettings(
-            source="local",
-            path=str(Path(path).expanduser()),
-            cache_bytes=CACHE_BYTES,
-            cache_entries=CACHE_ENTRIES,
-        )
-        return cls(LocalTokenizer.load(settings))
+        model = ModelTokenizer.load(Path(path).expanduser())
+        return cls(model, model.prefix_cache(CACHE_BYTES, CACHE_ENTRIES))
 
     def encode(self, body: Mapping[str, object], chat: bool) -> bytes | None:
         """The prompt of request ``body`` (chat ``messages`` if ``chat``, else a
         completion ``prompt``) as packed model token ids; None when the tokenizer cannot
         render it."""
-        from sluicegate.framework import LLMRequest  # imported on first use (see load)
+        from sluicegate.model_tokenizer.chat import UnrenderableError  # loaded with the model
 
-        request = LLMRequest(
-            request_id="",
-            model="",
-            target_model="",
-            prompt=b"",
-            prompt_tokens=0,
-            arrival=0.0,
-            kind="chat" if chat else "completions",
-            body=body,
-        )
-        ids = self.tokenizer.token_ids(request)
-        if ids is None or not ids:
+        try:
+            prompt = self.model.prompt(body, chat)
+        except UnrenderableError:
             return None
-        return pack(ids)
+        if isinstance(prompt, array):
+            ids = prompt
+        else:
+            text, special = prompt
+            ids = self.model.around(self.cache.encode(text), special)
+        return pack(ids) if ids else None
 
 
 def pack(ids: array[int]) -> bytes:

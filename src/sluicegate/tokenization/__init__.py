@@ -5,14 +5,14 @@ as the pool's servers will compute them.
   counters, and ``TokenizerService``, as the ``precise-prefix-cache-producer`` finds it;
 - :mod:`~sluicegate.tokenization.local` — ``LocalTokenizer`` (``source: local``): the
   model's ``tokenizer.json`` and chat template, in process;
-- :mod:`~sluicegate.tokenization.chat` — the chat template's Jinja environment and
-  message preparation, as vLLM and transformers render them;
-- :mod:`~sluicegate.tokenization.prefix_cache` — ``PrefixTokenCache``: token ids of
-  prompts seen, continued so a new turn encodes only what is new;
 - :mod:`~sluicegate.tokenization.remote` — ``ServerTokenizer`` (``source: server``):
   the servers' ``/tokenize``;
 - :mod:`~sluicegate.tokenization.build` — ``build_tokenizers``: the pools' tokenizers
   from the configuration.
+
+The model's files, vLLM's prompt rules, the chat template and the ``PrefixTokenCache``
+(token ids of prompts seen, continued so a new turn encodes only what is new) are
+:mod:`sluicegate.model_tokenizer`'s, shared with the simulator.
 
 Exports load on first use: ``base`` (what the plugin imports) stays free of the
 ``tokenizers`` and ``jinja2`` libraries, which only a configured ``local`` source loads.
@@ -35,12 +35,13 @@ _EXPORTS = {
     "TokenizerService": _BASE,
     "LocalTokenizer": "sluicegate.tokenization.local",
     "ServerTokenizer": "sluicegate.tokenization.remote",
-    "PrefixTokenCache": "sluicegate.tokenization.prefix_cache",
-    "CacheCounters": "sluicegate.tokenization.prefix_cache",
+    "PrefixTokenCache": "sluicegate.model_tokenizer.prefix_cache",
+    "CacheCounters": "sluicegate.model_tokenizer.prefix_cache",
     "build_tokenizers": "sluicegate.tokenization.build",
 }
 
 if TYPE_CHECKING:
+    from sluicegate.model_tokenizer.prefix_cache import CacheCounters, PrefixTokenCache
     from sluicegate.tokenization.base import (
         FALLBACK_REASONS,
         TOKENIZER_SERVICE,
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
     )
     from sluicegate.tokenization.build import build_tokenizers
     from sluicegate.tokenization.local import LocalTokenizer
-    from sluicegate.tokenization.prefix_cache import CacheCounters, PrefixTokenCache
     from sluicegate.tokenization.remote import ServerTokenizer
 
 __getattr__ = lazy.exports(__name__, _EXPORTS, globals())

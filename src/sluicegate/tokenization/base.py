@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Final, Literal
 from sluicegate.api.tokenizer import TokenizerSettings
 from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.framework import LLMRequest
+from sluicegate.model_tokenizer import TokenizerLoadError, given_token_ids
 
 if TYPE_CHECKING:  # the cache module loads the tokenizers library
+    from sluicegate.model_tokenizer.prefix_cache import PrefixTokenCache
     from sluicegate.tokenization.deferred import Done
     from sluicegate.tokenization.local import Enough
-    from sluicegate.tokenization.prefix_cache import PrefixTokenCache
     from sluicegate.tokenization.progressive import BlockKeying, Progress
 
 TOKENIZER_SERVICE: Final = "tokenizer"
@@ -43,11 +44,6 @@ FALLBACK_REASONS: Final[tuple[FallbackReason, ...]] = (
     "busy",
     "kind",
 )
-
-
-class TokenizerLoadError(ValueError):
-    """A tokenizer's files cannot be read or its chat template does not compile (raised
-    when the configuration is loaded, naming the pool and the file)."""
 
 
 @dataclass
@@ -153,16 +149,7 @@ def prompt_token_ids(request: LLMRequest) -> array[int] | None:
     ids the server will use as they are (vLLM adds no special tokens to them)."""
     if request.kind != "completions" or request.body is None:
         return None
-    prompt = request.body.get("prompt")
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
-        prompt = prompt[0]
-    if (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**32 for t in prompt)
-    ):
-        return array("I", prompt)
-    return None
+    return given_token_ids(request.body)
 
 
 @dataclass(eq=False)

@@ -28,8 +28,8 @@ from collections.abc import Callable
 
 from tokenizers import Encoding
 
+from sluicegate.model_tokenizer.prefix_cache import PrefixTokenCache
 from sluicegate.tokenization.base import DeferredCounters
-from sluicegate.tokenization.prefix_cache import PrefixTokenCache
 from sluicegate.tokenization.progressive import Progress, advance, store
 
 log = logging.getLogger(__name__)

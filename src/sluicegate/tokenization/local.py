@@ -1,67 +1,39 @@
 """``source: local``: the model's own Hugging Face tokenizer, in the gateway process.
 
-Loaded once when the configuration is read (:meth:`LocalTokenizer.load`): the
-``tokenizer.json`` (``tokenizers`` library), ``tokenizer_config.json`` beside it when
-present (special tokens, chat template), and the chat template (``chatTemplate`` file,
-else ``chat_template.jinja`` beside the tokenizer, else the config's) compiled in
-transformers' sandboxed environment (:mod:`sluicegate.tokenization.chat`). A file that
-cannot be read or a template that does not compile is a :class:`TokenizerLoadError`
-then — never an error at request time.
-
-Per request, as vLLM 0.32 builds prompts (tag v0.32.0):
-
-- chat (``/v1/chat/completions``): the messages rendered with the template
-  (``add_generation_prompt`` default true), the text tokenized **without** special
-  tokens — ``ChatCompletionRequest.add_special_tokens`` defaults to false
-  (``vllm/entrypoints/openai/chat_completion/protocol.py``), the template writes the
-  BOS itself; transformers' ``apply_chat_template`` does the same;
-- completion (``/v1/completions``): a text prompt tokenized **with** special tokens
-  (``CompletionRequest.add_special_tokens`` defaults to true,
-  ``vllm/entrypoints/openai/completion/protocol.py``: e.g. Llama's BOS); a prompt of
-  token ids is taken as it is; of a list of prompts (a batch) the first is used.
-
-A body's own ``add_special_tokens`` is honoured. The text is encoded through the
-:class:`~sluicegate.tokenization.prefix_cache.PrefixTokenCache` (the special tokens are
-added around the cached content ids, so cache entries serve both routes).
+Loaded once when the configuration is read (:meth:`LocalTokenizer.load`): the model's
+files and chat template (:class:`~sluicegate.model_tokenizer.model.ModelTokenizer`; a
+file that cannot be read or a template that does not compile is a
+:class:`TokenizerLoadError` then — never an error at request time). Per request, the
+prompt vLLM 0.32 builds (:meth:`ModelTokenizer.prompt
+<sluicegate.model_tokenizer.model.ModelTokenizer.prompt>`: the rendered chat, a
+completion's text or ids), encoded through the
+:class:`~sluicegate.model_tokenizer.prefix_cache.PrefixTokenCache` (the special tokens are
+added around the cached content ids, so cache entries serve both routes); what cannot be
+rendered as the server would is routed approximately (counted per reason).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
 import threading
 import time
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from pathlib import Path
 
-import jinja2
-from tokenizers import Encoding, Tokenizer
+from tokenizers import Encoding
 
 from sluicegate.api.tokenizer import TokenizerSettings
 from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.framework import LLMRequest
-from sluicegate.tokenization.base import PoolTokenizer, TokenizerLoadError, prompt_token_ids
-from sluicegate.tokenization.chat import (
-    ChatTemplate,
-    TemplateRejectedError,
-    UnrenderableError,
-    template_source,
-)
+from sluicegate.model_tokenizer.chat import TemplateRejectedError, UnrenderableError
+from sluicegate.model_tokenizer.model import ModelTokenizer
+from sluicegate.model_tokenizer.prefix_cache import chunk_hashes
+from sluicegate.tokenization.base import PoolTokenizer
 from sluicegate.tokenization.deferred import DeferredEncoder, Done
-from sluicegate.tokenization.prefix_cache import PrefixTokenCache, chunk_hashes
 from sluicegate.tokenization.progressive import BlockKeying, Progress, advance, begin, store
-from sluicegate.tokenization.selfcheck import (
-    continues_exactly,
-    cuts_exactly,
-    safe_cut,
-    special_around,
-)
+from sluicegate.tokenization.selfcheck import cuts_exactly, safe_cut
 from sluicegate.tokenization.selfcheck import stamp as file_stamp
-
-log = logging.getLogger(__name__)
 
 Enough = Callable[[Sequence[int]], bool]
 """Given the block keys so far, whether the decision has what it needs."""
@@ -76,9 +48,6 @@ THREAD_PROMPT_BYTES = 8192
 """Prompts longer than this (bytes) are tokenized in a worker thread, off the event loop
 (the producer's prefetch); shorter ones on it, where a thread hop would cost more than
 the encode (measured: docs/configuration.md#tokenizer)."""
-_GIL_FREE_CHARS = 4096
-"""Texts at least this long are encoded with ``encode_batch``, which releases the GIL
-(``encode`` holds it) — so another thread, the event loop, runs meanwhile."""
 
 
 class LocalTokenizer(PoolTokenizer):
@@ -86,46 +55,24 @@ class LocalTokenizer(PoolTokenizer):
 
     source = "local"
 
-    def __init__(
-        self,
-        tokenizer: Tokenizer,
-        config: dict[str, object],
-        template: ChatTemplate | None,
-        settings: TokenizerSettings,
-    ) -> None:
+    def __init__(self, model: ModelTokenizer, settings: TokenizerSettings) -> None:
         super().__init__(settings)
-        self.template = template
+        self.model = model
+        self.template = model.template
         """None: the tokenizer has no chat template (chat requests are routed
         approximately, as vLLM would refuse them)."""
-        # Content is encoded without the post-processor (no special tokens, and offsets
-        # untrimmed); the special tokens a completion gets are added around it.
-        content = Tokenizer.from_str(tokenizer.to_str())
-        content.post_processor = None
-        content.no_truncation()
-        content.no_padding()
-        tokenizer.no_truncation()
-        tokenizer.no_padding()
-        self._content = content
-        self._full = tokenizer
-        self.prefix_ids, self.suffix_ids = special_around(tokenizer, content)
-        self.cache = self.prefix_cache = PrefixTokenCache(
-            self._encode, settings.cache_bytes, settings.cache_entries
+        self.config = model.config
+        self.prefix_ids, self.suffix_ids = model.prefix_ids, model.suffix_ids
+        self.cache = self.prefix_cache = model.prefix_cache(
+            settings.cache_bytes, settings.cache_entries
         )
-        if not continues_exactly(self._encode):
-            log.warning(
-                "tokenizer %s: cutting an encoding at a word start does not reproduce the "
-                "whole encoding; only exact repeats are cached",
-                settings.path,
-            )
-            self.cache.continuation = False
-        self.config = config
         self._lock = threading.Lock()
         self.stamp: tuple[tuple[int, int] | None, ...] = ()
         """The files' (mtime_ns, size) when loaded (see
         :func:`~sluicegate.tokenization.selfcheck.stamp`)."""
         # A prompt may be encoded only up to a word boundary when the tokenizer's added
         # tokens cannot straddle or swallow the space it is cut before.
-        added = content.get_added_tokens_decoder().values()
+        added = model.content.get_added_tokens_decoder().values()
         self.cut_prefixes = (
             self.cache.continuation
             and not any(" " in t.content or t.rstrip for t in added)
@@ -146,50 +93,8 @@ class LocalTokenizer(PoolTokenizer):
         """Read and compile everything ``settings`` names; raises TokenizerLoadError."""
         assert settings.path is not None  # the settings model requires it for local
         stamp = file_stamp(settings)  # before reading: a file changed meanwhile reloads next time
-        path = Path(settings.path)
-        file = path / "tokenizer.json" if path.is_dir() else path
-        directory = file.parent
-        try:
-            tokenizer = Tokenizer.from_file(str(file))
-        except Exception as exc:  # missing, unreadable, or not a tokenizer.json
-            raise TokenizerLoadError(f"cannot load tokenizer {file}: {exc}") from None
-        config: dict[str, object] = {}
-        config_file = directory / "tokenizer_config.json"
-        if config_file.is_file():
-            try:
-                loaded = json.loads(config_file.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as exc:
-                raise TokenizerLoadError(f"cannot read {config_file}: {exc}") from None
-            if not isinstance(loaded, dict):
-                raise TokenizerLoadError(f"{config_file}: not a JSON object")
-            config = loaded
-        if settings.chat_template is not None:
-            try:
-                source: str | None = Path(settings.chat_template).read_text(encoding="utf-8")
-            except OSError as exc:
-                raise TokenizerLoadError(
-                    f"cannot read chatTemplate {settings.chat_template}: {exc}"
-                ) from None
-            where = settings.chat_template
-        else:
-            try:
-                source = template_source(config, directory)
-            except OSError as exc:
-                raise TokenizerLoadError(f"cannot read the chat template: {exc}") from None
-            where = str(directory)
-        template = None
-        if source is not None:
-            try:
-                template = ChatTemplate(source, config, settings.content_format)
-            except jinja2.TemplateSyntaxError as exc:
-                raise TokenizerLoadError(
-                    f"chat template of {where}: line {exc.lineno}: {exc.message}"
-                ) from None
-        else:
-            log.warning(
-                "tokenizer %s has no chat template: chat requests route approximately", file
-            )
-        made = cls(tokenizer, config, template, settings)
+        model = ModelTokenizer.load(settings.path, settings.chat_template, settings.content_format)
+        made = cls(model, settings)
         made.stamp = stamp
         return made
 
@@ -197,24 +102,16 @@ class LocalTokenizer(PoolTokenizer):
         return file_stamp(self.settings) == self.stamp
 
     def _encode(self, text: str) -> Encoding:
-        if len(text) >= _GIL_FREE_CHARS:
-            return self._content.encode_batch([text], add_special_tokens=False)[0]
-        return self._content.encode(text, add_special_tokens=False)
+        return self.model.encode(text)
 
     def text_ids(self, text: str, add_special_tokens: bool, max_tokens: int = 0) -> array[int]:
         """``text``'s ids, with the tokenizer's special tokens around it when asked. With
         ``max_tokens`` > 0 only a prefix of the text may be encoded: the ids returned
         then start with the whole encoding's first ``max_tokens`` ids (and may stop
         there, without the closing special tokens)."""
-        prefix = self.prefix_ids if add_special_tokens else []
-        ids, whole = self._bounded(text, max_tokens - len(prefix) if max_tokens else 0)
-        suffix = self.suffix_ids if add_special_tokens and whole else []
-        if prefix or suffix:
-            out = array("I", prefix)
-            out.extend(ids)
-            out.extend(suffix)
-            return out
-        return ids
+        lead = len(self.prefix_ids) if add_special_tokens else 0
+        ids, whole = self._bounded(text, max_tokens - lead if max_tokens else 0)
+        return self.model.around(ids, add_special_tokens, whole)
 
     def _bounded(self, text: str, max_tokens: int) -> tuple[array[int], bool]:
         """The ids of ``text`` or of a prefix of it holding its first ``max_tokens``
@@ -281,29 +178,12 @@ class LocalTokenizer(PoolTokenizer):
         if body is None or request.kind not in ("chat", "completions"):
             self.counters.fallback("kind")
             return None
-        special = body.get("add_special_tokens")
-        if request.kind == "chat":
-            if self.template is None:
-                self.counters.fallback("unsupported")
-                return None
-            try:
-                text = self.template.render(body)
-            except TemplateRejectedError:
-                self.counters.fallback("template")
-                return None
-            except UnrenderableError:
-                self.counters.fallback("unsupported")
-                return None
-            return text, special is True
-        given = prompt_token_ids(request)
-        if given is not None:
-            return given
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-            prompt = prompt[0]  # a batch: routed by its first prompt
-        if isinstance(prompt, str):
-            return prompt, special is not False
-        self.counters.fallback("unsupported")
+        try:
+            return self.model.prompt(body, request.kind == "chat")
+        except TemplateRejectedError:
+            self.counters.fallback("template")
+        except UnrenderableError:
+            self.counters.fallback("unsupported")
         return None
 
     # ------------------------------------------------------------ progressive encoding

@@ -4,7 +4,7 @@ decision needs them.
 Longest-prefix matching stops at the first block that no candidate still matching holds
 (vLLM reuses only a contiguous prefix), so a decision needs the prompt's blocks up to
 there and no further. :func:`begin` takes what the
-:class:`~sluicegate.tokenization.prefix_cache.PrefixTokenCache` already knows of the
+:class:`~sluicegate.model_tokenizer.prefix_cache.PrefixTokenCache` already knows of the
 text — the ids up to a safe point before the end of the longest prefix it shares with a
 prompt seen, and the block keys cached with them — and :func:`advance` encodes the rest
 in growing chunks (the first :data:`FIRST_CHUNK_CHARS`, then doubling), keying the new
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from tokenizers import Encoding
 
 from sluicegate.datalayer.kvevents.index import ROOT_KEY, block_keys
-from sluicegate.tokenization.prefix_cache import (
+from sluicegate.model_tokenizer.prefix_cache import (
     CHUNK_BYTES,
     MARGIN_CHARS,
     PrefixTokenCache,

@@ -33,8 +33,8 @@ import aiohttp
 from sluicegate.api.tokenizer import TokenizerSettings
 from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.framework import LLMRequest
+from sluicegate.model_tokenizer.chat import UnrenderableError, content_texts
 from sluicegate.tokenization.base import PoolTokenizer, prompt_token_ids
-from sluicegate.tokenization.chat import UnrenderableError, content_texts
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class ServerTokenizer(PoolTokenizer):
 
 def _text_only(request: LLMRequest) -> bool:
     """Whether every message's content is text (as the local renderer requires:
-    :func:`~sluicegate.tokenization.chat.content_texts`)."""
+    :func:`~sluicegate.model_tokenizer.chat.content_texts`)."""
     messages = request.body.get("messages") if request.body is not None else None
     if not isinstance(messages, list):
         return True  # the server answers what it makes of it

@@ -1,25 +1,18 @@
-"""Load-time checks of a local tokenizer, and the helpers they share with it: the
-special tokens its post-processor adds, whether a cached encoding may be continued or a
-prompt cut before a space and still give the whole encoding's ids (on a sample), and
-the files' stamps a reload compares."""
+"""Load-time checks of a local tokenizer, and the helpers they share with it: whether a
+prompt cut before a space still gives the whole encoding's first ids (on a sample), and
+the files' stamps a reload compares. (The checks a model tokenizer needs wherever it is
+used — its special tokens, continuing cached encodings — are in
+:mod:`sluicegate.model_tokenizer.model`.)"""
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Callable
 from pathlib import Path
 
-from tokenizers import Encoding, Tokenizer
+from tokenizers import Encoding
 
 from sluicegate.api.tokenizer import TokenizerSettings
-from sluicegate.tokenization.base import TokenizerLoadError
-from sluicegate.tokenization.prefix_cache import CHUNK_BYTES, PrefixTokenCache
-
-_SELF_CHECK_TEXT = (
-    "<|system|>You are a careful assistant.\n  Answer briefly; don't ramble!\n"
-    "<|user|>What's 12345 + 678?\tShow the steps:   first add units, then tens.\n\n"
-    "<|assistant|>Sure — naïve sums: 12345 + 678 = 13023.\r\n"
-)
+from sluicegate.model_tokenizer.model import SELF_CHECK_TEXT
 
 
 def safe_cut(text: str, chars: int) -> int:
@@ -56,37 +49,10 @@ def stamp(settings: TokenizerSettings) -> tuple[tuple[int, int] | None, ...]:
     return tuple(out)
 
 
-def special_around(full: Tokenizer, content: Tokenizer) -> tuple[list[int], list[int]]:
-    """The ids the post-processor puts before and after a text's ids (e.g. Llama's BOS),
-    found by encoding a sample both ways."""
-    sample = "Hello world"
-    inner = content.encode(sample, add_special_tokens=False).ids
-    outer = full.encode(sample, add_special_tokens=True).ids
-    for start in range(len(outer) - len(inner) + 1):
-        if outer[start : start + len(inner)] == inner:
-            return outer[:start], outer[start + len(inner) :]
-    raise TokenizerLoadError(
-        "the tokenizer's post-processor changes the text's own tokens; not supported"
-    )
-
-
-def continues_exactly(encode: Callable[[str], Encoding]) -> bool:
-    """Whether continuing a cached encoding at a safe point reproduces the whole encoding,
-    on a sample long enough for several chunks (checked once, at load)."""
-    text = _SELF_CHECK_TEXT * (4 * CHUNK_BYTES // len(_SELF_CHECK_TEXT) + 2)
-    whole = array("I", encode(text).ids)
-    for cut in (CHUNK_BYTES + 7, 2 * CHUNK_BYTES + 100, 3 * CHUNK_BYTES + 333):
-        probe = PrefixTokenCache(encode, 1 << 26, 8)
-        probe.encode(text[:cut])
-        if probe.encode(text) != whole or probe.counters.prefix_hits != 1:
-            return False
-    return True
-
-
 def cuts_exactly(encode: Callable[[str], Encoding]) -> bool:
     """Whether encoding a prefix cut by :func:`safe_cut` gives the whole encoding's first
     ids, on a sample (checked once, at load)."""
-    text = _SELF_CHECK_TEXT * 8
+    text = SELF_CHECK_TEXT * 8
     whole = encode(text).ids
     for chars in (40, 97, 230, 511, 800):
         cut = safe_cut(text, chars)
@@ -96,4 +62,4 @@ def cuts_exactly(encode: Callable[[str], Encoding]) -> bool:
     return True
 
 
-__all__ = ["continues_exactly", "cuts_exactly", "safe_cut", "special_around", "stamp"]
+__all__ = ["cuts_exactly", "safe_cut", "stamp"]
