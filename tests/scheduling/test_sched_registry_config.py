@@ -184,7 +184,13 @@ def test_default_preset_wiring(ctx: PluginContext) -> None:
     (producer,) = scheduler.producers
     assert isinstance(producer, ApproxPrefixCacheProducer)
     assert scheduler.pre_request == [producer]
-    assert built.observers == [producer]
+    # told when an endpoint leaves: the prefix index, and the scorers' capacity state
+    assert sorted(p.type_name for p in built.observers) == [
+        "approx-prefix-cache-producer",
+        "kv-cache-utilization-scorer",
+        "queue-scorer",
+    ]
+    assert producer in built.observers
     assert built.plugins["approx-prefix-cache-producer"] is producer
     assert producer.context.lookup is built.plugins
     assert ctx.lookup == {}  # the caller's context is left alone

@@ -23,9 +23,11 @@ do more harm than none. Every scorer then multiplies its load count by the *load
 3 for an endpoint a third as fast), so a homogeneous pool gets exactly ``f = 1`` and the
 scores it always got.
 
-Memory: one previous scrape per endpoint (at most :data:`MAX_ENDPOINTS`, dropped all at
-once beyond: an endpoint that left is not worth an observer hook on every scorer) and one
-average per class (at most :data:`MAX_CLASSES`).
+Memory: one previous scrape per endpoint, released when the endpoint leaves the pool (the
+scorers are :class:`~sluicegate.framework.EndpointObserver` plugins, told by the director
+when the datastore removes one) and at most :data:`MAX_ENDPOINTS` whatever the host (the
+least recently scraped dropped first), and one average per class (at most
+:data:`MAX_CLASSES`).
 """
 
 from __future__ import annotations
@@ -38,12 +40,13 @@ from pydantic import Field
 
 from sluicegate.api.hardware import AcceleratorClass, ClassKeyed
 from sluicegate.datalayer.endpoint import Endpoint, EngineMetrics
-from sluicegate.framework import PluginContext, PluginParameters, Scorer
+from sluicegate.framework import EndpointObserver, PluginContext, PluginParameters, Scorer
 
 CapacityMode = Literal["off", "configured", "measured"]
 MEASURE_WEIGHT = 0.1
 """Weight of each new saturated-rate observation in a class's average."""
 MAX_ENDPOINTS = 4096
+"""Endpoints whose previous scrape is kept (beyond: the least recently scraped's dropped)."""
 MAX_CLASSES = 64
 
 
@@ -85,6 +88,7 @@ class ClassCapacity:
         self.measured: dict[str, float] = {}
         """Output tokens/s per class, learnt while saturated."""
         self._last: dict[str, EngineMetrics] = {}
+        """Each endpoint's previous scrape, least recently scraped first."""
 
     def factors(self, endpoints: Sequence[Endpoint]) -> list[float] | None:
         """``c_max / c`` per candidate, or None when the normalisation is neutral (off,
@@ -127,8 +131,10 @@ class ClassCapacity:
         last = self._last.get(e.name)
         if last is m:
             return
-        if len(self._last) >= MAX_ENDPOINTS:
-            self._last.clear()
+        if last is not None:
+            del self._last[e.name]  # re-inserted last: the dict's order is recency
+        elif len(self._last) >= MAX_ENDPOINTS:
+            del self._last[next(iter(self._last))]
         self._last[e.name] = m
         if last is None or last.waiting <= 0 or m.scraped_at <= last.scraped_at:
             return
@@ -147,8 +153,17 @@ class ClassCapacity:
         else:
             self.measured[cls] = old + MEASURE_WEIGHT * (rate - old)
 
+    def forget(self, endpoint: str) -> None:
+        """Drop what is kept for ``endpoint`` (it left the pool)."""
+        self._last.pop(endpoint, None)
 
-class CapacityScorer(Scorer):
+    @property
+    def endpoints_kept(self) -> int:
+        """Endpoints whose previous scrape is kept."""
+        return len(self._last)
+
+
+class CapacityScorer(Scorer, EndpointObserver):
     """A scorer whose load counts capacity normalisation may weigh (the module docstring):
     its ``Parameters`` extend :class:`CapacityParameters`, and ``self.capacity`` gives the
     load factors (None: not normalised, or neutral for this decision)."""
@@ -168,3 +183,6 @@ class CapacityScorer(Scorer):
     def hardware_aware(self) -> bool:
         """True with capacity normalisation on."""
         return self.params.normalised
+
+    def forget_endpoint(self, endpoint: Endpoint) -> None:
+        self.capacity.forget(endpoint.name)

@@ -49,6 +49,7 @@ from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.framework import (
     PREDICTIONS,
     CycleState,
+    EndpointObserver,
     LLMRequest,
     PluginContext,
     PluginParameters,
@@ -60,7 +61,7 @@ _MIN_TAU_MS = 1e-3
 """Floor of the per-token time (ms), so a zero prediction cannot divide by zero."""
 
 
-class CostAwareScorer(Scorer):
+class CostAwareScorer(Scorer, EndpointObserver):
     type_name = "cost-aware-scorer"
     category = "balance"
 
@@ -80,6 +81,9 @@ class CostAwareScorer(Scorer):
     def hardware_aware(self) -> bool:
         """It prices each endpoint by its hardware."""
         return True
+
+    def forget_endpoint(self, endpoint: Endpoint) -> None:
+        self.capacity.forget(endpoint.name)
 
     def score(
         self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
