@@ -1,7 +1,9 @@
 """The standalone gateway: an OpenAI-compatible HTTP server in front of a pool.
 
 - :mod:`~sluicegate.gateway.app` — ``Gateway`` (routes, auth, lifecycle) and its
-  ``GatewayOptions``;
+  ``GatewayOptions``; with ``app_keys`` (API keys: the open paths, the 401, comparing
+  tokens) and ``app_answers`` (``send_error``, the answers from the gateway's own state:
+  models, metrics, health, readiness);
 - :mod:`~sluicegate.gateway.proxy` — ``Proxy``: forwarding a routed request, retries, the
   answer back (``ProxySettings``, ``Outcome``);
 - :mod:`~sluicegate.gateway.run` — ``sluicegate serve`` (``serve``, ``ServeOptions``);
@@ -20,7 +22,7 @@ from sluicegate import lazy
 _EXPORTS = {
     "Gateway": "sluicegate.gateway.app",
     "GatewayOptions": "sluicegate.gateway.app",
-    "send_error": "sluicegate.gateway.app",
+    "send_error": "sluicegate.gateway.app_answers",
     "SERVED_HEADER": "sluicegate.gateway.proxy",
     "Outcome": "sluicegate.gateway.proxy",
     "Proxy": "sluicegate.gateway.proxy",
@@ -32,7 +34,8 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:
-    from sluicegate.gateway.app import Gateway, GatewayOptions, send_error
+    from sluicegate.gateway.app import Gateway, GatewayOptions
+    from sluicegate.gateway.app_answers import send_error
     from sluicegate.gateway.proxy import (
         SERVED_HEADER,
         Outcome,

@@ -22,7 +22,6 @@ headers are honoured only from trusted clients (``trustControlHeaders``,
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -37,17 +36,21 @@ from sluicegate.clock import Clock
 from sluicegate.datalayer.collector import Collector
 from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.errors import GatewayError
+from sluicegate.gateway.app_answers import _StatusRoutes, send_error
+from sluicegate.gateway.app_keys import (
+    _OPEN_PATHS,
+    _UNAUTHORIZED_BODY,
+    _UNAUTHORIZED_HEAD,
+    _bearer_token,
+    _Keys,
+    _one_of,
+)
 from sluicegate.gateway.http import HttpServer, Refusal, Request, Responder
 from sluicegate.gateway.proxy import Proxy, ProxySettings, upstream_headers
 from sluicegate.live_metrics import ClientConnections
 from sluicegate.requestcontrol.dispatch import Dispatch
 from sluicegate.requestcontrol.ids import request_id_from
-from sluicegate.requestcontrol.models_list import (
-    MODEL_PREFIX,
-    MODELS_PATH,
-    model_entries,
-    model_entry,
-)
+from sluicegate.requestcontrol.models_list import MODEL_PREFIX, MODELS_PATH
 from sluicegate.requestcontrol.parse import (
     CONTROL_HEADERS,
     ROUTING_HEADERS,
@@ -64,57 +67,10 @@ log = logging.getLogger("sluicegate.gateway")
 access_log = logging.getLogger("sluicegate.access")
 
 Route = Callable[[Request, Responder, str], Awaitable[None]]
-_JSON = ("content-type", "application/json")
-_OPEN_PATHS = frozenset({"/health", "/ready"})
-"""Paths answered without an API key (probes)."""
-_UNAUTHORIZED = GatewayError(
-    401,
-    "a valid API key is required (Authorization: Bearer ...)",
-    code="invalid_api_key",
-    reason="unauthorized",
-)
-# A 401 names the scheme it wants: RFC 9110, section 15.5.2
-# (https://www.rfc-editor.org/rfc/rfc9110#section-15.5.2).
-_UNAUTHORIZED_HEAD = [_JSON, ("www-authenticate", "Bearer"), *_UNAUTHORIZED.headers().items()]
-_UNAUTHORIZED_BODY = _UNAUTHORIZED.body()
 
 
 def _seconds(ms: float | None) -> float | None:
     return None if ms is None else ms / 1000.0
-
-
-def send_error(responder: Responder, error: GatewayError, request_id: str | None = None) -> None:
-    """The client's answer for a decision the gateway made itself."""
-    headers = error.headers()
-    if request_id:
-        headers["x-request-id"] = request_id
-    responder.send(error.status, [_JSON, *headers.items()], error.body())
-
-
-@dataclass(frozen=True, slots=True)
-class _Keys:
-    """The API keys of one configuration, as bytes."""
-
-    accepted: tuple[bytes, ...]
-    """Every key a request may carry (``apiKeys``, ``--api-key``, ``trustedApiKeys``)."""
-    trusted: tuple[bytes, ...]
-    """The keys whose requests may use the routing-control headers."""
-
-
-def _bearer_token(headers: Mapping[str, str]) -> bytes:
-    """The ``Authorization: Bearer`` token as the client sent its bytes (b"" if none).
-    Header values arrive decoded with surrogate escapes: encoding them the same way gives
-    back the exact bytes, whatever they are."""
-    header = headers.get("authorization")
-    if header is None or header[:7].lower() != "bearer ":
-        return b""
-    return header[7:].strip().encode("utf-8", "surrogateescape")
-
-
-def _one_of(token: bytes, keys: tuple[bytes, ...]) -> bool:
-    """Whether ``token`` is one of ``keys`` (compared in constant time; never an empty
-    token, whatever the keys)."""
-    return bool(token) and any(hmac.compare_digest(token, key) for key in keys)
 
 
 @dataclass(slots=True)
@@ -132,7 +88,7 @@ class GatewayOptions:
     stops listening (s): the time a load balancer takes to see ``/ready`` fail."""
 
 
-class Gateway:
+class Gateway(_StatusRoutes):
     """The standalone gateway: a :class:`~sluicegate.runtime.Runtime` behind HTTP."""
 
     def __init__(
@@ -461,46 +417,6 @@ class Gateway:
                 }
             ).decode(),
         )
-
-    async def _models(self, request: Request, responder: Responder, request_id: str) -> None:
-        data = model_entries(self.datastore.all_endpoints(), self.director.models.routes)
-        responder.send(200, [_JSON], orjson.dumps({"object": "list", "data": data}))
-
-    async def _model(self, request: Request, responder: Responder, request_id: str) -> None:
-        endpoints, routes = self.datastore.all_endpoints(), self.director.models.routes
-        entry = model_entry(request.path, endpoints, routes)
-        responder.send(200, [_JSON], orjson.dumps(entry))
-
-    async def _metrics(self, request: Request, responder: Responder, request_id: str) -> None:
-        headers = [("content-type", "text/plain; version=0.0.4; charset=utf-8")]
-        responder.send(200, headers, self.metrics.render())
-
-    async def _health(self, request: Request, responder: Responder, request_id: str) -> None:
-        # Liveness: 200 while the process serves, whatever the pools hold (a restart
-        # would not add endpoints); the body names pools nothing can be routed to.
-        empty = self.runtime.empty_pools()
-        unknown = self.runtime.kv_events.unknown_views() if self.runtime.kv_events.active else []
-        mixed = self.runtime.mixed_hardware()
-        if not empty and not unknown and not mixed:
-            responder.send(200, [_JSON], b'{"status":"ok"}')
-            return
-        pools = self.runtime.datastore.pools
-        body: dict[str, object] = {"status": "degraded"}
-        if empty:
-            body["empty_pools"] = [{"pool": name, "fix": pools[name].empty_hint} for name in empty]
-        if unknown:  # precise prefix routing falls back to the approximate index there
-            body["kv_events_unknown"] = unknown
-        if mixed:  # hardware-blind routing on a mixed pool: serves, but badly balanced
-            body["mixed_hardware"] = mixed
-        responder.send(200, [_JSON], orjson.dumps(body))
-
-    async def _ready(self, request: Request, responder: Responder, request_id: str) -> None:
-        if self.draining:  # first to fail on SIGTERM: the load balancer moves away
-            responder.send(503, [_JSON], b'{"ready_endpoints":0,"draining":true}')
-            return
-        ready = self.runtime.ready_endpoints()
-        body = orjson.dumps({"ready_endpoints": ready})
-        responder.send(200 if ready else 503, [_JSON], body)
 
 
 _SERVER_LIMITS = ("maxBodyBytes", "maxConnections", "maxBufferedBodyBytes", "bodyTimeoutMs")
