@@ -122,3 +122,17 @@ def test_each_target_has_its_own_tracker() -> None:
     assert calibration.ttft.scale > 1.0
     assert calibration.tpot.scale == 1.0
     assert calibration.tpot.alpha == 0.8
+
+
+def test_a_restarted_class_forgets_its_ratios_but_not_its_counts() -> None:
+    calibration = LatencyCalibration(0.9, max_classes=4)
+    for _ in range(100):
+        calibration.of("a100-80gb").observe_ttft(10.0, 50.0)
+        calibration.of("a100-80gb").tpot.update(10.0, 30.0)
+    assert calibration.of("a100-80gb").ttft.scale == 4.0
+    assert not calibration.restart("h100-80gb")  # no trackers: nothing to restart
+    assert calibration.restart("a100-80gb")
+    trackers = calibration.of("a100-80gb")
+    assert (trackers.ttft.scale, trackers.tpot.scale, trackers.ttft.kept) == (1.0, 1.0, 0)
+    assert calibration.totals("ttft") == (100, 100)  # kept for the monotonic counters
+    assert calibration.totals("tpot")[0] == 100

@@ -217,15 +217,34 @@ class LatencyCalibration:
         now = self._now
         for cls in self.classes:
             if not self.presence.present(cls, now):
-                gone = self.classes.pop(cls)
-                for target, tracker in (("ttft", gone.ttft), ("tpot", gone.tpot)):
-                    seen, missed = self._retired[target]
-                    self._retired[target] = (
-                        seen + tracker.observations,
-                        missed + tracker.misses,
-                    )
+                self._retire(self.classes.pop(cls))
                 return True
         return False
+
+    def _retire(self, gone: ClassTrackers) -> None:
+        """Keep the counts of trackers being dropped in :meth:`totals`."""
+        for target, tracker in (("ttft", gone.ttft), ("tpot", gone.tpot)):
+            seen, missed = self._retired[target]
+            self._retired[target] = (seen + tracker.observations, missed + tracker.misses)
+
+    def restart(self, hardware_class: str) -> bool:
+        """Forget ``hardware_class``'s ratios: its predictions now come from another model
+        (a class that borrowed a donor's model times a ratio got its own). True if it had
+        trackers.
+
+        Why: the ratios are residuals of the model that made the predictions, and a
+        class's first own model errs unlike the donor it replaces. Kept, they set the new
+        model's scale — heterogeneous-pool, 80 req/s, seed 2: the A100s' first 64 ratios,
+        against the H100 model times a measured ratio, had a p90 of 4.2, so the A100's
+        own model started at the bound of 4; judged 29× slower than they were (the
+        oracle's TTFT), the A100s got 4 % of the requests for the next 9 s and too few
+        outcomes to move the scale, while the H100s were flooded."""
+        gone = self.classes.pop(hardware_class, None)
+        if gone is None:
+            return False
+        self._retire(gone)
+        self.classes[hardware_class] = ClassTrackers.new(self.alpha)
+        return True
 
     def trackers(self, hardware_class: str | None) -> tuple[QuantileTracker, QuantileTracker]:
         """The all-sizes (TTFT, TPOT) trackers of ``hardware_class`` (see :meth:`of`)."""
