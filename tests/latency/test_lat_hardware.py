@@ -322,6 +322,7 @@ def test_a_class_that_gets_its_own_model_restarts_its_calibration() -> None:
     assert aware.source_of(A100) == "model"
     assert calibration.of(A100).ttft.scale == 1.0
     assert calibration.of(A100).ttft.kept == 0
+    assert calibration.of(A100).ttft.observations == 200  # the class's counter goes on
     assert calibration.of(H100).ttft.scale == pytest.approx(2.0)
     assert calibration.totals("ttft")[0] == 400
 

@@ -51,6 +51,9 @@ class QuantileTracker:
     misses: int = 0
     """Observations above ``scale · prediction`` at the time they were made."""
     _ratios: deque[float] = field(init=False, repr=False)
+    _updates: int = field(init=False, repr=False, default=0)
+    """Ratios filed by this tracker (``observations`` may start higher: a restarted class's
+    counters go on, its refreshes start over)."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.alpha < 1.0:
@@ -73,8 +76,9 @@ class QuantileTracker:
         self.observations += 1
         self.misses += ratio > self.scale
         self._ratios.append(ratio)
+        self._updates += 1
         n = len(self._ratios)
-        if n >= self.min_observations and self.observations % self.refresh_every == 0:
+        if n >= self.min_observations and self._updates % self.refresh_every == 0:
             quantile = float(np.quantile(np.fromiter(self._ratios, float, n), self.alpha))
             self.scale = min(self.max_scale, max(self.min_scale, quantile))
 
@@ -228,9 +232,9 @@ class LatencyCalibration:
             self._retired[target] = (seen + tracker.observations, missed + tracker.misses)
 
     def restart(self, hardware_class: str) -> bool:
-        """Forget ``hardware_class``'s ratios: its predictions now come from another model
-        (a class that borrowed a donor's model times a ratio got its own). True if it had
-        trackers.
+        """Forget ``hardware_class``'s ratios (its scales back to 1; its observation and
+        miss counts go on): its predictions now come from another model (a class that
+        borrowed a donor's model times a ratio got its own). True if it had trackers.
 
         Why: the ratios are residuals of the model that made the predictions, and a
         class's first own model errs unlike the donor it replaces. Kept, they set the new
@@ -239,11 +243,18 @@ class LatencyCalibration:
         own model started at the bound of 4; judged 29× slower than they were (the
         oracle's TTFT), the A100s got 4 % of the requests for the next 9 s and too few
         outcomes to move the scale, while the H100s were flooded."""
-        gone = self.classes.pop(hardware_class, None)
+        gone = self.classes.get(hardware_class)
         if gone is None:
             return False
-        self._retire(gone)
-        self.classes[hardware_class] = ClassTrackers.new(self.alpha)
+        fresh = ClassTrackers.new(self.alpha)
+        # The counters go on (the per-class observation counter stays monotonic).
+        for old, new in zip(
+            (gone.ttft, gone.tpot, *gone.ttft_bins),
+            (fresh.ttft, fresh.tpot, *fresh.ttft_bins),
+            strict=True,
+        ):
+            new.observations, new.misses = old.observations, old.misses
+        self.classes[hardware_class] = fresh
         return True
 
     def trackers(self, hardware_class: str | None) -> tuple[QuantileTracker, QuantileTracker]:
