@@ -122,3 +122,24 @@ def test_each_target_has_its_own_tracker() -> None:
     assert calibration.ttft.scale > 1.0
     assert calibration.tpot.scale == 1.0
     assert calibration.tpot.alpha == 0.8
+
+
+def test_a_restarted_class_forgets_its_ratios_but_not_its_counts() -> None:
+    calibration = LatencyCalibration(0.9, max_classes=4)
+    for _ in range(110):
+        calibration.of("a100-80gb").observe_ttft(10.0, 50.0)
+        calibration.of("a100-80gb").tpot.update(10.0, 30.0)
+    assert calibration.of("a100-80gb").ttft.scale == 4.0
+    assert not calibration.restart("h100-80gb")  # no trackers: nothing to restart
+    assert calibration.restart("a100-80gb")
+    trackers = calibration.of("a100-80gb")
+    assert (trackers.ttft.scale, trackers.tpot.scale, trackers.ttft.kept) == (1.0, 1.0, 0)
+    assert (trackers.ttft.observations, trackers.ttft.misses) == (110, 110)  # counters go on
+    assert calibration.totals("ttft") == (110, 110)
+    assert calibration.totals("tpot")[0] == 110
+    fresh = QuantileTracker(alpha=0.9)
+    for _ in range(80):  # from here on it scales exactly as a new tracker does
+        trackers.ttft.update(10.0, 20.0)
+        fresh.update(10.0, 20.0)
+        assert trackers.ttft.scale == fresh.scale
+    assert trackers.ttft.scale == pytest.approx(2.0)

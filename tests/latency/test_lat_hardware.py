@@ -289,3 +289,57 @@ def test_boosters_that_cannot_be_merged_are_predicted_class_by_class() -> None:
     )  # the A100 has no TPOT model: no merged models
     assert aware.predict(random_rows(4), [H100, A100, H100, A100]) is not None
     assert aware.merged_calls == 0
+
+
+def later(predictor: HardwareAwarePredictor) -> None:
+    """Move the predictor's clock one retraining interval on."""
+    clock = predictor.clock
+    assert isinstance(clock, ManualClock)
+    clock.advance(SETTINGS.retrain_interval_s)
+
+
+def test_a_class_that_gets_its_own_model_restarts_its_calibration() -> None:
+    """Ratios measured against a donor's model times a ratio are that model's residuals:
+    once the class has its own model they are forgotten (the scale they set was 4 on the
+    heterogeneous pool's A100s, whose own model was nearly right); the other class's
+    ratios, and the pool-wide counts, stay."""
+    aware = trained(classed(samples(400, seed=4, sigma=0.05), H100))
+    for s in classed(samples(30, seed=6), A100, SLOWER):
+        aware.observe(s)
+    aware.maybe_retrain()
+    assert aware.source_of(A100) == "measured-ratio"
+    calibration = aware.calibration
+    assert calibration is not None
+    for _ in range(200):  # routed on the borrowed model, 5× too optimistic
+        calibration.of(A100).observe_ttft(10.0, 50.0)
+        calibration.of(H100).observe_ttft(10.0, 20.0)
+    assert calibration.of(A100).ttft.scale == 4.0  # at its bound
+    assert calibration.of(H100).ttft.scale == pytest.approx(2.0)
+    for s in classed(samples(200, seed=7), A100, SLOWER):
+        aware.observe(s)
+    later(aware)
+    assert aware.maybe_retrain()
+    assert aware.source_of(A100) == "model"
+    assert calibration.of(A100).ttft.scale == 1.0
+    assert calibration.of(A100).ttft.kept == 0
+    assert calibration.of(A100).ttft.observations == 200  # the class's counter goes on
+    assert calibration.of(H100).ttft.scale == pytest.approx(2.0)
+    assert calibration.totals("ttft")[0] == 400
+
+
+def test_a_retrained_class_keeps_its_calibration() -> None:
+    """A class's own model retrained is the same model refreshed: its ratios stay (so a
+    pool of one class is calibrated exactly as before)."""
+    aware = trained(classed(samples(400, seed=4, sigma=0.05), H100))
+    calibration = aware.calibration
+    assert calibration is not None
+    for _ in range(200):
+        calibration.of(H100).observe_ttft(10.0, 20.0)
+    for s in classed(samples(200, seed=8), H100):
+        aware.observe(s)
+    later(aware)
+    assert aware.maybe_retrain()
+    assert aware.lanes[H100].bundle is not None
+    assert aware.lanes[H100].bundle.version == 2
+    assert calibration.of(H100).ttft.scale == pytest.approx(2.0)
+    assert calibration.of(H100).ttft.kept == 200

@@ -51,6 +51,9 @@ class QuantileTracker:
     misses: int = 0
     """Observations above ``scale · prediction`` at the time they were made."""
     _ratios: deque[float] = field(init=False, repr=False)
+    _updates: int = field(init=False, repr=False, default=0)
+    """Ratios filed by this tracker (``observations`` may start higher: a restarted class's
+    counters go on, its refreshes start over)."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.alpha < 1.0:
@@ -73,8 +76,9 @@ class QuantileTracker:
         self.observations += 1
         self.misses += ratio > self.scale
         self._ratios.append(ratio)
+        self._updates += 1
         n = len(self._ratios)
-        if n >= self.min_observations and self.observations % self.refresh_every == 0:
+        if n >= self.min_observations and self._updates % self.refresh_every == 0:
             quantile = float(np.quantile(np.fromiter(self._ratios, float, n), self.alpha))
             self.scale = min(self.max_scale, max(self.min_scale, quantile))
 
@@ -217,15 +221,41 @@ class LatencyCalibration:
         now = self._now
         for cls in self.classes:
             if not self.presence.present(cls, now):
-                gone = self.classes.pop(cls)
-                for target, tracker in (("ttft", gone.ttft), ("tpot", gone.tpot)):
-                    seen, missed = self._retired[target]
-                    self._retired[target] = (
-                        seen + tracker.observations,
-                        missed + tracker.misses,
-                    )
+                self._retire(self.classes.pop(cls))
                 return True
         return False
+
+    def _retire(self, gone: ClassTrackers) -> None:
+        """Keep the counts of trackers being dropped in :meth:`totals`."""
+        for target, tracker in (("ttft", gone.ttft), ("tpot", gone.tpot)):
+            seen, missed = self._retired[target]
+            self._retired[target] = (seen + tracker.observations, missed + tracker.misses)
+
+    def restart(self, hardware_class: str) -> bool:
+        """Forget ``hardware_class``'s ratios (its scales back to 1; its observation and
+        miss counts go on): its predictions now come from another model (a class that
+        borrowed a donor's model times a ratio got its own). True if it had trackers.
+
+        Why: the ratios are residuals of the model that made the predictions, and a
+        class's first own model errs unlike the donor it replaces. Kept, they set the new
+        model's scale — heterogeneous-pool, 80 req/s, seed 2: the A100s' first 64 ratios,
+        against the H100 model times a measured ratio, had a p90 of 4.2, so the A100's
+        own model started at the bound of 4; judged 29× slower than they were (the
+        oracle's TTFT), the A100s got 4 % of the requests for the next 9 s and too few
+        outcomes to move the scale, while the H100s were flooded."""
+        gone = self.classes.get(hardware_class)
+        if gone is None:
+            return False
+        fresh = ClassTrackers.new(self.alpha)
+        # The counters go on (the per-class observation counter stays monotonic).
+        for old, new in zip(
+            (gone.ttft, gone.tpot, *gone.ttft_bins),
+            (fresh.ttft, fresh.tpot, *fresh.ttft_bins),
+            strict=True,
+        ):
+            new.observations, new.misses = old.observations, old.misses
+        self.classes[hardware_class] = fresh
+        return True
 
     def trackers(self, hardware_class: str | None) -> tuple[QuantileTracker, QuantileTracker]:
         """The all-sizes (TTFT, TPOT) trackers of ``hardware_class`` (see :meth:`of`)."""

@@ -27,6 +27,10 @@ ratio, in this order of preference:
 4. ``heuristic`` — none of these: a query with such a row gets no prediction, so the
    request is scheduled by the heuristic fallback, and its samples soon allow 2.
 
+When a class's source changes (it borrowed, and now has its own model) its online
+calibration restarts (:meth:`~sluicegate.latency.calibration.LatencyCalibration.restart`):
+the ratios it kept were the donor's residuals, not its own model's.
+
 ``source_of(class)`` says which; the metrics publish it
 (``sluicegate_predictor_latency_model_source{class,source}``). Classes are bounded
 (``max_classes``, 16): a further class takes the lane of the class sampled least
@@ -108,6 +112,8 @@ class HardwareAwarePredictor(SynchronousPredictor):
         """One single-class predictor per class seen (bounded by ``max_classes``)."""
         self._borrowed: dict[str | None, _Borrowed] = {}
         self._speeds: dict[str, float] = dict(self.settings.class_speeds)
+        self._sources: dict[str | None, ModelSource] = {}
+        """Each class's model source at the last :meth:`refresh_borrowing`."""
         self.refused_class_samples = 0
         """Samples of a class beyond ``max_classes``."""
         self.evicted_classes = 0
@@ -235,6 +241,21 @@ class HardwareAwarePredictor(SynchronousPredictor):
                 borrowed[cls] = chosen
         self._borrowed = borrowed
         self._coded = self._coding(self._merged)
+        self._restart_calibration()
+
+    def _restart_calibration(self) -> None:
+        """Restart the online calibration of every class whose model source changed
+        (:meth:`LatencyCalibration.restart`: its ratios were another model's residuals).
+        On a pool of one class the only change is heuristic → model, before any
+        prediction was calibrated: nothing to restart."""
+        sources = {cls: self.source_of(cls) for cls in self.lanes}
+        calibration = self.calibration
+        if calibration is not None:
+            for cls, source in sources.items():
+                before = self._sources.get(cls)
+                if cls is not None and before is not None and before != source:
+                    calibration.restart(cls)
+        self._sources = sources
 
     def _coding(self, merged: MergedModels | None) -> dict[str | None, tuple[float, float, float]]:
         borrowed = dict(self._borrowed)
