@@ -24,7 +24,9 @@ and what a receiver does with it; the channel delays every message by ``delay_s`
 each copy (one per receiver) with probability ``loss``, from its own random stream, so
 ``loss=1.0`` routes exactly as ``independent``. Flow control's per-priority-band backlog
 across replicas is one more feed (:class:`~sluicegate.bench.des_backlog.BacklogFeed`, with
-flow control on), added in :func:`shared_feeds` with no change to the channel.
+flow control on), added in :func:`shared_feeds` with no change to the channel. Online-trained
+latency models are not a feed: shared replicas' models come from one training service
+(:mod:`sluicegate.bench.des_models`, ``share_models``), which the channel does not carry.
 
 What the model simplifies: the live in-flight sync stores a snapshot and reads the others'
 in one call, so a count is up to two sync periods old; here a snapshot is applied on
