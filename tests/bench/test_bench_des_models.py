@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 
 from sluicegate.bench.des import ClusterSimulation
+from sluicegate.bench.des_gateway import SEED_STRIDE
 from sluicegate.bench.des_models import ReplicaModels, TrainingService
 from sluicegate.bench.des_sharing import ReplicaSettings
 from sluicegate.bench.des_spec import ClusterSpec
 from sluicegate.bench.policies import policy_config
+from sluicegate.bench.replica_models import row, variants
 from sluicegate.bench.scenarios import get_scenario
 from sluicegate.clock import ManualClock
 from sluicegate.framework import LLMRequest
@@ -211,3 +213,27 @@ def test_a_predictor_factory_is_refused_for_shared_models() -> None:
     )
     with pytest.raises(ValueError, match="predictor factory"):
         ClusterSimulation(spec)
+
+
+def test_the_diagnostic_runs_the_five_ways_on_one_set_of_arrivals() -> None:
+    one, other, independent, own, service = variants(2, 0.5)
+    assert one.gateways.gateways == other.gateways.gateways == 1
+    assert other.plugin_seed_offset == SEED_STRIDE  # replica 1's stream, same arrivals
+    assert not independent.gateways.models_shared
+    assert own.gateways.sharing
+    assert not own.gateways.models_shared
+    assert service.gateways.models_shared
+    assert service.gateways.model_sync_s == 0.5
+    line = row(
+        {
+            "variant": "x",
+            "slo_attainment": 0.9061,
+            "shed": 7,
+            "fallbacks": 3,
+            "models": [
+                {"ttft_samples": 10, "trainings": 2, "ttft_mape": 0.5},
+                {"ttft_samples": 12, "trainings": 2, "ttft_mape": None},
+            ],
+        }
+    )
+    assert line == "| x | 90.6% | 7 | 3 | 10, 12 | 2, 2 | 50.0%, – |"
