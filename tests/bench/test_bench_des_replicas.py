@@ -92,6 +92,17 @@ def test_sharing_needs_shared_state_and_several_replicas() -> None:
             ["--gateway-replicas", "2", "--replica-share-delay-ms", "3"],
             "--replica-share-delay-ms: apply to --replica-state shared",
         ),
+        (
+            [
+                "--gateway-replicas",
+                "2",
+                "--replica-state",
+                "shared",
+                "--replica-model-sync-ms",
+                "0",
+            ],
+            "--replica-model-sync-ms: model_sync_s must be a positive number",
+        ),
         (["--gateway-replicas", "2", "--mode", "http"], "simulated in --mode des only"),
     ],
 )
@@ -127,6 +138,8 @@ def test_cli_runs_record_their_replicas(tmp_path: Path) -> None:
                 "4",
                 "--replica-share-loss",
                 "0.25",
+                "--replica-model-sync-ms",
+                "250",
                 "--out",
                 str(out),
             ]
@@ -139,6 +152,9 @@ def test_cli_runs_record_their_replicas(tmp_path: Path) -> None:
         assert r["replica_spread"] == "session"
         assert r["replica_share_delay_ms"] == pytest.approx(4.0)
         assert r["replica_share_loss"] == pytest.approx(0.25)
+        assert r["replica_model_sync_ms"] == pytest.approx(250.0)
+    # The training service serves shared replicas only (and only online-trained models).
+    assert [r["replica_models"] for r in runs] == ["own", "own", "shared"]
     assert "replica_sharing" not in runs[1]
     sharing = runs[2]["replica_sharing"]
     assert sharing["messages_sent"] > 0
@@ -323,7 +339,9 @@ def test_a_shared_run_that_cannot_be_judged_does_not_hide_one_that_failed() -> N
     assert verdict(one, entry(2, "shared", 0.89), entry(4, "shared", 0.9)) is True
 
 
-@pytest.mark.parametrize("flag", ["--replica-share-delay-ms", "--replica-share-loss"])
+@pytest.mark.parametrize(
+    "flag", ["--replica-share-delay-ms", "--replica-share-loss", "--replica-model-sync-ms"]
+)
 def test_cli_refuses_a_zero_share_option_without_shared_state(
     flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -44,6 +44,7 @@ BUILTIN_API_VERSIONS = {
     "v1",
     "apps/v1",
     "policy/v1",
+    "networking.k8s.io/v1",
     "rbac.authorization.k8s.io/v1",
     "apiextensions.k8s.io/v1",
 }
@@ -53,6 +54,9 @@ MONITORING_GROUPS = ("monitoring.coreos.com/",)
 """The Prometheus Operator's (deploy/monitoring; checked in test_k8s_monitoring)."""
 PATCH_DIRS = {DEPLOY / "overlays" / "predictor-sidecars"}
 """Folders whose YAML files are kustomize patches (partial objects), not manifests."""
+SHARED_PREDICTOR = DEPLOY / "overlays" / "shared-predictor"
+PATCH_FILES = {SHARED_PREDICTOR / "replicas.yaml"}
+"""Patches in folders that also hold manifests."""
 NOT_KUBERNETES = {DEPLOY / "envoy"}
 """Folders of other tools' configuration (Envoy's, tested in tests/extproc)."""
 HELM = DEPLOY / "helm"
@@ -67,6 +71,7 @@ def _files() -> list[Path]:
         for p in DEPLOY.rglob("*.yaml")
         if p.name != "kustomization.yaml"
         and p.parent not in PATCH_DIRS
+        and p not in PATCH_FILES
         and p.parent not in NOT_KUBERNETES
         and HELM not in p.parents
     )
@@ -421,6 +426,60 @@ def test_predictor_sidecar_overlay() -> None:
     # It says it is the shipped predicted-latency preset: it must stay that.
     preset = resources.files("sluicegate.scheduling").joinpath("presets/predicted-latency.yaml")
     assert yaml.safe_load(configmap["data"]["config.yaml"]) == yaml.safe_load(preset.read_text())
+
+
+def test_shared_predictor_overlay_files() -> None:
+    kustomization = yaml.safe_load((SHARED_PREDICTOR / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == ["../predictor-sidecars", "trainer.yaml"]
+    assert [p["path"] for p in kustomization["patches"]] == ["replicas.yaml"]
+    trainer = find("Deployment", "llama3-8b-latency-trainer")
+    assert trainer["spec"]["replicas"] == 1  # one window of samples, one model
+    service = find("Service", "llama3-8b-latency-trainer")
+    labels = trainer["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert service["spec"]["ports"][0]["port"] == 8000
+    policy = find("NetworkPolicy", "llama3-8b-latency-trainer")
+    epp_labels = find("Deployment", "llama3-8b-epp")["spec"]["template"]["metadata"]["labels"]
+    (rule,) = policy["spec"]["ingress"]
+    (source,) = rule["from"]
+    assert source["podSelector"]["matchLabels"].items() <= epp_labels.items()
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not on the PATH")
+def test_shared_predictor_overlay_renders_one_trainer_for_every_replica() -> None:
+    kubectl = shutil.which("kubectl")
+    assert kubectl is not None
+    done = subprocess.run(
+        [kubectl, "kustomize", str(SHARED_PREDICTOR)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    rendered = [d for d in yaml.safe_load_all(done.stdout) if d]
+    (epp,) = [
+        d
+        for d in rendered
+        if d["kind"] == "Deployment" and d["metadata"]["name"] == "llama3-8b-epp"
+    ]
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(epp, version, strict=True)
+    spec = epp["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in spec["containers"]}
+    assert list(containers) == ["epp", "prediction-server"]  # no training server of its own
+    url = "http://llama3-8b-latency-trainer:8000"
+    assert f"--training-server={url}" in containers["prediction-server"]["args"]
+    assert "--sync-interval=1" in containers["prediction-server"]["args"]
+    env = {e["name"]: e.get("value") for e in containers["epp"]["env"]}
+    assert env["TRAINING_SERVER_URL"] == url
+    assert env["PREDICTION_SERVER_URL"] == "http://localhost:8001"
+    volumes = {v["name"] for v in spec["volumes"]}
+    assert "models" not in volumes
+    for container in containers.values():
+        for mount in container["volumeMounts"]:
+            assert mount["name"] in volumes
+    assert epp["spec"]["replicas"] == 3
 
 
 def test_kustomizations_list_every_file() -> None:

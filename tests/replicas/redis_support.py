@@ -40,13 +40,18 @@ class RedisServer:
         :meth:`stop` kills it, :meth:`start` brings it back on the same port (empty; a start that
     fails kills what it started),
         :meth:`pause` / :meth:`resume` freeze it (SIGSTOP/SIGCONT) to make it slow, not gone.
+    With ``cluster``, it is a Redis Cluster of one node that owns every hash slot: it
+    refuses, as every cluster does, a command or script whose keys are in several slots.
     """
 
-    def __init__(self, binary: str, workdir: Path, password: str | None = None) -> None:
+    def __init__(
+        self, binary: str, workdir: Path, password: str | None = None, *, cluster: bool = False
+    ) -> None:
         self.binary = binary
         self.workdir = workdir
         self.port = free_port()
         self.password = password
+        self.cluster = cluster
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -65,22 +70,43 @@ class RedisServer:
         ]  # fmt: skip
         if self.password:
             args += ["--requirepass", self.password]
+        if self.cluster:
+            nodes = self.workdir / f"nodes-{self.port}.conf"
+            nodes.unlink(missing_ok=True)  # a restart starts a new, empty cluster
+            args += ["--cluster-enabled", "yes", "--cluster-config-file", str(nodes)]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + 10.0
             while time.monotonic() < deadline:
                 try:
                     with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                        return
+                        pass
                 except OSError:
                     if self.proc.poll() is not None:
                         code = self.proc.returncode
                         raise RuntimeError(f"redis-server exited with {code}") from None
                     time.sleep(0.02)
+                    continue
+                if self.cluster:
+                    self._own_every_slot(deadline)
+                return
             raise RuntimeError("redis-server did not start listening within 10 s")
         except BaseException:
             self.stop()  # never leave a server behind
             raise
+
+    def _own_every_slot(self, deadline: float) -> None:
+        import redis  # the dev extra's client (the shared-state tests skip without it)
+
+        client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password)
+        try:
+            client.execute_command("CLUSTER", "ADDSLOTS", *range(16384))
+            while b"cluster_state:ok" not in client.execute_command("CLUSTER", "INFO"):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the one-node cluster did not come up within 10 s")
+                time.sleep(0.02)
+        finally:
+            client.close()
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None

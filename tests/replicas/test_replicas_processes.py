@@ -134,7 +134,7 @@ async def test_three_replicas_route_as_one(redis_server: RedisServer, tmp_path: 
             one = await _hit_rate(http, sim_urls, ports[:1], "one")
             three = await _hit_rate(http, sim_urls, ports, "three")
             assert three >= 0.95 * one, (one, three)
-            assert len(await store.keys("sluicegate:inflight:*")) == 3
+            assert len(await store.keys("{sluicegate}:inflight:*")) == 3
 
             # Kill replica 0 with long requests in flight on it; load goes on elsewhere.
             long_body = {"model": "tiny-llama", "prompt": "long", "max_tokens": 2000}
@@ -148,7 +148,7 @@ async def test_three_replicas_route_as_one(redis_server: RedisServer, tmp_path: 
             gws[0].send_signal(signal.SIGKILL)
             killed_at = time.monotonic()
             survivors = asyncio.create_task(_conversations(http, ports[1:], "after", convs=6))
-            while len(await store.keys("sluicegate:inflight:*")) > 2:
+            while len(await store.keys("{sluicegate}:inflight:*")) > 2:
                 assert time.monotonic() - killed_at < 5 * LEASE_MS / 1000, "lease never ended"
                 await asyncio.sleep(0.02)
             gone_after = time.monotonic() - killed_at

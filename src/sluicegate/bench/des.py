@@ -118,6 +118,8 @@ class ClusterSimulation:
         )
         self.predictors = services.predictors
         """The online-trained latency models (``predictor="model"``), one per replica."""
+        self.training = services.training
+        """Shared replicas' training service (their models), else None."""
         self.gateways = self.group.replicas
         first = self.gateways[0]
         self.datastore = first.datastore
@@ -195,8 +197,15 @@ class ClusterSimulation:
             [e.name for e in self.endpoints],
             kv_events=self.kv_events is not None,
             connections=self.client,
-            sharing=self.group.counters(),
+            sharing=self._sharing_counters(),
         )
+
+    def _sharing_counters(self) -> dict[str, int] | None:
+        """What shared replicas exchanged: the channel's, and the training service's."""
+        counters = self.group.counters()
+        if self.training is not None:
+            counters = {**(counters or {}), **self.training.counters()}
+        return counters
 
     def _handle(self, kind: int, payload: Any, t: float) -> None:
         if kind == self._STEP:

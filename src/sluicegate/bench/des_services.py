@@ -3,9 +3,11 @@
 A live ``sluicegate serve`` offers its plugins services under names
 (``PluginContext.services``); in the lab each replica gets its own: its view of the
 engines' KV events (``kv-events``: every replica subscribes) and its latency predictor
-(``latency-predictor``: models trained online on that replica's own traffic, or the oracle
-that asks the simulated engines what a request would take). :class:`ReplicaServices`
-builds them, one replica at a time, for :class:`~sluicegate.bench.des_gateway.GatewayGroup`.
+(``latency-predictor``: models trained online on that replica's own traffic — or, for
+shared replicas, by one training service fed by all of them,
+:mod:`sluicegate.bench.des_models` — or the oracle that asks the simulated engines what a
+request would take). :class:`ReplicaServices` builds them, one replica at a time, for
+:class:`~sluicegate.bench.des_gateway.GatewayGroup`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sluicegate.bench.des_kvevents import KVEventDelivery
+from sluicegate.bench.des_models import TrainingService
 from sluicegate.bench.des_requests import retarget
 from sluicegate.bench.des_spec import ClusterSpec, TrainedPredictor
 from sluicegate.bench.oracle import OraclePredictor
@@ -55,15 +58,31 @@ class ReplicaServices:
         self._index = {f"sim-{i}": i for i in range(len(engines))}
         self.predictors: list[TrainedPredictor] = []
         """The online-trained latency models (``predictor="model"``), one per replica."""
+        self.training: TrainingService | None = None
+        """The training service of shared replicas' models (``models_shared``), else None."""
+        gateways = spec.gateways
+        if spec.predictor == "model" and gateways.models_shared:
+            if spec.predictor_factory is not None:
+                raise ValueError(
+                    "a predictor factory cannot be used with shared replicas' models "
+                    "(one training service trains the default predictor)"
+                )
+            self.training = TrainingService(
+                clock, spec.predictor_settings, gateways.gateways, gateways.model_sync_s
+            )
 
     def __call__(self, replica: int) -> dict[str, object]:
-        services = self._predictor_service()
+        services = self._predictor_service(replica)
         if self.kv_events is not None:
             services[KV_EVENTS_SERVICE] = self.kv_events.views[replica].service
         return services
 
-    def _predictor_service(self) -> dict[str, object]:
+    def _predictor_service(self, replica: int) -> dict[str, object]:
         spec = self.spec
+        if self.training is not None:
+            view = self.training.views[replica]
+            self.predictors.append(view)
+            return {PREDICTOR_SERVICE: view}
         if spec.predictor == "model":
             # Trained on the replica's own traffic, in virtual time (the simulation
             # retrains every predictor at engine 0's scrapes).

@@ -24,7 +24,9 @@ and what a receiver does with it; the channel delays every message by ``delay_s`
 each copy (one per receiver) with probability ``loss``, from its own random stream, so
 ``loss=1.0`` routes exactly as ``independent``. Flow control's per-priority-band backlog
 across replicas is one more feed (:class:`~sluicegate.bench.des_backlog.BacklogFeed`, with
-flow control on), added in :func:`shared_feeds` with no change to the channel.
+flow control on), added in :func:`shared_feeds` with no change to the channel. Online-trained
+latency models are not a feed: shared replicas' models come from one training service
+(:mod:`sluicegate.bench.des_models`, ``share_models``), which the channel does not carry.
 
 What the model simplifies: the live in-flight sync stores a snapshot and reads the others'
 in one call, so a count is up to two sync periods old; here a snapshot is applied on
@@ -65,6 +67,10 @@ DEFAULT_SHARE_DELAY_S: Final = 0.001
 one data centre plus the reader's wake-up (a loopback round trip measures ~0.25 ms,
 ``docs/replicas.md``). The write-behind's own period is modelled apart (``prefix_flush_s``)."""
 MAX_GATEWAY_REPLICAS: Final = 64
+DEFAULT_MODEL_SYNC_S: Final = 1.0
+"""How often each replica's prediction server pulls the shared training service's
+models (``--sync-interval``, which the replicas' configuration in ``docs/replicas.md``
+sets to 1 s; the server's own default is 10 s)."""
 MAX_SHARE_DELAY_S: Final = 1.0
 """Bound of ``--replica-share-delay-ms`` (simulated seconds): half the default lease."""
 _TAKE = 4096
@@ -89,6 +95,12 @@ class ReplicaSettings:
     lease_s: float = float(_DEFAULTS["lease_ms"].default) / 1000.0
     backlog_sync_s: float = float(_DEFAULTS["backlog_sync_ms"].default) / 1000.0
     max_yield_s: float = float(_DEFAULTS["max_yield_ms"].default) / 1000.0
+    share_models: bool = True
+    """Shared state with online-trained models: the replicas' predictors are fed and
+    served by one training service (:mod:`sluicegate.bench.des_models`); False: each
+    trains its own, as independent replicas do."""
+    model_sync_s: float = DEFAULT_MODEL_SYNC_S
+    """How often each replica pulls the training service's newest models."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.gateways <= MAX_GATEWAY_REPLICAS:
@@ -124,6 +136,7 @@ class ReplicaSettings:
             "lease_s",
             "backlog_sync_s",
             "max_yield_s",
+            "model_sync_s",
         ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -134,6 +147,11 @@ class ReplicaSettings:
         """Whether the replicas exchange anything through the channel."""
         return self.state == "shared" and self.gateways > 1
 
+    @property
+    def models_shared(self) -> bool:
+        """Whether online-trained latency models come from one training service."""
+        return self.sharing and self.share_models
+
     def describe(self) -> dict[str, object]:
         """The fields every ``runs[]`` entry records."""
         return {
@@ -142,6 +160,8 @@ class ReplicaSettings:
             "replica_spread": self.spread,
             "replica_share_delay_ms": self.delay_s * 1000.0,
             "replica_share_loss": self.loss,
+            "replica_models": "shared" if self.models_shared else "own",
+            "replica_model_sync_ms": self.model_sync_s * 1000.0,
         }
 
 
@@ -348,6 +368,7 @@ def shared_feeds(
 
 
 __all__ = [
+    "DEFAULT_MODEL_SYNC_S",
     "DEFAULT_SHARE_DELAY_S",
     "MAX_GATEWAY_REPLICAS",
     "REPLICA_SPREADS",

@@ -5,7 +5,10 @@ Each (policy, level) run starts from empty engines and sends the identical reque
 ``{"scenario", "mode", "seed", "runs": [{"policy", "qps", "concurrency", "metrics"}]}``;
 a discrete-event run also records its gateway replicas (``gateway_replicas``,
 ``replica_state``, ``replica_spread``, ``replica_share_delay_ms``, ``replica_share_loss``,
-and ``replica_sharing``: what shared replicas exchanged).
+``replica_models``: ``shared`` when online-trained latency models come from one training
+service, ``own`` when each replica trains its own; ``replica_model_sync_ms``, and
+``replica_sharing``: what shared replicas exchanged, the training service's counts
+included).
 """
 
 from __future__ import annotations

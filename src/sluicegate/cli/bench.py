@@ -99,6 +99,14 @@ def add_parser(sub: Subparsers) -> None:
         "one replica (0 … 1, default 0)",
     )
     run.add_argument(
+        "--replica-model-sync-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="--replica-state shared, online-trained latency models: how often each "
+        "replica pulls the one training service's newest models (default 1000)",
+    )
+    run.add_argument(
         "--time-scale",
         type=float,
         default=None,

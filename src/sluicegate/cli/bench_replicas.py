@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from sluicegate.bench.des_sharing import (
+    DEFAULT_MODEL_SYNC_S,
     DEFAULT_SHARE_DELAY_S,
     REPLICA_SPREADS,
     REPLICA_STATES,
@@ -21,6 +22,7 @@ _REPLICA_OPTIONS = (
     "replica_spread",
     "replica_share_delay_ms",
     "replica_share_loss",
+    "replica_model_sync_ms",
 )
 
 
@@ -55,7 +57,9 @@ def gateway_replicas(args: argparse.Namespace) -> tuple[ReplicaSettings, ...] | 
             f"--replica-spread {args.replica_spread!r} is not known; known: {', '.join(spreads)}"
         )
     sharing = [
-        n for n in ("replica_share_delay_ms", "replica_share_loss") if getattr(args, n) is not None
+        n
+        for n in ("replica_share_delay_ms", "replica_share_loss", "replica_model_sync_ms")
+        if getattr(args, n) is not None
     ]
     if sharing and state == "independent":
         flags = ", ".join("--" + name.replace("_", "-") for name in sharing)
@@ -63,13 +67,15 @@ def gateway_replicas(args: argparse.Namespace) -> tuple[ReplicaSettings, ...] | 
     delay_ms = args.replica_share_delay_ms
     delay_s = DEFAULT_SHARE_DELAY_S if delay_ms is None else delay_ms / 1000.0
     loss = 0.0 if args.replica_share_loss is None else args.replica_share_loss
+    sync_ms = args.replica_model_sync_ms
+    sync_s = DEFAULT_MODEL_SYNC_S if sync_ms is None else sync_ms / 1000.0
     states = states_of[state]
     out: list[ReplicaSettings] = []
     for n in counts:
         # One replica shares with no one: it runs once, whatever the state.
         for s in states if n > 1 else states[:1]:
             try:
-                out.append(ReplicaSettings(n, s, spread, delay_s, loss))
+                out.append(ReplicaSettings(n, s, spread, delay_s, loss, model_sync_s=sync_s))
             except ValueError as exc:  # a count, delay or loss out of range
                 raise ValueError(f"{_flag_of(str(exc))}{exc}") from None
     return tuple(out)
@@ -78,6 +84,7 @@ def gateway_replicas(args: argparse.Namespace) -> tuple[ReplicaSettings, ...] | 
 def _flag_of(message: str) -> str:
     """The option a ReplicaSettings error is about, as a prefix for the message."""
     for word, flag in (
+        ("model_sync", "--replica-model-sync-ms"),
         ("replicas", "--gateway-replicas"),
         ("delay", "--replica-share-delay-ms"),
         ("loss", "--replica-share-loss"),

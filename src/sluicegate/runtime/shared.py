@@ -80,6 +80,14 @@ batch of 8,192 hashes takes ~1-17 ms, so on a loaded box that is one batch a sli
 _TAKE = 4096
 
 
+def key_base(prefix: str) -> str:
+    """The start of every key of the replicas sharing ``prefix`` (``keyPrefix``): the prefix
+    as a Redis Cluster hash tag, ``{sluicegate}``. Redis Cluster places a key by its tag
+    alone, so every key here is in one hash slot — the scripts' declared keys and the
+    peers' snapshots they read by name alike (a script may touch one slot only)."""
+    return "{" + prefix + "}"
+
+
 def default_replica_id() -> str:
     """Host name, process id and a random suffix: unique for each start."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -100,7 +108,7 @@ class SharedState:
         self.replica_id = settings.replica_id or default_replica_id()
         r = settings.redis
         self.timeout_s = r.timeout_ms / 1000.0
-        p = r.key_prefix
+        p = self.key_base = key_base(r.key_prefix)
         self.replicas_key = f"{p}:replicas"
         self.snapshot_prefix = f"{p}:inflight:"
         self.stream_key = f"{p}:prefix"
@@ -445,5 +453,6 @@ __all__ = [
     "SharedState",
     "default_replica_id",
     "guarded",
+    "key_base",
     "redacted",
 ]

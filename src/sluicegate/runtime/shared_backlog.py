@@ -130,7 +130,7 @@ class BacklogSync:
         settings = state.settings
         self.lease_ms = int(settings.lease_ms)
         self.view = PeerBacklogView(max_age_s=settings.lease_ms / 1000.0)
-        p = settings.redis.key_prefix
+        p = state.key_base  # one hash slot with every other key (Redis Cluster)
         self.replicas_key = f"{p}:backlog-replicas"
         self.snapshot_prefix = f"{p}:backlog:"
         self.key = self.snapshot_prefix + state.replica_id
