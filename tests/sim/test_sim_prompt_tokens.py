@@ -262,3 +262,15 @@ def test_the_engines_of_one_run_load_the_tokenizer_once(
     cluster.replicas[1].driver.reset(False)  # a restarted server
     assert cluster.replicas[1].engine.prompt_tokens is first
     assert len(loads) == 1
+
+
+def test_each_new_prefix_cache_is_a_new_empty_one(tokenizer_dir: Path) -> None:
+    """``new_prefix_cache`` is a factory: each call (the simulator's, the gateway's
+    ``local`` tokenizer's) gets its own cache, sharing no entries."""
+    tokens = PromptTokens.load(str(tokenizer_dir))
+    text = " ".join(WORDS * 3)
+    first = tokens.model.new_prefix_cache(1 << 20, 8)
+    second = tokens.model.new_prefix_cache(1 << 20, 8)
+    assert len({id(first), id(second), id(tokens.cache)}) == 3
+    assert list(first.encode(text)) == _ids(tokenizer_dir, text, special=False)
+    assert (len(first), len(second), len(tokens.cache)) == (1, 0, 0)

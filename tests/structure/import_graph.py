@@ -1,7 +1,8 @@
 """The import graph of ``src/sluicegate``, read from the source (no module is imported).
 
 Every ``import``/``from … import`` of a ``sluicegate`` module counts, wherever it sits (a
-function-level import is a dependency too), except those under ``if TYPE_CHECKING:``.
+function-level import is a dependency too), except those under ``if TYPE_CHECKING:``
+unless ``type_checking=True`` asks for them too.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ def _type_checking_only(node: ast.If) -> bool:
     )
 
 
-def _imports(tree: ast.AST, modules: set[str], current: str, is_package: bool) -> set[str]:
+def _imports(
+    tree: ast.AST, modules: set[str], current: str, is_package: bool, type_checking: bool
+) -> set[str]:
     found: set[str] = set()
 
     def resolve(name: str) -> str | None:
@@ -37,7 +40,7 @@ def _imports(tree: ast.AST, modules: set[str], current: str, is_package: bool) -
         return None
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _type_checking_only(node):
+        if not type_checking and isinstance(node, ast.If) and _type_checking_only(node):
             for child in node.orelse:
                 visit(child)
             return
@@ -66,12 +69,15 @@ def _imports(tree: ast.AST, modules: set[str], current: str, is_package: bool) -
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module → the ``sluicegate`` modules it imports."""
+def import_graph(type_checking: bool = False) -> dict[str, set[str]]:
+    """Module → the ``sluicegate`` modules it imports (``type_checking``: also those
+    imported for annotations only)."""
     paths = {module_name(p): p for p in (SRC / PACKAGE).rglob("*.py")}
     modules = set(paths)
     return {
-        name: _imports(ast.parse(path.read_text()), modules, name, path.name == "__init__.py")
+        name: _imports(
+            ast.parse(path.read_text()), modules, name, path.name == "__init__.py", type_checking
+        )
         for name, path in paths.items()
     }
 

@@ -111,6 +111,19 @@ def test_arrows_point_down_the_layers(graph: dict[str, set[str]]) -> None:
     assert wrong == []
 
 
+def test_rank_zero_and_the_simulator_need_nothing_above_even_for_types() -> None:
+    """A rank-0 package (and ``sim``, which may use them) stands alone: not even an
+    annotation names a higher layer, so it can be read, typed and moved without them."""
+    wrong = [
+        f"{module} → {target}"
+        for module, targets in sorted(import_graph(type_checking=True).items())
+        if RANKS.get(_package(module)) == 0 or _package(module) == SIM
+        for target in sorted(targets)
+        if _package(target) != _package(module) and RANKS.get(_package(target)) != 0
+    ]
+    assert wrong == []
+
+
 def test_plugins_do_not_import_plugins(graph: dict[str, set[str]]) -> None:
     wrong = [
         f"{module} → {target}"

@@ -1,8 +1,8 @@
 """The standalone gateway: an OpenAI-compatible HTTP server in front of a pool.
 
 - :mod:`~sluicegate.gateway.app` — ``Gateway`` (routes, auth, lifecycle) and its
-  ``GatewayOptions``; with ``app_keys`` (API keys: the open paths, the 401, comparing
-  tokens) and ``app_answers`` (``send_error``, the answers from the gateway's own state:
+  ``GatewayOptions``; with ``app_keys`` (API keys: the keys in force, the open paths,
+  the 401, comparing tokens, which requests are trusted) and ``app_answers`` (``send_error``, the answers from the gateway's own state:
   models, metrics, health, readiness);
 - :mod:`~sluicegate.gateway.proxy` — ``Proxy``: forwarding a routed request, retries, the
   answer back (``ProxySettings``, ``Outcome``);

@@ -37,14 +37,7 @@ from sluicegate.datalayer.collector import Collector
 from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.errors import GatewayError
 from sluicegate.gateway.app_answers import _StatusRoutes, send_error
-from sluicegate.gateway.app_keys import (
-    _OPEN_PATHS,
-    _UNAUTHORIZED_BODY,
-    _UNAUTHORIZED_HEAD,
-    _bearer_token,
-    _Keys,
-    _one_of,
-)
+from sluicegate.gateway.app_keys import _KeyCheck
 from sluicegate.gateway.http import HttpServer, Refusal, Request, Responder
 from sluicegate.gateway.proxy import Proxy, ProxySettings, upstream_headers
 from sluicegate.live_metrics import ClientConnections
@@ -110,8 +103,7 @@ class Gateway(_StatusRoutes):
         self.port = 0
         self._max_body_bytes = config.gateway.max_body_bytes
         self._server_limits = _server_limits(config)
-        self._keys = _Keys((), ())
-        self._keys_of: Config | None = None
+        self._key_check = _KeyCheck(self.options.api_keys)
         self._routes: dict[str, tuple[str, Route]] = {
             **{
                 path: ("POST", partial(self._generate, kind=kind))
@@ -137,16 +129,6 @@ class Gateway(_StatusRoutes):
         return self.runtime.staleness_s
 
     # ------------------------------------------------------------------ lifecycle
-
-    def _api_keys(self) -> _Keys:
-        """The API keys of the configuration in force (and of the options)."""
-        config = self.config
-        if self._keys_of is not config:
-            settings = config.gateway
-            trusted = tuple(k.encode() for k in settings.trusted_api_keys)
-            accepted = tuple(k.encode() for k in (*settings.api_keys, *self.options.api_keys))
-            self._keys, self._keys_of = _Keys(accepted + trusted, trusted), config
-        return self._keys
 
     async def start(self, host: str = "127.0.0.1", port: int = 8080) -> None:
         settings = self.config.gateway
@@ -279,22 +261,7 @@ class Gateway(_StatusRoutes):
     def _check_head(self, request: Request) -> Refusal | None:
         """The API-key check, on the request head (before its body is read): a 401, or
         None to go on. This is the only place keys are checked."""
-        path = request.path
-        if path in _OPEN_PATHS or (path == "/metrics" and not self.config.gateway.metrics_auth):
-            return None
-        accepted = self._api_keys().accepted
-        if not accepted or _one_of(_bearer_token(request.headers), accepted):
-            return None
-        request_id = request_id_from(request.headers.get("x-request-id"))
-        headers = [*_UNAUTHORIZED_HEAD, ("x-request-id", request_id)]
-        return Refusal(401, headers, _UNAUTHORIZED_BODY)
-
-    def _trusted(self, headers: Mapping[str, str]) -> bool:
-        """Whether this request's routing-control headers are honoured."""
-        if self.config.gateway.trust_control_headers:
-            return True
-        trusted = self._api_keys().trusted
-        return bool(trusted) and _one_of(_bearer_token(headers), trusted)
+        return self._key_check.refusal(request, self.config)
 
     async def _handle(self, request: Request, responder: Responder) -> None:
         request_id = request_id_from(request.headers.get("x-request-id"))
@@ -366,7 +333,8 @@ class Gateway(_StatusRoutes):
         started = time.perf_counter()
         raw = request.body
         headers: Mapping[str, str] = request.headers
-        if not ROUTING_HEADERS.isdisjoint(headers) and not self._trusted(request.headers):
+        trusted = self._key_check.trusted
+        if not ROUTING_HEADERS.isdisjoint(headers) and not trusted(headers, self.config):
             headers = without_routing_headers(headers)  # ignored (and never forwarded)
         if kind == "other":
             parsed = parse_other(raw, headers, generates(request.path))
@@ -378,7 +346,7 @@ class Gateway(_StatusRoutes):
             request.headers,
             CONTROL_HEADERS,
             request_id,
-            strip_authorization=bool(self._api_keys().accepted),
+            strip_authorization=bool(self._key_check.keys(self.config).accepted),
         )
         self.metrics.overhead.observe(time.perf_counter() - started)
         status = 0

@@ -4,17 +4,20 @@ error bodies (:func:`send_error`) and the routes that read the gateway's own sta
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import orjson
 
-from sluicegate.datalayer.datastore import Datastore
-from sluicegate.errors import GatewayError
-from sluicegate.gateway.http import Request, Responder
-from sluicegate.metrics import GatewayMetrics
-from sluicegate.requestcontrol.director import Director
+from sluicegate.gateway.http import JSON_CONTENT_TYPE
 from sluicegate.requestcontrol.models_list import model_entries, model_entry
-from sluicegate.runtime import Runtime
 
-_JSON = ("content-type", "application/json")
+if TYPE_CHECKING:
+    from sluicegate.datalayer.datastore import Datastore
+    from sluicegate.errors import GatewayError
+    from sluicegate.gateway.http import Request, Responder
+    from sluicegate.metrics import GatewayMetrics
+    from sluicegate.requestcontrol.director import Director
+    from sluicegate.runtime import Runtime
 
 
 def send_error(responder: Responder, error: GatewayError, request_id: str | None = None) -> None:
@@ -22,7 +25,7 @@ def send_error(responder: Responder, error: GatewayError, request_id: str | None
     headers = error.headers()
     if request_id:
         headers["x-request-id"] = request_id
-    responder.send(error.status, [_JSON, *headers.items()], error.body())
+    responder.send(error.status, [JSON_CONTENT_TYPE, *headers.items()], error.body())
 
 
 class _StatusRoutes:
@@ -36,12 +39,12 @@ class _StatusRoutes:
 
     async def _models(self, request: Request, responder: Responder, request_id: str) -> None:
         data = model_entries(self.datastore.all_endpoints(), self.director.models.routes)
-        responder.send(200, [_JSON], orjson.dumps({"object": "list", "data": data}))
+        responder.send(200, [JSON_CONTENT_TYPE], orjson.dumps({"object": "list", "data": data}))
 
     async def _model(self, request: Request, responder: Responder, request_id: str) -> None:
         endpoints, routes = self.datastore.all_endpoints(), self.director.models.routes
         entry = model_entry(request.path, endpoints, routes)
-        responder.send(200, [_JSON], orjson.dumps(entry))
+        responder.send(200, [JSON_CONTENT_TYPE], orjson.dumps(entry))
 
     async def _metrics(self, request: Request, responder: Responder, request_id: str) -> None:
         headers = [("content-type", "text/plain; version=0.0.4; charset=utf-8")]
@@ -54,7 +57,7 @@ class _StatusRoutes:
         unknown = self.runtime.kv_events.unknown_views() if self.runtime.kv_events.active else []
         mixed = self.runtime.mixed_hardware()
         if not empty and not unknown and not mixed:
-            responder.send(200, [_JSON], b'{"status":"ok"}')
+            responder.send(200, [JSON_CONTENT_TYPE], b'{"status":"ok"}')
             return
         pools = self.runtime.datastore.pools
         body: dict[str, object] = {"status": "degraded"}
@@ -64,15 +67,15 @@ class _StatusRoutes:
             body["kv_events_unknown"] = unknown
         if mixed:  # hardware-blind routing on a mixed pool: serves, but badly balanced
             body["mixed_hardware"] = mixed
-        responder.send(200, [_JSON], orjson.dumps(body))
+        responder.send(200, [JSON_CONTENT_TYPE], orjson.dumps(body))
 
     async def _ready(self, request: Request, responder: Responder, request_id: str) -> None:
         if self.draining:  # first to fail on SIGTERM: the load balancer moves away
-            responder.send(503, [_JSON], b'{"ready_endpoints":0,"draining":true}')
+            responder.send(503, [JSON_CONTENT_TYPE], b'{"ready_endpoints":0,"draining":true}')
             return
         ready = self.runtime.ready_endpoints()
         body = orjson.dumps({"ready_endpoints": ready})
-        responder.send(200 if ready else 503, [_JSON], body)
+        responder.send(200 if ready else 503, [JSON_CONTENT_TYPE], body)
 
 
 __all__ = ["send_error"]

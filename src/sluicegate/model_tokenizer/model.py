@@ -182,10 +182,11 @@ class ModelTokenizer:
             return prompt, special is not False
         raise UnrenderableError("the prompt is neither text nor token ids")
 
-    def prefix_cache(self, max_bytes: int, max_entries: int) -> PrefixTokenCache:
-        """A cache of :meth:`encode`'s ids of texts seen, bounded to ``max_bytes`` and
-        ``max_entries``; continuing cached encodings only when that reproduces the whole
-        encoding for this tokenizer (:func:`continues_exactly`, warned otherwise)."""
+    def new_prefix_cache(self, max_bytes: int, max_entries: int) -> PrefixTokenCache:
+        """A new, empty cache of :meth:`encode`'s ids of texts seen (one per caller: each
+        call makes another), bounded to ``max_bytes`` and ``max_entries``; continuing
+        cached encodings only when that reproduces the whole encoding for this tokenizer
+        (:func:`continues_exactly`, warned otherwise)."""
         cache = PrefixTokenCache(self.encode, max_bytes, max_entries)
         if not continues_exactly(self.encode):
             log.warning(

@@ -33,7 +33,8 @@ finds where the two texts first differ (a binary search over the bytes).
 
 Entries stored by progressive encoding (:mod:`sluicegate.tokenization.progressive`) also
 keep the block keys of their ids (8 bytes per block, counted in the bound), for the
-keying they were made with.
+keying they were made with: an opaque value of the caller's, only compared for equality
+(so this package needs nothing of the tokenization layer above it).
 """
 
 from __future__ import annotations
@@ -43,15 +44,11 @@ import sys
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import xxhash
 from tokenizers import Encoding
-
-if TYPE_CHECKING:
-    from sluicegate.tokenization.progressive import BlockKeying
 
 CHUNK_BYTES = 1024
 """Granularity (bytes of UTF-8) at which a new text's shared prefix with an entry is found."""
@@ -100,7 +97,8 @@ class _Entry:
     nbytes: int = 0
     keys: array[int] = field(default_factory=lambda: array("Q"))
     """Block keys of its ids (progressive encoding), for :attr:`keying`."""
-    keying: BlockKeying | None = None
+    keying: Hashable | None = None
+    """What :attr:`keys` were made with (the caller's, compared for equality only)."""
 
 
 @dataclass
@@ -207,7 +205,7 @@ class PrefixTokenCache:
         self.counters.add(hits=1, tokens_saved=len(entry.ids))
         return key, entry
 
-    def rekey(self, key: int, keys: array[int], keying: BlockKeying) -> None:
+    def rekey(self, key: int, keys: array[int], keying: Hashable) -> None:
         """Replace entry ``key``'s cached block keys (its size bound kept: an entry that
         would outgrow the cache's bytes keeps none)."""
         entry = self._entries[key]

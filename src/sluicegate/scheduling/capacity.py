@@ -27,7 +27,12 @@ Memory: one previous scrape per endpoint, released when the endpoint leaves the 
 scorers are :class:`~sluicegate.framework.EndpointObserver` plugins, told by the director
 when the datastore removes one) and at most :data:`MAX_ENDPOINTS` whatever the host (the
 least recently scraped dropped first), and one average per class (at most
-:data:`MAX_CLASSES`).
+:data:`MAX_CLASSES`). An endpoint is kept by its pool, name and address (the datastore's
+identity of it), so two pools listing the same pod keep one previous scrape each.
+
+Limit: a scorer that sees more than :data:`MAX_ENDPOINTS` endpoints between two scrapes of
+each evicts every endpoint's previous scrape before its next one arrives, so ``measured``
+never learns there (the configured value, if any, stays in use).
 """
 
 from __future__ import annotations
@@ -42,11 +47,16 @@ from sluicegate.api.hardware import AcceleratorClass, ClassKeyed
 from sluicegate.datalayer.endpoint import Endpoint, EngineMetrics
 from sluicegate.framework import EndpointObserver, PluginContext, PluginParameters, Scorer
 
+EndpointKey = tuple[str, str, str]
+"""An endpoint's pool, name and address: unique in the datastore (a name is unique only
+within its pool)."""
+
 CapacityMode = Literal["off", "configured", "measured"]
 MEASURE_WEIGHT = 0.1
 """Weight of each new saturated-rate observation in a class's average."""
 MAX_ENDPOINTS = 4096
-"""Endpoints whose previous scrape is kept (beyond: the least recently scraped's dropped)."""
+"""Endpoints whose previous scrape is kept (beyond: the least recently scraped's dropped).
+A pool larger than this never learns ``measured`` (module docstring)."""
 MAX_CLASSES = 64
 
 
@@ -87,7 +97,7 @@ class ClassCapacity:
         self.configured = dict(configured)
         self.measured: dict[str, float] = {}
         """Output tokens/s per class, learnt while saturated."""
-        self._last: dict[str, EngineMetrics] = {}
+        self._last: dict[EndpointKey, EngineMetrics] = {}
         """Each endpoint's previous scrape, least recently scraped first."""
 
     def factors(self, endpoints: Sequence[Endpoint]) -> list[float] | None:
@@ -128,14 +138,15 @@ class ClassCapacity:
         cls = e.hardware.accelerator
         if m is None or cls is None:
             return
-        last = self._last.get(e.name)
+        key = endpoint_key(e)
+        last = self._last.get(key)
         if last is m:
             return
         if last is not None:
-            del self._last[e.name]  # re-inserted last: the dict's order is recency
+            del self._last[key]  # re-inserted last: the dict's order is recency
         elif len(self._last) >= MAX_ENDPOINTS:
             del self._last[next(iter(self._last))]
-        self._last[e.name] = m
+        self._last[key] = m
         if last is None or last.waiting <= 0 or m.scraped_at <= last.scraped_at:
             return
         if m.generation_tokens is not None and last.generation_tokens is not None:
@@ -153,20 +164,27 @@ class ClassCapacity:
         else:
             self.measured[cls] = old + MEASURE_WEIGHT * (rate - old)
 
-    def forget(self, endpoint: str) -> None:
+    def forget(self, endpoint: Endpoint) -> None:
         """Drop what is kept for ``endpoint`` (it left the pool)."""
-        self._last.pop(endpoint, None)
+        self._last.pop(endpoint_key(endpoint), None)
 
     @property
-    def endpoints_kept(self) -> int:
-        """Endpoints whose previous scrape is kept."""
-        return len(self._last)
+    def endpoints_kept(self) -> list[EndpointKey]:
+        """Endpoints whose previous scrape is kept, least recently scraped first (a copy)."""
+        return list(self._last)
+
+
+def endpoint_key(e: Endpoint) -> EndpointKey:
+    """How :class:`ClassCapacity` keys ``e``: as the datastore matches it in its pool."""
+    return (e.pool, e.name, e.address)
 
 
 class CapacityScorer(Scorer, EndpointObserver):
-    """A scorer whose load counts capacity normalisation may weigh (the module docstring):
-    its ``Parameters`` extend :class:`CapacityParameters`, and ``self.capacity`` gives the
-    load factors (None: not normalised, or neutral for this decision)."""
+    """A scorer that uses class capacity (the module docstring): its ``Parameters`` extend
+    :class:`CapacityParameters`, and ``self.capacity`` gives the capacities and load factors
+    (None: not normalised, or neutral for this decision). It releases an endpoint's kept
+    scrape in :meth:`forget_endpoint`; a subclass that overrides it must call
+    ``super().forget_endpoint(endpoint)``, or the scrape stays until the LRU drops it."""
 
     class Parameters(CapacityParameters):
         """Capacity normalisation (module docstring)."""
@@ -185,4 +203,5 @@ class CapacityScorer(Scorer, EndpointObserver):
         return self.params.normalised
 
     def forget_endpoint(self, endpoint: Endpoint) -> None:
-        self.capacity.forget(endpoint.name)
+        """Release ``endpoint``'s kept scrape (overrides must call this)."""
+        self.capacity.forget(endpoint)

@@ -43,7 +43,9 @@ class PromptTokens:
         self.model = model
         self.cache = cache
         """Content ids of the prompts seen (bounded: :data:`CACHE_BYTES`,
-        :data:`CACHE_ENTRIES`)."""
+        :data:`CACHE_ENTRIES`). Single-threaded: call :meth:`encode` from the simulated
+        server's event loop only — the cache has no lock of its own (the gateway's
+        ``local`` tokenizer, which encodes on worker threads, guards its cache with one)."""
 
     @classmethod
     def load(cls, path: str) -> PromptTokens:
@@ -55,7 +57,7 @@ class PromptTokens:
         from sluicegate.model_tokenizer.model import ModelTokenizer
 
         model = ModelTokenizer.load(Path(path).expanduser())
-        return cls(model, model.prefix_cache(CACHE_BYTES, CACHE_ENTRIES))
+        return cls(model, model.new_prefix_cache(CACHE_BYTES, CACHE_ENTRIES))
 
     def encode(self, body: Mapping[str, object], chat: bool) -> bytes | None:
         """The prompt of request ``body`` (chat ``messages`` if ``chat``, else a

@@ -63,7 +63,7 @@ class LocalTokenizer(PoolTokenizer):
         approximately, as vLLM would refuse them)."""
         self.config = model.config
         self.prefix_ids, self.suffix_ids = model.prefix_ids, model.suffix_ids
-        self.cache = self.prefix_cache = model.prefix_cache(
+        self.cache = self.prefix_cache = model.new_prefix_cache(
             settings.cache_bytes, settings.cache_entries
         )
         self._lock = threading.Lock()

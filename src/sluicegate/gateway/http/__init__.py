@@ -47,6 +47,7 @@ https://www.rfc-editor.org/rfc/rfc1950.
 """
 
 from sluicegate.gateway.http.messages import (
+    JSON_CONTENT_TYPE,
     LINGER_S,
     MAX_HEADER_BYTES,
     Handler,
@@ -60,6 +61,7 @@ from sluicegate.gateway.http.responder import Responder
 from sluicegate.gateway.http.server import HttpServer
 
 __all__ = [
+    "JSON_CONTENT_TYPE",
     "LINGER_S",
     "MAX_HEADER_BYTES",
     "Handler",

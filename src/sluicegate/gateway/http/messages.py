@@ -26,6 +26,8 @@ _PIPELINE_HARD_LIMIT = 8
 this many times ``max_pipelined`` the connection is closed after what is queued."""
 LINGER_S = 1.0
 """How long a connection closed with input unread keeps discarding that input (s)."""
+JSON_CONTENT_TYPE = ("content-type", "application/json")
+"""The header of every JSON answer, the server's own and the gateway's (defined here only)."""
 _SPECIAL = frozenset({"content-length", "transfer-encoding", "host", "expect", "content-encoding"})
 
 
@@ -82,7 +84,7 @@ def error_answer(
 ) -> Refusal:
     """An answer of the server's own, with an OpenAI-style JSON body."""
     error = GatewayError(status, message, code=code, reason=reason, retry_after_s=retry_after_s)
-    headers = [("content-type", "application/json"), *error.headers().items()]
+    headers = [JSON_CONTENT_TYPE, *error.headers().items()]
     return Refusal(status, headers, error.body())
 
 
@@ -91,7 +93,7 @@ def _blank_request() -> Request:
     return Request("", "", "", {}, b"", "1.1")
 
 
-_JSON = (("content-type", "application/json"),)
+_JSON = (JSON_CONTENT_TYPE,)
 _NO_ANSWER = GatewayError(500, "the handler gave no answer", code="internal_error").body()
 _INTERNAL_ERROR = GatewayError(500, "internal error", code="internal_error").body()
 _HEAD_CHECK_FAILED = error_answer(500, "internal error", "internal_error", "internal_error")

@@ -46,22 +46,14 @@ from collections.abc import Sequence
 from typing import Literal
 
 from sluicegate.datalayer.endpoint import Endpoint
-from sluicegate.framework import (
-    PREDICTIONS,
-    CycleState,
-    EndpointObserver,
-    LLMRequest,
-    PluginContext,
-    PluginParameters,
-    Scorer,
-)
-from sluicegate.scheduling.capacity import CapacityParameters
+from sluicegate.framework import PREDICTIONS, CycleState, LLMRequest
+from sluicegate.scheduling.capacity import CapacityParameters, CapacityScorer
 
 _MIN_TAU_MS = 1e-3
 """Floor of the per-token time (ms), so a zero prediction cannot divide by zero."""
 
 
-class CostAwareScorer(Scorer, EndpointObserver):
+class CostAwareScorer(CapacityScorer):
     type_name = "cost-aware-scorer"
     category = "balance"
 
@@ -71,19 +63,10 @@ class CostAwareScorer(Scorer, EndpointObserver):
 
     params: Parameters
 
-    def __init__(
-        self, name: str, context: PluginContext, params: PluginParameters | None = None
-    ) -> None:
-        super().__init__(name, context, params)
-        self.capacity = self.params.capacity()
-
     @property
     def hardware_aware(self) -> bool:
-        """It prices each endpoint by its hardware."""
+        """It prices each endpoint by its hardware, capacity normalisation on or off."""
         return True
-
-    def forget_endpoint(self, endpoint: Endpoint) -> None:
-        self.capacity.forget(endpoint.name)
 
     def score(
         self, request: LLMRequest, state: CycleState, endpoints: Sequence[Endpoint]
