@@ -2,8 +2,9 @@
 
 - :mod:`~sluicegate.gateway.app` — ``Gateway`` (routes, auth, lifecycle) and its
   ``GatewayOptions``; with ``app_keys`` (API keys: the keys in force, the open paths,
-  the 401, comparing tokens, which requests are trusted) and ``app_answers`` (``send_error``, the answers from the gateway's own state:
-  models, metrics, health, readiness);
+  the 401, comparing tokens, which requests are trusted) and ``app_answers``
+  (``send_error``, the answers from the gateway's own state: models, metrics, health,
+  readiness);
 - :mod:`~sluicegate.gateway.proxy` — ``Proxy``: forwarding a routed request, retries, the
   answer back (``ProxySettings``, ``Outcome``);
 - :mod:`~sluicegate.gateway.run` — ``sluicegate serve`` (``serve``, ``ServeOptions``);
