@@ -51,6 +51,11 @@ FIRST_CHUNK_CHARS = 256
 English: four 16-token blocks); each later chunk twice the one before. Finishing a prompt
 after dispatch encodes the rest in one piece."""
 
+PAST_SHARED_TOKENS = 8
+"""After a cache entry, the first chunk ends about a block and this many tokens past the
+text shared with the entry (a new turn's first new block crosses that end); each later
+chunk twice the one before."""
+
 
 @dataclass(frozen=True, slots=True)
 class BlockKeying:
@@ -163,10 +168,15 @@ def begin(cache: PrefixTokenCache, text: str, keying: BlockKeying) -> Progress:
     del keys[(len(keying.lead) + start_tok) // keying.size :]
     covers = entry.safe_chars[i] - start_char
     check = (covers, entry.ids[start_tok : entry.safe_tokens[i]])
+    # the first chunk reaches past the shared end by PAST_SHARED_TOKENS more than a block
+    # (at the entry's own characters per token): enough for the block that crosses it
+    per_token = len(entry.data) / max(1, len(entry.ids))
+    past = int(per_token * (keying.size + PAST_SHARED_TOKENS)) + 1
     return Progress(
         text, data, hashes, keying, ids, start_char, keys, False,
         entry.safe_chars[: i - 1], entry.safe_tokens[: i - 1], check,
         base=key if shared >= len(entry.data) else None,
+        chunk=max(1, shared - start_char) + past,
     )  # fmt: skip
 
 
