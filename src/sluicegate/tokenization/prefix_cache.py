@@ -15,16 +15,19 @@ characters past its end (a run's end, a ``(?!\\S)`` look-ahead). So a word start
 of text *A* at least :data:`MARGIN_CHARS` before the end of what *A* shares with text
 *B* is also a word start of *B*, and encoding ``B[p:]`` gives exactly the tokens of *B*
 from *p* on. The safe points are such word starts (one per :data:`SAFE_STEP_TOKENS` tokens,
-read from the encoding's word index). A new text is then ``ids[:t]`` of the
+and every one among the text's last :data:`DENSE_TAIL_CHARS` characters — a
+conversation's next turn shares the text up to about its end — read from the encoding's
+word index). A new text is then ``ids[:t]`` of the
 cached entry plus the encoding of the rest from the safe point *t* before the shared
 prefix's end (less the margin).
 
 **Checked, not assumed.** The continuation re-encodes at least one safe step the
-entry already holds; when those tokens differ from the entry's (a tokenizer whose
-normalizer or pre-tokenizer looks back, e.g. SentencePiece's ``Metaspace`` prepending
-to the first word only) the text is encoded whole and the mismatch counted. The
-property test (``tests/tokenization/test_tok_prefix_cache.py``) checks equality with
-the whole encoding over random texts and cut points with a real byte-level BPE.
+entry already holds (near the entry's end, one word); when those tokens differ from
+the entry's (a tokenizer whose normalizer or pre-tokenizer looks back, e.g.
+SentencePiece's ``Metaspace`` prepending to the first word only) the text is encoded
+whole and the mismatch counted. The property test
+(``tests/tokenization/test_tok_prefix_cache.py``) checks equality with the whole
+encoding over random texts and cut points with a real byte-level BPE.
 
 **Finding the entry.** Each entry registers chained xxh3 hashes of its text at every
 :data:`CHUNK_BYTES` boundary of its UTF-8, and one of its whole text; a lookup hashes the new text's
@@ -327,10 +330,12 @@ def _entry_of(
     base: _Entry | None,
     start_tok: int = 0,
     base_points: int = 0,
+    at_end: bool = True,
 ) -> _Entry:
     """An entry for ``data`` whose tokens from character ``start_char`` on are ``tail``
-    (and before
-    it ``base``'s first ``start_tok`` tokens, its first ``base_points`` safe points)."""
+    (and before it ``base``'s first ``start_tok`` tokens, its first ``base_points`` safe
+    points). ``at_end``: the tail ends the text (its last characters get dense safe
+    points; a chunk of progressive encoding that does not end it gets none)."""
     if base is None:
         ids = array("I", tail_ids)
         safe_chars, safe_tokens = array("I"), array("I")
@@ -348,7 +353,7 @@ def _entry_of(
     word_of, chars_of = tail.token_to_word, tail.token_to_chars
     n = len(tail_ids)
     dense = n
-    end_span = chars_of(n - 1) if n else None
+    end_span = chars_of(n - 1) if n and at_end else None
     while end_span is not None and dense > max(0, n - DENSE_TAIL_TOKENS):
         span = chars_of(dense - 1)
         if span is None or span[0] < end_span[1] - DENSE_TAIL_CHARS:

@@ -7,8 +7,9 @@ there and no further. :func:`begin` takes what the
 :class:`~sluicegate.tokenization.prefix_cache.PrefixTokenCache` already knows of the
 text — the ids up to a safe point before the end of the longest prefix it shares with a
 prompt seen, and the block keys cached with them — and :func:`advance` encodes the rest
-in growing chunks (the first :data:`FIRST_CHUNK_CHARS`, then doubling), keying the new
-blocks after each and asking ``enough(keys)`` whether to go on. A prompt never seen then
+in growing chunks (the first :data:`FIRST_CHUNK_CHARS` — after a cache entry, to a
+block and :data:`PAST_SHARED_TOKENS` tokens past the shared end — then doubling), keying
+the new blocks after each and asking ``enough(keys)`` whether to go on. A prompt never seen then
 costs one small chunk; a new turn costs the chunk that crosses the end of the previous
 turn. The rest is encoded after dispatch (:meth:`LocalTokenizer.finish_later
 <sluicegate.tokenization.local.LocalTokenizer.finish_later>`), so the cache holds the
@@ -210,7 +211,7 @@ def advance(
             p.check = None
         if p.stored is not None:  # the stored entry keeps its arrays: write to copies
             p.ids, p.safe_chars, p.safe_tokens = p.ids[:], p.safe_chars[:], p.safe_tokens[:]
-        made = _entry_of(b"", encoding, ids, p.chars, None)
+        made = _entry_of(b"", encoding, ids, p.chars, None, at_end=cut >= len(text))
         start = len(p.ids)
         p.safe_chars.extend(made.safe_chars)
         p.safe_tokens.extend(t + start for t in made.safe_tokens)
