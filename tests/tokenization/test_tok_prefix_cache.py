@@ -13,7 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Encoding, Tokenizer, models, normalizers, pre_tokenizers
 
-from sluicegate.model_tokenizer.prefix_cache import CHUNK_BYTES, PrefixTokenCache
+from sluicegate.model_tokenizer.prefix_cache import (
+    CHUNK_BYTES,
+    DENSE_TAIL_TOKENS,
+    MARGIN_CHARS,
+    PrefixTokenCache,
+)
 
 # pieces that stress the pre-tokenizer: whitespace runs, newlines, contractions, digits,
 # punctuation runs, non-ASCII letters, special tokens of the tiny tokenizer
@@ -173,3 +178,25 @@ def test_texts_around_a_chunk(tiny_dir: Path, n: int) -> None:
         longer = ("kalo mi ne, ru sa " * 400)[:end] + " tail"
         assert cache.encode(text) == _whole(encode, text)
         assert cache.encode(longer) == _whole(encode, longer)
+
+
+def test_a_turn_diverging_just_before_the_end_re_encodes_a_word_or_two(tiny_dir: Path) -> None:
+    """The next turn replaces the previous prompt's last characters (a generation prompt):
+    the continuation starts at a dense safe point a word or two before the shared end
+    less the margin, not one or two regular steps (16–32 tokens) before it."""
+    encode = _tiny(tiny_dir)
+    cache = PrefixTokenCache(encode, 1 << 26, 8)
+    turn = "<|user|>\nkalo mine ru sa, don't 123 ti vo!</s>\n" * 100 + "<|assistant|>\n"
+    first = cache.encode(turn)
+    shared = len(turn) - len("<|assistant|>\n")
+    second_text = turn[:shared] + "<|user|>\nzepa qu de fi go.\n"
+    assert cache.encode(second_text) == _whole(encode, second_text)
+    assert cache.counters.prefix_hits == 1
+    re_encoded = len(first) - cache.counters.tokens_saved  # the previous prompt's tail
+    # what lies within the margin and two words of the shared end, and the part not shared
+    near_end = len(encode(turn[shared - MARGIN_CHARS - 12 :]).ids)
+    assert re_encoded <= near_end
+    # bounded: one point per regular step, plus the dense tail of each encoding
+    for entry in cache._entries.values():
+        assert len(entry.safe_chars) <= len(entry.ids) // 16 + 1 + 2 * DENSE_TAIL_TOKENS
+        assert list(entry.safe_chars) == sorted(set(entry.safe_chars))

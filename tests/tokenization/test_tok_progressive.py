@@ -247,3 +247,34 @@ async def test_closing_never_blocks_and_later_prompts_are_dropped(tiny_dir: Path
     await tok.close()
     tok.finish_later(p)
     assert tok.deferred.counters.dropped == 1
+
+
+def test_a_next_turn_encodes_about_a_block_past_the_shared_end(tiny_dir: Path) -> None:
+    """The previous prompt finished and kept, the next turn (its generation prompt
+    replaced by more text) is encoded from a word just before the shared end to about a
+    block past it — not a fixed first chunk of 256 characters — and exactly."""
+    tok = LocalTokenizer.load(TokenizerSettings(source="local", path=str(tiny_dir)))
+    ref = Tokenizer.from_file(str(tiny_dir / "tokenizer.json"))
+    keying = BlockKeying(BS)
+    words = corpus(400, 7)
+    previous = " ".join(words[:300]) + "\n<|assistant|>\n"
+    shared = len(previous) - len("<|assistant|>\n")
+    nxt = previous[:shared] + "<|user|>\n" + " ".join(words[300:])
+
+    def request(text: str) -> LLMRequest:
+        body = {"model": "m", "prompt": text, "add_special_tokens": False}
+        return LLMRequest("r", "m", "m", b"x", 3, 0.0, kind="completions", body=body)
+
+    first = tok.decide(request(previous), keying, lambda keys: False)
+    assert first is not None
+    assert first.whole
+    held = (len(ref.encode(previous[:shared], add_special_tokens=False).ids)) // BS
+    p = tok.decide(request(nxt), keying, lambda keys: len(keys) > held)
+    assert p is not None
+    assert not p.whole
+    want = ref.encode(nxt, add_special_tokens=False).ids
+    assert list(p.ids) == want[: len(p.ids)]
+    # re-encoded: a word or two and the margin before the shared end, then one block and
+    # a few tokens past it (the old fixed chunk: 256 characters, ~3x as many tokens here)
+    assert p.encoded_tokens <= 2 * BS + 16
+    assert len(p.keys) > held

@@ -142,7 +142,11 @@ def report(quick: bool, machine: str) -> str:
         "it, see docs/plugins.md for the trade-off). The prompt block count in the "
         "scores is estimated from the encoded part's tokens per character when the "
         "decision stopped early (matched blocks and cached tokens are exact: "
-        "`tests/tokenization/test_tok_progressive.py`).",
+        "`tests/tokenization/test_tok_progressive.py`). A next turn's encode starts at a "
+        "word start just before the text it shares with the previous prompt (every word "
+        "start of a kept prompt's last 96 characters is a safe point) and ends about a "
+        "block past it: about 110 characters, re-checked and new, where it was about 250 "
+        "(a safe point 16–32 tokens back and a fixed 256-character first chunk).",
         "",
         "Goals (the median of the runs' CPU p50, its range in brackets): "
         + "; ".join(
@@ -157,7 +161,14 @@ def report(quick: bool, machine: str) -> str:
         "previous prompt's rest runs between two decisions and evicts the BPE's tables "
         "and the interpreter's working set, and the next decision pays for it (its first "
         "small encode takes 2–3× longer, measured) — a gateway serving other requests "
-        "between decisions sits between the two.",
+        "between decisions sits between the two. What the *previous turn seen and held* "
+        "row models: right before each decision the worker has finished the previous "
+        "turn (a 15 KB encode) and the endpoints' blocks of it were indexed, as their "
+        "events would be; in real traffic the next turn comes seconds later, with other "
+        "decisions and events in between, so its encode meets caches about as cold. The "
+        "endpoints hold the previous prompt's blocks only; a server that generated the "
+        "answer holds the answer's blocks too, so a real next turn is walked and encoded "
+        "further (its chunks doubling from the first).",
         "",
         f"KV-event ingestion: {per_block:.2f} µs of process CPU per block event, median of "
         f"3 runs ({runs[0]:.2f}–{runs[2]:.2f}) (stores and removals, 16 blocks per event, "

@@ -15,16 +15,19 @@ characters past its end (a run's end, a ``(?!\\S)`` look-ahead). So a word start
 of text *A* at least :data:`MARGIN_CHARS` before the end of what *A* shares with text
 *B* is also a word start of *B*, and encoding ``B[p:]`` gives exactly the tokens of *B*
 from *p* on. The safe points are such word starts (one per :data:`SAFE_STEP_TOKENS` tokens,
-read from the encoding's word index). A new text is then ``ids[:t]`` of the
+and every one among the text's last :data:`DENSE_TAIL_CHARS` characters — a
+conversation's next turn shares the text up to about its end — read from the encoding's
+word index). A new text is then ``ids[:t]`` of the
 cached entry plus the encoding of the rest from the safe point *t* before the shared
 prefix's end (less the margin).
 
 **Checked, not assumed.** The continuation re-encodes at least one safe step the
-entry already holds; when those tokens differ from the entry's (a tokenizer whose
-normalizer or pre-tokenizer looks back, e.g. SentencePiece's ``Metaspace`` prepending
-to the first word only) the text is encoded whole and the mismatch counted. The
-property test (``tests/tokenization/test_tok_prefix_cache.py``) checks equality with
-the whole encoding over random texts and cut points with a real byte-level BPE.
+entry already holds (near the entry's end, one word); when those tokens differ from
+the entry's (a tokenizer whose normalizer or pre-tokenizer looks back, e.g.
+SentencePiece's ``Metaspace`` prepending to the first word only) the text is encoded
+whole and the mismatch counted. The property test
+(``tests/tokenization/test_tok_prefix_cache.py``) checks equality with the whole
+encoding over random texts and cut points with a real byte-level BPE.
 
 **Finding the entry.** Each entry registers chained xxh3 hashes of its text at every
 :data:`CHUNK_BYTES` boundary of its UTF-8, and one of its whole text; a lookup hashes the new text's
@@ -56,6 +59,11 @@ SAFE_STEP_TOKENS = 16
 """One safe point is kept per this many tokens of an entry (at the word start at or
 before every 16th token: a continuation re-encodes one step, 16–32 tokens, to check
 itself; a safe point costs 8 bytes, half a byte per token)."""
+DENSE_TAIL_CHARS = 96
+DENSE_TAIL_TOKENS = 48
+"""Every word start among the last :data:`DENSE_TAIL_CHARS` characters of an encoding (at
+most its last this many tokens) is a safe point too: where a conversation's next turn
+continues. At most 48 more points, 8 bytes each, per entry or chunk (counted)."""
 MARGIN_CHARS = 16
 """A safe point used for a continuation lies at least this far before the shared end."""
 _ENTRY_OVERHEAD = 240
@@ -320,10 +328,12 @@ def _entry_of(
     base: _Entry | None,
     start_tok: int = 0,
     base_points: int = 0,
+    at_end: bool = True,
 ) -> _Entry:
     """An entry for ``data`` whose tokens from character ``start_char`` on are ``tail``
-    (and before
-    it ``base``'s first ``start_tok`` tokens, its first ``base_points`` safe points)."""
+    (and before it ``base``'s first ``start_tok`` tokens, its first ``base_points`` safe
+    points). ``at_end``: the tail ends the text (its last characters get dense safe
+    points; a chunk of progressive encoding that does not end it gets none)."""
     if base is None:
         ids = array("I", tail_ids)
         safe_chars, safe_tokens = array("I"), array("I")
@@ -333,12 +343,22 @@ def _entry_of(
         safe_chars = base.safe_chars[:base_points]
         safe_tokens = base.safe_tokens[:base_points]
     # safe points of the tail: word starts, one per SAFE_STEP_TOKENS tokens (the tail's
-    # own start first). Token → word and token → characters are O(1) lookups in the
-    # encoding (characters → word is a scan: not used).
+    # own start first), and every word start among its last DENSE_TAIL_CHARS characters
+    # (at most DENSE_TAIL_TOKENS tokens): a conversation's next turn shares the text up to
+    # about its end, and its continuation then starts a word or two before the shared end
+    # rather than up to two steps (16–32 tokens) before it. Token → word and token →
+    # characters are O(1) lookups in the encoding (characters → word is a scan: not used).
     word_of, chars_of = tail.token_to_word, tail.token_to_chars
     n = len(tail_ids)
+    dense = n
+    end_span = chars_of(n - 1) if n and at_end else None
+    while end_span is not None and dense > max(0, n - DENSE_TAIL_TOKENS):
+        span = chars_of(dense - 1)
+        if span is None or span[0] < end_span[1] - DENSE_TAIL_CHARS:
+            break
+        dense -= 1
     last = -1
-    for t in range(0, n, SAFE_STEP_TOKENS):
+    for t in range(0, dense, SAFE_STEP_TOKENS):
         word = word_of(t)
         if word is None:
             continue
@@ -354,6 +374,15 @@ def _entry_of(
         safe_chars.append(span[0] + start_char)
         safe_tokens.append(t + start_tok)
         last = t
+    for t in range(max(last + 1, dense), n):
+        word = word_of(t)
+        if word is None or (t > 0 and word_of(t - 1) == word):
+            continue
+        span = chars_of(t)
+        if span is None:
+            continue
+        safe_chars.append(span[0] + start_char)
+        safe_tokens.append(t + start_tok)
     return _Entry(data, ids, safe_chars, safe_tokens, [], 0)
 
 

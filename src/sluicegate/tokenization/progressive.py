@@ -7,8 +7,9 @@ there and no further. :func:`begin` takes what the
 :class:`~sluicegate.model_tokenizer.prefix_cache.PrefixTokenCache` already knows of the
 text — the ids up to a safe point before the end of the longest prefix it shares with a
 prompt seen, and the block keys cached with them — and :func:`advance` encodes the rest
-in growing chunks (the first :data:`FIRST_CHUNK_CHARS`, then doubling), keying the new
-blocks after each and asking ``enough(keys)`` whether to go on. A prompt never seen then
+in growing chunks (the first :data:`FIRST_CHUNK_CHARS` — after a cache entry, to a
+block and :data:`PAST_SHARED_TOKENS` tokens past the shared end — then doubling), keying
+the new blocks after each and asking ``enough(keys)`` whether to go on. A prompt never seen then
 costs one small chunk; a new turn costs the chunk that crosses the end of the previous
 turn. The rest is encoded after dispatch (:meth:`LocalTokenizer.finish_later
 <sluicegate.tokenization.local.LocalTokenizer.finish_later>`), so the cache holds the
@@ -50,6 +51,11 @@ FIRST_CHUNK_CHARS = 256
 """Characters encoded by the first chunk past what the cache knows (about 60 tokens of
 English: four 16-token blocks); each later chunk twice the one before. Finishing a prompt
 after dispatch encodes the rest in one piece."""
+
+PAST_SHARED_TOKENS = 8
+"""After a cache entry, the first chunk ends about a block and this many tokens past the
+text shared with the entry (a new turn's first new block crosses that end); each later
+chunk twice the one before."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,10 +169,15 @@ def begin(cache: PrefixTokenCache, text: str, keying: BlockKeying) -> Progress:
     del keys[(len(keying.lead) + start_tok) // keying.size :]
     covers = entry.safe_chars[i] - start_char
     check = (covers, entry.ids[start_tok : entry.safe_tokens[i]])
+    # the first chunk reaches past the shared end by PAST_SHARED_TOKENS more than a block
+    # (at the entry's own characters per token): enough for the block that crosses it
+    per_token = len(entry.data) / max(1, len(entry.ids))
+    past = int(per_token * (keying.size + PAST_SHARED_TOKENS)) + 1
     return Progress(
         text, data, hashes, keying, ids, start_char, keys, False,
         entry.safe_chars[: i - 1], entry.safe_tokens[: i - 1], check,
         base=key if shared >= len(entry.data) else None,
+        chunk=max(1, shared - start_char) + past,
     )  # fmt: skip
 
 
@@ -200,7 +211,7 @@ def advance(
             p.check = None
         if p.stored is not None:  # the stored entry keeps its arrays: write to copies
             p.ids, p.safe_chars, p.safe_tokens = p.ids[:], p.safe_chars[:], p.safe_tokens[:]
-        made = _entry_of(b"", encoding, ids, p.chars, None)
+        made = _entry_of(b"", encoding, ids, p.chars, None, at_end=cut >= len(text))
         start = len(p.ids)
         p.safe_chars.extend(made.safe_chars)
         p.safe_tokens.extend(t + start for t in made.safe_tokens)
