@@ -34,12 +34,33 @@ def free_port() -> int:
         return port
 
 
+CLUSTER_BUS_OFFSET = 10000
+"""A cluster node also listens on its port + 10,000 (the cluster bus; Redis 6 has no option
+to choose it), so a node's port must leave that one valid and free."""
+
+
+def free_cluster_port(attempts: int = 200) -> int:
+    """A free port whose cluster-bus port (port + 10,000) is a valid port and free too: an
+    ephemeral port above 55,535 (a fifth of Linux's default range) makes redis-server exit."""
+    for _ in range(attempts):
+        port = free_port()
+        if port + CLUSTER_BUS_OFFSET > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + CLUSTER_BUS_OFFSET))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for a Redis Cluster node")
+
+
 class RedisServer:
     """One redis-server process: no persistence, loopback only, its files in ``workdir``.
 
-        :meth:`stop` kills it, :meth:`start` brings it back on the same port (empty; a start that
-    fails kills what it started),
-        :meth:`pause` / :meth:`resume` freeze it (SIGSTOP/SIGCONT) to make it slow, not gone.
+    :meth:`stop` kills it, :meth:`start` brings it back on the same port (empty; a start that
+    fails kills what it started), :meth:`pause` / :meth:`resume` freeze it (SIGSTOP/SIGCONT)
+    to make it slow, not gone.
     With ``cluster``, it is a Redis Cluster of one node that owns every hash slot: it
     refuses, as every cluster does, a command or script whose keys are in several slots.
     """
@@ -49,7 +70,7 @@ class RedisServer:
     ) -> None:
         self.binary = binary
         self.workdir = workdir
-        self.port = free_port()
+        self.port = free_cluster_port() if cluster else free_port()
         self.password = password
         self.cluster = cluster
         self.proc: subprocess.Popen[bytes] | None = None
