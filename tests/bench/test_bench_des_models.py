@@ -4,22 +4,25 @@ with the version its last sync pulled; independent replicas keep their own model
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from sluicegate.bench.des import ClusterSimulation
 from sluicegate.bench.des_gateway import SEED_STRIDE
-from sluicegate.bench.des_models import ReplicaModels, TrainingService
+from sluicegate.bench.des_models import DEFAULT_MAX_BUFFERED, ReplicaModels, TrainingService
 from sluicegate.bench.des_sharing import ReplicaSettings
 from sluicegate.bench.des_spec import ClusterSpec
 from sluicegate.bench.policies import policy_config
 from sluicegate.bench.replica_models import row, variants
+from sluicegate.bench.runner import run_level
 from sluicegate.bench.scenarios import get_scenario
 from sluicegate.clock import ManualClock
 from sluicegate.framework import LLMRequest
 from sluicegate.latency.features import FeatureRow, Sample
 from sluicegate.latency.hardware import HardwareAwarePredictor
-from sluicegate.latency.inprocess import PredictorSettings
+from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings
 from sluicegate.latency.model import TrainConfig
 from sluicegate.latency.predictor import PredictionQuery
 
@@ -46,8 +49,10 @@ def query(n: int = 4) -> PredictionQuery:
     return PredictionQuery(request, [], rows)
 
 
-def service(replicas: int = 2, sync_s: float = 1.0, **options: int) -> TrainingService:
-    return TrainingService(ManualClock(), SMALL, replicas, sync_s, **options)  # type: ignore[arg-type]
+def service(
+    replicas: int = 2, sync_s: float = 1.0, max_buffered: int = DEFAULT_MAX_BUFFERED
+) -> TrainingService:
+    return TrainingService(ManualClock(), SMALL, replicas, sync_s, max_buffered=max_buffered)
 
 
 def test_samples_reach_the_service_at_their_replicas_flushes() -> None:
@@ -65,7 +70,7 @@ def test_samples_reach_the_service_at_their_replicas_flushes() -> None:
     assert svc.samples_pooled == 30
     assert svc.advance(1.0)  # both replicas' samples: 60 ≥ 40, the first version
     assert svc.samples_pooled == 60
-    assert svc.trainer.lanes[None].store.ttft.added == 60
+    assert svc.trainer.store.ttft.added == 60
     assert not svc.advance(1.0)  # idempotent at one time (every replica calls it)
     assert svc.versions_published == 1
 
@@ -117,6 +122,34 @@ def test_each_replica_predicts_with_the_version_its_last_sync_pulled() -> None:
     assert first.calibration is not second.calibration
 
 
+def test_the_service_trains_one_hardware_blind_model_as_the_training_server_does() -> None:
+    # The runtime's training server keeps one model for every class, and the client one
+    # calibration (docs/replicas.md): the lab's service and views must too, or shared
+    # runs on a mixed pool would measure per-class models the runtime cannot serve.
+    svc = service()
+    clock = svc.clock
+    assert isinstance(clock, ManualClock)
+    h100 = [replace(s, hardware_class="H100") for s in samples(30, seed=6)]
+    a100 = [replace(s, hardware_class="A100") for s in samples(30, seed=7)]
+    for s in h100 + a100:
+        svc.views[0].observe(s)
+    clock.set(1.0)
+    # 60 samples ≥ min_samples 40, though neither class alone has 40.
+    assert svc.advance(1.0)
+    assert type(svc.trainer) is InProcessPredictor
+    assert svc.trainer.store.ttft.added == 60
+    held = svc.views[0]
+    assert held.ready
+    a = held.predict_query(query())
+    trained = svc.trainer.predict(query().rows)
+    assert a is not None
+    assert trained is not None
+    assert np.array_equal(a.ttft_ms, trained.ttft_ms)
+    calibration = held.calibration
+    assert calibration is not None
+    assert calibration.max_classes == 0  # hardware-blind, as the client's
+
+
 def test_buffers_and_kept_versions_are_bounded() -> None:
     svc = service(replicas=1, sync_s=1.0, max_buffered=3)
     for s in samples(5, seed=5):
@@ -131,7 +164,8 @@ def test_buffers_and_kept_versions_are_bounded() -> None:
         clock.set(10.0 * step + 5.0)
         svc.advance(clock.now())
     assert svc.versions_published >= 10
-    # Kept: those a replica may still pull (published within one sync period), plus one.
+    # Kept: those a replica may still pull (published within one sync period), plus one;
+    # one model trains at most once per retrain interval (10 s).
     assert len(svc._versions) <= 30.0 / 10.0 + 2
 
 
@@ -170,7 +204,7 @@ def test_shared_replicas_train_one_model_on_every_replicas_samples() -> None:
     assert all(isinstance(p, ReplicaModels) for p in sim.predictors)
     assert len(sim.predictors) == 3
     completed = sum(1 for r in sim.records if r.completed)
-    pooled = sum(lane.store.ttft.added for lane in training.trainer.lanes.values())
+    pooled = training.trainer.store.ttft.added
     # Every replica's samples are at the service (all but the last second's flushes).
     assert training.samples_pooled == pooled
     assert pooled > 0.8 * completed
@@ -181,6 +215,41 @@ def test_shared_replicas_train_one_model_on_every_replicas_samples() -> None:
     assert counters is not None
     assert counters["model_versions"] == training.versions_published
     assert counters["model_samples_pooled"] == pooled
+
+
+def routes(sim: ClusterSimulation) -> list[tuple[float, int, float, float]]:
+    return [(r.arrival, r.endpoint, r.first_token, r.finish) for r in sim.records]
+
+
+def test_a_channel_losing_everything_still_shares_the_training_services_models() -> None:
+    # loss=1.0 routes as independent replicas only when each keeps its own models: the
+    # models do not travel over the channel.
+    independent = routes(simulation(ReplicaSettings(3, "independent")))
+    own = routes(simulation(ReplicaSettings(3, "shared", loss=1.0, share_models=False)))
+    served = routes(simulation(ReplicaSettings(3, "shared", loss=1.0)))
+    assert own == independent
+    assert served != independent
+
+
+@pytest.mark.parametrize(
+    ("settings", "recorded"),
+    [
+        (ReplicaSettings(3, "independent"), "own"),
+        (ReplicaSettings(3, "shared"), "shared"),
+        (ReplicaSettings(1, "shared"), "own"),
+    ],
+)
+def test_runs_record_where_their_models_came_from(settings: ReplicaSettings, recorded: str) -> None:
+    scenario = get_scenario("slo-mixed").quick_variant()
+    result = run_level(scenario, "predicted-latency", 10.0, 2.0, 0, gateways=settings)
+    assert result.latency_models == recorded
+    entry = settings.describe(result.latency_models)
+    assert entry["replica_models"] == recorded
+    sync_ms = entry["replica_model_sync_ms"]
+    assert sync_ms == (1000.0 if recorded == "shared" else None)
+    default = run_level(scenario, "default", 10.0, 2.0, 0, gateways=settings)
+    assert default.latency_models == "none"
+    assert settings.describe("none")["replica_model_sync_ms"] is None
 
 
 @pytest.mark.parametrize(

@@ -152,9 +152,10 @@ def test_cli_runs_record_their_replicas(tmp_path: Path) -> None:
         assert r["replica_spread"] == "session"
         assert r["replica_share_delay_ms"] == pytest.approx(4.0)
         assert r["replica_share_loss"] == pytest.approx(0.25)
-        assert r["replica_model_sync_ms"] == pytest.approx(250.0)
-    # The training service serves shared replicas only (and only online-trained models).
-    assert [r["replica_models"] for r in runs] == ["own", "own", "shared"]
+    # `default` has no online-trained models: none are recorded, nor a sync period (the
+    # training service serves shared replicas' online-trained models only).
+    assert [r["replica_models"] for r in runs] == ["none", "none", "none"]
+    assert [r["replica_model_sync_ms"] for r in runs] == [None, None, None]
     assert "replica_sharing" not in runs[1]
     sharing = runs[2]["replica_sharing"]
     assert sharing["messages_sent"] > 0

@@ -19,7 +19,8 @@ from redis_support import RedisServer
 from sluicegate.api.settings import SharedStateSettings
 from sluicegate.clock import MonotonicClock
 from sluicegate.datalayer.datastore import Datastore, EndpointSpec
-from sluicegate.runtime.shared import SharedState, key_base
+from sluicegate.runtime._shared_keys import key_base
+from sluicegate.runtime.shared import SharedState
 from sluicegate.runtime.shared_backlog import BacklogSync
 from sluicegate.scheduling.approximate import ApproximatePrefix
 
@@ -65,6 +66,14 @@ async def replicas(redis_cluster_node: RedisServer) -> AsyncIterator[Callable[..
 def test_the_key_base_is_a_hash_tag() -> None:
     assert key_base("sluicegate") == "{sluicegate}"
     assert key_slot(b"{sluicegate}:inflight:a") == key_slot(b"{sluicegate}:backlog:b")
+
+
+@pytest.mark.parametrize("prefix", ["", "a{b", "a}b", "{sluicegate}"])
+def test_a_key_prefix_that_is_no_hash_tag_is_refused(prefix: str) -> None:
+    # "{}" tags nothing and a brace inside ends or starts the tag early: the keys would
+    # scatter over slots, and the scripts fail on a cluster.
+    with pytest.raises(ValueError, match="key prefix"):
+        key_base(prefix)
 
 
 async def test_every_shared_key_is_in_one_slot_and_a_cluster_runs_the_scripts(

@@ -51,7 +51,7 @@ from sluicegate.bench.des_requests import (
     servable_tokens,
 )
 from sluicegate.bench.des_services import ReplicaServices
-from sluicegate.bench.des_sharing import Delivery
+from sluicegate.bench.des_sharing import Delivery, LatencyModels
 from sluicegate.bench.des_spec import (
     POOL,
     ClusterSpec,
@@ -198,7 +198,13 @@ class ClusterSimulation:
             kv_events=self.kv_events is not None,
             connections=self.client,
             sharing=self._sharing_counters(),
+            latency_models=self._latency_models(),
         )
+
+    def _latency_models(self) -> LatencyModels:
+        if self.training is not None:
+            return "shared"
+        return "own" if self.predictors else "none"
 
     def _sharing_counters(self) -> dict[str, int] | None:
         """What shared replicas exchanged: the channel's, and the training service's."""

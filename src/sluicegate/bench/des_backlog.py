@@ -21,7 +21,9 @@ sync's ``active()``). What the model simplifies: a reading here is made of snaps
 applied on arrival (up to one period plus the channel's delay old), where the live one
 reads what is in Redis at its own call (up to two periods old). A reading that is empty and
 was empty before changes nothing the rule decided, so it does not pump — which keeps a
-channel that loses everything (``loss=1.0``) routing exactly as ``independent``.
+channel that loses everything (``loss=1.0``) routing exactly as ``independent`` (with
+online-trained models, only with ``share_models`` off: the training service's models do
+not travel over the channel, :mod:`sluicegate.bench.des_sharing`).
 """
 
 from __future__ import annotations

@@ -10,35 +10,38 @@ simulated replicas do what replicas pointed at one training server do
   the training service every ``sample_flush_s`` (the client's ``flush_interval_s``, 1 s;
   replica *g* of *n* flushes at ``(k + (g + 1) / n) × sample_flush_s``); a buffer holds at
   most ``max_buffered`` samples (the client's bound: the oldest are dropped and counted);
-- **training**: one predictor — the same :class:`~sluicegate.latency.hardware.
-  HardwareAwarePredictor`, settings and schedule as a single gateway's (a model as soon as
-  ``min_samples`` are there, then every ``retrain_interval_s``) — trains on the pooled
-  samples, checked at engine 0's scrapes and taking no simulated time, as a single
-  gateway's is; every training that puts a new model in use publishes a *version* (the
-  trained classes' bundles, which are never mutated);
+- **training**: one hardware-blind predictor — an
+  :class:`~sluicegate.latency.inprocess.InProcessPredictor`, as the training server's, with
+  a single gateway's settings and schedule (a model as soon as ``min_samples`` are there,
+  then every ``retrain_interval_s``) — trains one model on the pooled samples of every
+  hardware class, checked at engine 0's scrapes and taking no simulated time, as a single
+  gateway's is; every training publishes a *version* (its bundle, never mutated);
 - **pull**: replica *g*'s prediction server syncs every ``model_sync_s`` (at
   ``(k + g / n) × model_sync_s``) and then predicts with the newest version published by
   that sync: a model trained at *t* is in use on a replica from 0 to ``model_sync_s``
-  later. Each replica's online calibration stays its own (the client's is per gateway).
+  later. Each replica's online calibration stays its own (the client's is per gateway)
+  and is hardware-blind, as the client's is (one pair of scales, ``max_classes`` 0).
 
-A single gateway's models are in use the moment they are trained; here the lag is one
-flush (samples) plus up to one sync (models). What it simplifies: HTTP round trips
-(milliseconds) are not modelled, and a class without a model of its own borrows another
-class's by configured speed only (the measured ratio needs the class's samples, which
-are at the training service).
+The lab matches the runtime here rather than simulating a hardware-aware training service
+the runtime does not have: a single gateway's and independent replicas' models are
+hardware-aware (one model and one calibration per class, in process), shared replicas'
+are not, so on a pool mixing accelerators shared replicas give up what per-class models
+gain. A single gateway's models are in use the moment they are trained; here the lag is
+one flush (samples) plus up to one sync (models). What it simplifies: HTTP round trips
+(milliseconds) are not modelled.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from sluicegate.clock import Clock
 from sluicegate.latency.calibration import LatencyCalibration
-from sluicegate.latency.features import Sample
-from sluicegate.latency.hardware import HardwareAwarePredictor
-from sluicegate.latency.inprocess import PredictorSettings
+from sluicegate.latency.features import Sample, feature_matrix
+from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings
+from sluicegate.latency.model import ModelBundle
 from sluicegate.latency.predictor import PredictionQuery, Predictions, SynchronousPredictor
 
 DEFAULT_SAMPLE_FLUSH_S = 1.0
@@ -54,8 +57,8 @@ class ModelVersion:
     number: int
     published_at: float
     """Simulated s."""
-    models: HardwareAwarePredictor
-    """A predictor holding this training's bundles (it never trains or observes)."""
+    bundle: ModelBundle
+    """This training's models (one for every hardware class)."""
 
 
 class TrainingService:
@@ -82,14 +85,17 @@ class TrainingService:
         self.replicas = replicas
         self.model_sync_s = model_sync_s
         self.sample_flush_s = sample_flush_s
-        self.trainer = HardwareAwarePredictor(clock, settings)
-        """The training service's models, trained on every replica's samples."""
+        self.trainer = InProcessPredictor(clock, settings)
+        """The training service's model, trained on every replica's samples, of every
+        hardware class (the training server's is hardware-blind)."""
         self._buffers: list[deque[tuple[float, Sample]]] = [
             deque(maxlen=max_buffered) for _ in range(replicas)
         ]
         """Per replica: (flush time, sample) not yet at the service, in flush-time order."""
         self._versions: deque[ModelVersion] = deque()
-        """The versions a replica may still pull (see :meth:`_prune`): bounded by
+        """The versions a replica may still pull (see :meth:`_prune`): those published
+        within the last ``model_sync_s`` and the one before. One model trains at most once
+        per ``retrain_interval_s`` after its first, so at most
         ``model_sync_s / retrain_interval_s + 2``."""
         self.samples_pooled = 0
         self.samples_dropped = 0
@@ -140,18 +146,10 @@ class TrainingService:
         return True
 
     def _publish(self, now: float) -> None:
-        models = HardwareAwarePredictor(
-            self.clock, replace(self.settings, online_calibration=False, model_dir=None)
-        )
-        for cls, lane in self.trainer.lanes.items():
-            if lane.bundle is None:
-                continue
-            served = models.lane(cls)
-            if served is not None:  # both hold at most max_classes
-                served.swap(lane.bundle)
-        models.models_changed()
+        bundle = self.trainer.bundle
+        assert bundle is not None  # maybe_retrain just put it in use
         self.versions_published += 1
-        self._versions.append(ModelVersion(self.versions_published, now, models))
+        self._versions.append(ModelVersion(self.versions_published, now, bundle))
         self._prune(now)
 
     def _prune(self, now: float) -> None:
@@ -192,9 +190,10 @@ class ReplicaModels(SynchronousPredictor):
         """Versions put in use (one per sync that found a newer one)."""
         settings = service.settings
         train = settings.train
-        # As a single gateway's predictor builds its own (HardwareAwarePredictor).
+        # As the client builds its own: hardware-blind (max_classes 0), as the one model
+        # it rescales is.
         self._calibration = (
-            LatencyCalibration(train.alpha, max_classes=settings.max_classes)
+            LatencyCalibration(train.alpha)
             if settings.online_calibration and train.objective == "quantile"
             else None
         )
@@ -215,12 +214,11 @@ class ReplicaModels(SynchronousPredictor):
 
     @property
     def ready(self) -> bool:
-        held = self._current()
-        return held is not None and held.models.ready
+        return self._current() is not None
 
     def predict_query(self, query: PredictionQuery) -> Predictions | None:
         held = self._current()
-        return None if held is None else held.models.predict_query(query)
+        return None if held is None else held.bundle.predict(feature_matrix(query.rows))
 
     def observe(self, sample: Sample) -> None:
         self.service.submit(self.replica, sample, self.service.clock.now())

@@ -22,7 +22,9 @@ shares through Redis (``docs/replicas.md``, :mod:`sluicegate.runtime.shared`):
 The channel is generic: a :class:`SharedFeed` says what a replica publishes on its tick
 and what a receiver does with it; the channel delays every message by ``delay_s`` and loses
 each copy (one per receiver) with probability ``loss``, from its own random stream, so
-``loss=1.0`` routes exactly as ``independent``. Flow control's per-priority-band backlog
+``loss=1.0`` routes exactly as ``independent`` — for policies without online-trained
+models, or with ``share_models`` off: the training service's models are still shared
+(below). Flow control's per-priority-band backlog
 across replicas is one more feed (:class:`~sluicegate.bench.des_backlog.BacklogFeed`, with
 flow control on), added in :func:`shared_feeds` with no change to the channel. Online-trained
 latency models are not a feed: shared replicas' models come from one training service
@@ -60,6 +62,9 @@ ReplicaState = Literal["independent", "shared"]
 ReplicaSpread = Literal["round-robin", "session"]
 REPLICA_STATES: Final[tuple[ReplicaState, ...]] = ("independent", "shared")
 REPLICA_SPREADS: Final[tuple[ReplicaSpread, ...]] = ("round-robin", "session")
+LatencyModels = Literal["shared", "own", "none"]
+"""Where a run's online-trained latency models came from: one training service
+(``shared``), one per replica (``own``), or nowhere (``none``: the policy has none)."""
 
 _DEFAULTS = SharedStateSettings.model_fields
 DEFAULT_SHARE_DELAY_S: Final = 0.001
@@ -152,16 +157,20 @@ class ReplicaSettings:
         """Whether online-trained latency models come from one training service."""
         return self.sharing and self.share_models
 
-    def describe(self) -> dict[str, object]:
-        """The fields every ``runs[]`` entry records."""
+    def describe(self, latency_models: LatencyModels) -> dict[str, object]:
+        """The fields every ``runs[]`` entry records, for a run whose online-trained
+        models came from ``latency_models`` (the simulation's ``RunResult`` says); the
+        model sync period only when a training service served them (else None)."""
         return {
             "gateway_replicas": self.gateways,
             "replica_state": self.state,
             "replica_spread": self.spread,
             "replica_share_delay_ms": self.delay_s * 1000.0,
             "replica_share_loss": self.loss,
-            "replica_models": "shared" if self.models_shared else "own",
-            "replica_model_sync_ms": self.model_sync_s * 1000.0,
+            "replica_models": latency_models,
+            "replica_model_sync_ms": (
+                self.model_sync_s * 1000.0 if latency_models == "shared" else None
+            ),
         }
 
 

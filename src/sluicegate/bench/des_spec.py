@@ -16,7 +16,7 @@ from sluicegate.api.loader import Config, build_config
 from sluicegate.api.resources import EndpointPickerConfig
 from sluicegate.bench.connections import ClientConnections, ConnectionPool
 from sluicegate.bench.des_kvevents import DEFAULT_DELAY_S
-from sluicegate.bench.des_sharing import ReplicaSettings
+from sluicegate.bench.des_sharing import LatencyModels, ReplicaSettings
 from sluicegate.bench.workloads import RequestSpec
 from sluicegate.clock import ManualClock
 from sluicegate.datalayer.endpoint import Hardware
@@ -143,6 +143,9 @@ class RunResult:
     sharing: dict[str, int] | None = None
     """What shared gateway replicas exchanged (messages, copies delivered and lost,
     bytes, prefix records applied); None when they shared nothing."""
+    latency_models: LatencyModels = "none"
+    """Where the run's online-trained latency models came from (none: the policy has
+    none)."""
 
 
 def replica_profiles(spec: ClusterSpec) -> list[EngineProfile]:

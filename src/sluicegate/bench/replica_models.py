@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from sluicegate.bench.des import ClusterSimulation
 from sluicegate.bench.des_gateway import SEED_STRIDE
@@ -36,6 +36,7 @@ from sluicegate.bench.policies import policy_config
 from sluicegate.bench.runner import run_entry
 from sluicegate.bench.scenarios import get_scenario
 from sluicegate.latency.hardware import HardwareAwarePredictor
+from sluicegate.latency.inprocess import InProcessPredictor
 
 POLICY = "predicted-latency"
 SCENARIO = "slo-mixed"
@@ -64,21 +65,51 @@ def variants(gateways: int, model_sync_s: float) -> list[Variant]:
     ]
 
 
-def _model_stats(models: Sequence[HardwareAwarePredictor]) -> list[dict[str, Any]]:
-    out = []
-    for m in models:
-        mapes = [lane.ttft_mape for lane in m.lanes.values() if lane.ttft_mape is not None]
-        out.append(
-            {
-                "ttft_samples": m.ttft_samples,
-                "trainings": m.trainings,
-                "ttft_mape": max(mapes) if mapes else None,
-            }
-        )
-    return out
+class ModelStats(TypedDict):
+    """One model's (a replica's, or the training service's) state at the end of a run."""
+
+    ttft_samples: int
+    """TTFT training samples held."""
+    trainings: int
+    ttft_mape: float | None
+    """The last model's held-out TTFT MAPE (fraction; the worst class's); None: unscored."""
 
 
-def run_variant(variant: Variant, qps: float, seed: int) -> dict[str, Any]:
+class VariantRun(TypedDict):
+    """One variant's run, as the JSON keeps it."""
+
+    variant: str
+    gateways: dict[str, object]
+    slo_attainment: float
+    shed: int
+    fallbacks: int
+    """Requests scheduled on the heuristic fallback."""
+    requests: int
+    models: list[ModelStats]
+    sharing: dict[str, int] | None
+    wall_s: float
+
+
+def _service_stats(model: InProcessPredictor) -> ModelStats:
+    """The training service's one (hardware-blind) model."""
+    return {
+        "ttft_samples": model.ttft_samples,
+        "trainings": model.trainings,
+        "ttft_mape": model.ttft_mape,
+    }
+
+
+def _replica_stats(model: HardwareAwarePredictor) -> ModelStats:
+    """A replica's own (hardware-aware) models: the worst class's MAPE."""
+    mapes = [lane.ttft_mape for lane in model.lanes.values() if lane.ttft_mape is not None]
+    return {
+        "ttft_samples": model.ttft_samples,
+        "trainings": model.trainings,
+        "ttft_mape": max(mapes) if mapes else None,
+    }
+
+
+def run_variant(variant: Variant, qps: float, seed: int) -> VariantRun:
     scenario = get_scenario(SCENARIO)
     picker, predictor = policy_config(POLICY)
     spec = ClusterSpec(
@@ -100,23 +131,24 @@ def run_variant(variant: Variant, qps: float, seed: int) -> dict[str, Any]:
     wall = time.perf_counter() - started
     metrics = run_entry(scenario, POLICY, qps, result, wall)["metrics"]
     if sim.training is not None:
-        models = [sim.training.trainer]
+        models = [_service_stats(sim.training.trainer)]
     else:
-        models = [p for p in sim.predictors if isinstance(p, HardwareAwarePredictor)]
+        own = (p for p in sim.predictors if isinstance(p, HardwareAwarePredictor))
+        models = [_replica_stats(p) for p in own]
     return {
         "variant": variant.name,
-        "gateways": variant.gateways.describe(),
+        "gateways": variant.gateways.describe(result.latency_models),
         "slo_attainment": metrics["slo_attainment"],
         "shed": metrics["shed"],
         "fallbacks": sum(1 for r in result.records if r.fell_back),
         "requests": metrics["requests"],
-        "models": _model_stats(models),
+        "models": models,
         "sharing": result.sharing,
         "wall_s": wall,
     }
 
 
-def row(run: dict[str, Any]) -> str:
+def row(run: VariantRun) -> str:
     models = run["models"]
     samples = ", ".join(str(m["ttft_samples"]) for m in models)
     trainings = ", ".join(str(m["trainings"]) for m in models)
@@ -158,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["Variant", "main", "run_variant", "variants"]
+__all__ = ["ModelStats", "Variant", "VariantRun", "main", "run_variant", "variants"]
 
 if __name__ == "__main__":
     raise SystemExit(main())

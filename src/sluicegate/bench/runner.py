@@ -6,7 +6,8 @@ Each (policy, level) run starts from empty engines and sends the identical reque
 a discrete-event run also records its gateway replicas (``gateway_replicas``,
 ``replica_state``, ``replica_spread``, ``replica_share_delay_ms``, ``replica_share_loss``,
 ``replica_models``: ``shared`` when online-trained latency models come from one training
-service, ``own`` when each replica trains its own; ``replica_model_sync_ms``, and
+service, ``own`` when each replica trains its own, ``none`` when the policy has none;
+``replica_model_sync_ms``, the training service's sync period (None without one), and
 ``replica_sharing``: what shared replicas exchanged, the training service's counts
 included).
 """
@@ -225,7 +226,7 @@ def run_plan(plan: RunPlan, progress: Progress | None = None) -> dict[str, Any]:
         )
         entry = run_entry(plan.scenario, policy, level, result, time.perf_counter() - started)
         entry["flow_control"] = flow_control
-        entry.update(gateways.describe())
+        entry.update(gateways.describe(result.latency_models))
         if result.sharing is not None:
             entry["replica_sharing"] = result.sharing
         runs.append(entry)

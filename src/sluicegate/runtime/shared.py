@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
 import time
 import uuid
 from collections.abc import Awaitable
@@ -49,6 +47,7 @@ from sluicegate.api.settings import redacted_url as redacted
 from sluicegate.datalayer.datastore import Datastore
 from sluicegate.datalayer.endpoint import PeerLoad
 from sluicegate.datalayer.sharing import PrefixShare
+from sluicegate.runtime._shared_keys import default_replica_id, key_base
 from sluicegate.runtime.shared_wire import (
     SYNC_SCRIPT,
     WireError,
@@ -78,19 +77,6 @@ APPLY_SLICE_S = 0.002
 """Time spent applying batches before yielding to the event loop, at most (seconds; one
 batch of 8,192 hashes takes ~1-17 ms, so on a loaded box that is one batch a slice)."""
 _TAKE = 4096
-
-
-def key_base(prefix: str) -> str:
-    """The start of every key of the replicas sharing ``prefix`` (``keyPrefix``): the prefix
-    as a Redis Cluster hash tag, ``{sluicegate}``. Redis Cluster places a key by its tag
-    alone, so every key here is in one hash slot — the scripts' declared keys and the
-    peers' snapshots they read by name alike (a script may touch one slot only)."""
-    return "{" + prefix + "}"
-
-
-def default_replica_id() -> str:
-    """Host name, process id and a random suffix: unique for each start."""
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 class SharedState:
@@ -451,8 +437,6 @@ __all__ = [
     "APPLY_SLICE_S",
     "READ_BLOCK_MS",
     "SharedState",
-    "default_replica_id",
     "guarded",
-    "key_base",
     "redacted",
 ]
