@@ -31,9 +31,7 @@ from typing import TypedDict
 from sluicegate.bench.des import ClusterSimulation
 from sluicegate.bench.des_gateway import SEED_STRIDE
 from sluicegate.bench.des_sharing import DEFAULT_MODEL_SYNC_S, ReplicaSettings
-from sluicegate.bench.des_spec import ClusterSpec
-from sluicegate.bench.policies import policy_config
-from sluicegate.bench.runner import run_entry
+from sluicegate.bench.runner import cluster_spec, run_entry
 from sluicegate.bench.scenarios import get_scenario
 from sluicegate.latency.hardware import HardwareAwarePredictor
 from sluicegate.latency.inprocess import InProcessPredictor
@@ -111,17 +109,8 @@ def _replica_stats(model: HardwareAwarePredictor) -> ModelStats:
 
 def run_variant(variant: Variant, qps: float, seed: int) -> VariantRun:
     scenario = get_scenario(SCENARIO)
-    picker, predictor = policy_config(POLICY)
-    spec = ClusterSpec(
-        profile=scenario.profile,
-        replicas=scenario.replicas,
-        profiles=scenario.replica_profiles(),
-        picker=picker,
-        predictor=predictor,
-        model=scenario.model,
-        extra_docs=list(scenario.extra_docs),
-        seed=seed + variant.plugin_seed_offset,
-        gateways=variant.gateways,
+    spec = cluster_spec(
+        scenario, POLICY, seed + variant.plugin_seed_offset, gateways=variant.gateways
     )
     started = time.perf_counter()
     sim = ClusterSimulation(spec)

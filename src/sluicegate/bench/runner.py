@@ -58,19 +58,18 @@ class RunPlan:
         return len(self.policies) * len(self.levels) * len(self.flow_control) * len(self.gateways)
 
 
-def run_level(
+def cluster_spec(
     scenario: Scenario,
     policy: str,
-    level: float,
-    duration_s: float,
     seed: int,
     flow_control: bool = False,
     kv_event_delay_s: float = DEFAULT_DELAY_S,
     gateways: ReplicaSettings | None = None,
-) -> RunResult:
-    """One simulated run of ``policy`` at load ``level``."""
+) -> ClusterSpec:
+    """The simulated cluster of ``scenario`` routed by ``policy``; ``seed`` seeds the
+    cluster's own randomness (the workload takes its seed separately)."""
     picker, predictor = policy_config(policy)
-    spec = ClusterSpec(
+    return ClusterSpec(
         profile=scenario.profile,
         replicas=scenario.replicas,
         profiles=scenario.replica_profiles(),
@@ -85,6 +84,20 @@ def run_level(
         connections=client_connections(policy),
         gateways=gateways or ReplicaSettings(),
     )
+
+
+def run_level(
+    scenario: Scenario,
+    policy: str,
+    level: float,
+    duration_s: float,
+    seed: int,
+    flow_control: bool = False,
+    kv_event_delay_s: float = DEFAULT_DELAY_S,
+    gateways: ReplicaSettings | None = None,
+) -> RunResult:
+    """One simulated run of ``policy`` at load ``level``."""
+    spec = cluster_spec(scenario, policy, seed, flow_control, kv_event_delay_s, gateways)
     sim = ClusterSimulation(spec)
     workload = scenario.workload(level, duration_s, seed)
     return sim.run(workload, horizon_s=duration_s * (1.0 + scenario.drain_factor))
