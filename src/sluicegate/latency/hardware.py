@@ -27,8 +27,8 @@ ratio, in this order of preference:
 4. ``heuristic`` — none of these: a query with such a row gets no prediction, so the
    request is scheduled by the heuristic fallback, and its samples soon allow 2.
 
-When a class's source changes (it borrowed, and now has its own model) its online
-calibration restarts (:meth:`~sluicegate.latency.calibration.LatencyCalibration.restart`):
+When a class's source or donor changes (it borrowed, and now has its own model or
+another donor) its online calibration restarts (:meth:`~sluicegate.latency.calibration.LatencyCalibration.restart`):
 the ratios it kept were the donor's residuals, not its own model's.
 
 ``source_of(class)`` says which; the metrics publish it
@@ -112,8 +112,8 @@ class HardwareAwarePredictor(SynchronousPredictor):
         """One single-class predictor per class seen (bounded by ``max_classes``)."""
         self._borrowed: dict[str | None, _Borrowed] = {}
         self._speeds: dict[str, float] = dict(self.settings.class_speeds)
-        self._sources: dict[str | None, ModelSource] = {}
-        """Each class's model source at the last :meth:`refresh_borrowing`."""
+        self._sources: dict[str | None, tuple[ModelSource, str | None]] = {}
+        """Each class's model source and donor at the last :meth:`refresh_borrowing`."""
         self.refused_class_samples = 0
         """Samples of a class beyond ``max_classes``."""
         self.evicted_classes = 0
@@ -243,19 +243,30 @@ class HardwareAwarePredictor(SynchronousPredictor):
         self._coded = self._coding(self._merged)
         self._restart_calibration()
 
+    def _origin(self, cls: str | None) -> tuple[ModelSource, str | None]:
+        """What predicts ``cls``: its source and, when it borrows, the donor."""
+        source = self.source_of(cls)
+        if source in ("model", "heuristic"):
+            return source, None
+        borrowed = self._borrowed.get(cls) or self._configured(cls)
+        return source, None if borrowed is None else borrowed.donor
+
     def _restart_calibration(self) -> None:
-        """Restart the online calibration of every class whose model source changed
-        (:meth:`LatencyCalibration.restart`: its ratios were another model's residuals).
-        On a pool of one class the only change is heuristic → model, before any
-        prediction was calibrated: nothing to restart."""
-        sources = {cls: self.source_of(cls) for cls in self.lanes}
+        """Restart the online calibration of every class now predicted by another model:
+        its source or its donor changed (:meth:`LatencyCalibration.restart`: its ratios
+        were another model's residuals). Over the classes seen and those with a
+        configured speed: such a class is predicted (``configured-ratio``) before its
+        first sample, and may train within one trainer interval of it. On a pool of one
+        class the only change is heuristic → model, before any prediction was
+        calibrated: nothing to restart."""
+        origins = {cls: self._origin(cls) for cls in (*self.lanes, *self._speeds)}
         calibration = self.calibration
         if calibration is not None:
-            for cls, source in sources.items():
+            for cls, origin in origins.items():
                 before = self._sources.get(cls)
-                if cls is not None and before is not None and before != source:
+                if cls is not None and before is not None and before != origin:
                     calibration.restart(cls)
-        self._sources = sources
+        self._sources = origins
 
     def _coding(self, merged: MergedModels | None) -> dict[str | None, tuple[float, float, float]]:
         borrowed = dict(self._borrowed)
