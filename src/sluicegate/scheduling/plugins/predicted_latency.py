@@ -25,7 +25,8 @@ predictor's online scale for its target and the endpoint's hardware class
 routed request updates its class's scales with the chosen endpoint's prediction and what
 happened — at the end, or, on a mixed pool, a streamed TTFT at its first token — so
 that on routed requests, not only on held-out samples, a share α of outcomes stays at or
-below the prediction.
+below the prediction; unless the class's calibration restarted since the request was
+routed (another model predicts it now: the outcome is skipped).
 
 Training: when a request completes on the endpoint it was scheduled to, its features at
 dispatch and what happened are a sample — in streaming mode TTFT (first byte − dispatch)
