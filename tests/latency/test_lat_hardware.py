@@ -343,3 +343,54 @@ def test_a_retrained_class_keeps_its_calibration() -> None:
     assert aware.lanes[H100].bundle.version == 2
     assert calibration.of(H100).ttft.scale == pytest.approx(2.0)
     assert calibration.of(H100).ttft.kept == 200
+
+
+def test_a_class_with_a_configured_speed_restarts_when_it_trains() -> None:
+    """A class with a configured speed is predicted (``configured-ratio``) before its
+    first sample; when its first samples train its own model within one trainer
+    interval, no refresh saw it as a lane, and its ratios must still restart."""
+    speeds = configured_speeds({H100: 3.0, A100: 1.0})
+    aware = trained(
+        classed(samples(400, seed=4, sigma=0.05), H100), replace(SETTINGS, class_speeds=speeds)
+    )
+    assert A100 not in aware.lanes
+    assert aware.source_of(A100) == "configured-ratio"
+    calibration = aware.calibration
+    assert calibration is not None
+    for _ in range(200):  # routed on the H100 model × 3, 5× too optimistic
+        calibration.of(A100).observe_ttft(10.0, 50.0)
+    assert calibration.of(A100).ttft.scale == 4.0
+    for s in classed(samples(200, seed=7), A100, SLOWER):
+        aware.observe(s)
+    later(aware)
+    assert aware.maybe_retrain()
+    assert aware.source_of(A100) == "model"
+    assert calibration.of(A100).ttft.scale == 1.0
+    assert calibration.of(A100).ttft.kept == 0
+
+
+def test_a_class_whose_donor_changes_restarts_its_calibration() -> None:
+    """A class measured against one donor (the only trained class) that then borrows a
+    closer-speed class's model stays ``measured-ratio`` but is predicted by another
+    model: its ratios restart."""
+    speeds = configured_speeds({H100: 3.0, L40S: 1.5, A100: 1.0})
+    aware = trained(
+        classed(samples(400, seed=4, sigma=0.05), H100), replace(SETTINGS, class_speeds=speeds)
+    )
+    for s in classed(samples(30, seed=6), A100, SLOWER):
+        aware.observe(s)
+    aware.maybe_retrain()
+    assert aware.source_of(A100) == "measured-ratio"
+    calibration = aware.calibration
+    assert calibration is not None
+    for _ in range(200):
+        calibration.of(A100).observe_ttft(10.0, 50.0)
+    assert calibration.of(A100).ttft.scale == 4.0
+    for s in classed(samples(200, seed=7), L40S, 2.0):
+        aware.observe(s)
+    later(aware)
+    assert aware.maybe_retrain()
+    assert aware.source_of(L40S) == "model"
+    assert aware.source_of(A100) == "measured-ratio"  # its donor is the L40S now
+    assert calibration.of(A100).ttft.scale == 1.0
+    assert calibration.of(A100).ttft.kept == 0

@@ -215,3 +215,29 @@ def test_on_a_pool_of_one_class_ttft_calibrates_when_the_request_ends() -> None:
     assert ttft_tracker.observations == 0
     plugin.on_complete(r, state, ResponseOutcome(target, 0.0, 0.3, 0.39, 10, True))
     assert ttft_tracker.observations == 1
+
+
+def test_outcomes_routed_before_a_restart_do_not_feed_the_fresh_trackers() -> None:
+    """A request routed on the old model's scaled prediction ends after its class's
+    calibration restarted: its ratio is the old model's residual and is skipped; a
+    request routed after the restart, and the other class's, still count."""
+    calibration = LatencyCalibration(0.9, max_classes=4)
+    plugin = producer(Flat(calibration), hardware_aware=True)
+    endpoints = pool()
+    done = ResponseOutcome(endpoints[1], 0.0, 0.3, 0.39, 10, True)
+    states = []
+    for i in range(2):
+        r, state = request(i), CycleState()
+        plugin.produce(r, state, endpoints)
+        chosen = SchedulingResult({"default": ProfileResult([endpoints[i]])}, "default")
+        plugin.pre_request(r, state, chosen)
+        states.append((r, state))
+    assert calibration.restart(A100)
+    (r_h100, s_h100), (r_a100, s_a100) = states
+    plugin.on_complete(r_a100, s_a100, done)  # routed before the restart: skipped
+    a100_ttft, a100_tpot = calibration.trackers(A100)
+    assert (a100_ttft.kept, a100_tpot.kept) == (0, 0)
+    plugin.on_complete(r_h100, s_h100, ResponseOutcome(endpoints[0], 0.0, 0.1, 0.19, 10, True))
+    assert calibration.trackers(H100)[0].kept == 1
+    serve(plugin, endpoints, 1, 0.3)  # routed after it: counts
+    assert (a100_ttft.kept, a100_tpot.kept) == (1, 1)

@@ -118,11 +118,14 @@ class ClassTrackers:
     ttft: QuantileTracker
     tpot: QuantileTracker
     ttft_bins: tuple[QuantileTracker, ...]
+    generation: int = 0
+    """Which trackers these are (:attr:`LatencyCalibration.generation`): a request routed
+    on predictions scaled by other trackers of its class is not theirs to learn from."""
 
     @classmethod
-    def new(cls, alpha: float) -> ClassTrackers:
+    def new(cls, alpha: float, generation: int = 0) -> ClassTrackers:
         bins = tuple(QuantileTracker(alpha) for _ in range(len(TTFT_BIN_EDGES_MS) + 1))
-        return cls(QuantileTracker(alpha), QuantileTracker(alpha), bins)
+        return cls(QuantileTracker(alpha), QuantileTracker(alpha), bins, generation)
 
     def ttft_scale(self, predicted_ms: float) -> float:
         """The TTFT multiplier for an unscaled prediction of ``predicted_ms``."""
@@ -165,6 +168,9 @@ class LatencyCalibration:
     """Clock time (s) of the latest :meth:`see`."""
     _retired: dict[str, tuple[int, int]] = field(init=False)
     """Per target, the observations and misses of classes whose trackers were dropped."""
+    _generations: int = field(init=False, default=0)
+    """Trackers created so far (the unnamed class's are generation 0): the next ones'
+    :attr:`ClassTrackers.generation`."""
 
     def __post_init__(self) -> None:
         if self.max_classes < 0:
@@ -209,8 +215,30 @@ class LatencyCalibration:
         if trackers is None:
             if len(self.classes) >= self.max_classes and not self._free_slot():
                 return self.pool
-            trackers = self.classes[hardware_class] = ClassTrackers.new(self.alpha)
+            trackers = self.classes[hardware_class] = self._new_trackers()
         return trackers
+
+    def _new_trackers(self) -> ClassTrackers:
+        self._generations += 1
+        return ClassTrackers.new(self.alpha, self._generations)
+
+    def generation(self, hardware_class: str | None) -> int:
+        """The generation of the trackers :meth:`of` gives ``hardware_class`` now: a
+        producer records it with the scales it routed on, and feeds the outcome back only
+        while it is unchanged (:meth:`trackers_for_outcome`)."""
+        return self.of(hardware_class).generation
+
+    def trackers_for_outcome(
+        self, hardware_class: str | None, generation: int
+    ) -> ClassTrackers | None:
+        """The trackers an outcome of a request routed on generation ``generation``'s
+        scales may update: None when the class's trackers changed since (:meth:`restart`,
+        or its slot was dropped and taken again) — the prediction was another model's, or
+        scaled by other trackers, and its ratio would be a stale residual. Outcomes arrive
+        seconds late (a TPOT when its request ends), so after a restart the first
+        ``min_observations`` ratios would otherwise be mostly the old model's."""
+        trackers = self.of(hardware_class)
+        return trackers if trackers.generation == generation else None
 
     def _free_slot(self) -> bool:
         """Drop the trackers of one class no longer present (its servers left); False if
@@ -234,7 +262,9 @@ class LatencyCalibration:
     def restart(self, hardware_class: str) -> bool:
         """Forget ``hardware_class``'s ratios (its scales back to 1; its observation and
         miss counts go on): its predictions now come from another model (a class that
-        borrowed a donor's model times a ratio got its own). True if it had trackers.
+        borrowed a donor's model times a ratio got its own, or another donor). True if it
+        had trackers. The fresh trackers are a new :attr:`ClassTrackers.generation`:
+        outcomes of requests routed before are not fed to them (:meth:`trackers_for_outcome`).
 
         Why: the ratios are residuals of the model that made the predictions, and a
         class's first own model errs unlike the donor it replaces. Kept, they set the new
@@ -246,7 +276,7 @@ class LatencyCalibration:
         gone = self.classes.get(hardware_class)
         if gone is None:
             return False
-        fresh = ClassTrackers.new(self.alpha)
+        fresh = self._new_trackers()
         # The counters go on (the per-class observation counter stays monotonic).
         for old, new in zip(
             (gone.ttft, gone.tpot, *gone.ttft_bins),

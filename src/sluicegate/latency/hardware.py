@@ -27,11 +27,15 @@ ratio, in this order of preference:
 4. ``heuristic`` — none of these: a query with such a row gets no prediction, so the
    request is scheduled by the heuristic fallback, and its samples soon allow 2.
 
-When a class's source changes (it borrowed, and now has its own model) its online
-calibration restarts (:meth:`~sluicegate.latency.calibration.LatencyCalibration.restart`):
-the ratios it kept were the donor's residuals, not its own model's.
+When what predicts a class changes — its source, or the donor it borrows (it borrowed, and
+now has its own model or a closer donor) — its online calibration restarts
+(:meth:`~sluicegate.latency.calibration.LatencyCalibration.restart`): the ratios it kept
+were another model's residuals. This covers the classes with a configured speed not seen
+yet, and outcomes of requests routed before the restart are not fed to the fresh trackers
+(:meth:`~sluicegate.latency.calibration.LatencyCalibration.trackers_for_outcome`). The
+borrowing and the restart live in :mod:`sluicegate.latency._borrowing`.
 
-``source_of(class)`` says which; the metrics publish it
+``source_of(class)`` says which source predicts a class; the metrics publish it
 (``sluicegate_predictor_latency_model_source{class,source}``). Classes are bounded
 (``max_classes``, 16): a further class takes the lane of the class sampled least
 recently if that one has had no sample for ``class_idle_s`` (600 s: its endpoints are
@@ -51,11 +55,12 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
 from sluicegate.clock import Clock
+from sluicegate.latency._borrowing import MODEL_SOURCES as MODEL_SOURCES
+from sluicegate.latency._borrowing import Borrowed, DonorBorrowing, ModelSource
 from sluicegate.latency.calibration import LatencyCalibration
 from sluicegate.latency.features import FeatureRow, Sample, feature_matrix
 from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings
@@ -66,34 +71,13 @@ from sluicegate.latency.wire import CLASS_NAME
 
 log = logging.getLogger("sluicegate.latency")
 
-ModelSource = Literal["model", "measured-ratio", "configured-ratio", "heuristic"]
-MODEL_SOURCES: tuple[ModelSource, ...] = (
-    "model",
-    "measured-ratio",
-    "configured-ratio",
-    "heuristic",
-)
 CLASSES_DIR = "classes"
 UNNAMED = "none"
 """The metric label of the unnamed class (samples and endpoints without a class)."""
 _FIRST_MODEL_POLL_S = 1.0
 
 
-class _Borrowed:
-    """How a class without a model is predicted: ``donor``'s bundle times the ratios."""
-
-    __slots__ = ("donor", "source", "tpot_ratio", "ttft_ratio")
-
-    def __init__(
-        self, donor: str | None, ttft_ratio: float, tpot_ratio: float, source: ModelSource
-    ) -> None:
-        self.donor = donor
-        self.ttft_ratio = ttft_ratio
-        self.tpot_ratio = tpot_ratio
-        self.source: ModelSource = source
-
-
-class HardwareAwarePredictor(SynchronousPredictor):
+class HardwareAwarePredictor(DonorBorrowing, SynchronousPredictor):
     """Per-class TTFT/TPOT models (module docstring). Same construction and training API
     as :class:`InProcessPredictor` (``maybe_retrain``, ``retrain_async``, ``run_trainer``,
     ``save``, ``load``), so the host and the simulation use either alike."""
@@ -110,10 +94,10 @@ class HardwareAwarePredictor(SynchronousPredictor):
         self.timer = timer
         self.lanes: dict[str | None, InProcessPredictor] = {}
         """One single-class predictor per class seen (bounded by ``max_classes``)."""
-        self._borrowed: dict[str | None, _Borrowed] = {}
+        self._borrowed: dict[str | None, Borrowed] = {}
         self._speeds: dict[str, float] = dict(self.settings.class_speeds)
-        self._sources: dict[str | None, ModelSource] = {}
-        """Each class's model source at the last :meth:`refresh_borrowing`."""
+        self._sources: dict[str | None, tuple[ModelSource, str | None]] = {}
+        """Each class's model source and donor at the last :meth:`refresh_borrowing`."""
         self.refused_class_samples = 0
         """Samples of a class beyond ``max_classes``."""
         self.evicted_classes = 0
@@ -187,85 +171,6 @@ class HardwareAwarePredictor(SynchronousPredictor):
         self.refresh_borrowing()
         return True
 
-    def source_of(self, cls: str | None) -> ModelSource:
-        """What predicts class ``cls`` now (module docstring)."""
-        lane = self.lanes.get(cls)
-        if lane is not None and lane.bundle is not None:
-            return "model"
-        borrowed = self._borrowed.get(cls) or self._configured(cls)
-        return borrowed.source if borrowed is not None else "heuristic"
-
-    def _resolve(self, cls: str | None) -> tuple[ModelBundle, float, float] | None:
-        lane = self.lanes.get(cls)
-        if lane is not None and lane.bundle is not None:
-            return lane.bundle, 1.0, 1.0
-        borrowed = self._borrowed.get(cls)
-        if borrowed is None:
-            borrowed = self._configured(cls)
-            if borrowed is None:
-                return None
-        donor = self.lanes.get(borrowed.donor)
-        if donor is None or donor.bundle is None:
-            return None
-        return donor.bundle, borrowed.ttft_ratio, borrowed.tpot_ratio
-
-    def _trained(self) -> list[str | None]:
-        return [c for c, lane in self.lanes.items() if lane.bundle is not None]
-
-    def _closest_by_speed(self, cls: str, trained: Sequence[str | None]) -> str | None:
-        speed = self._speeds.get(cls)
-        if speed is None:
-            return None
-        known = [(abs(math.log(self._speeds[c] / speed)), c) for c in trained if c in self._speeds]
-        return min(known)[1] if known else None
-
-    def _configured(self, cls: str | None) -> _Borrowed | None:
-        if cls is None:
-            return None
-        donor = self._closest_by_speed(cls, self._trained())
-        if donor is None:
-            return None
-        ratio = self._speeds[donor] / self._speeds[cls]
-        return _Borrowed(donor, ratio, ratio, "configured-ratio")
-
-    def refresh_borrowing(self) -> None:
-        """Recompute how each class without a model is predicted (after a training)."""
-        trained = self._trained()
-        borrowed: dict[str | None, _Borrowed] = {}
-        for cls, lane in self.lanes.items():
-            if lane.bundle is not None or not trained:
-                continue
-            measured = self._measured(cls, lane, trained)
-            chosen = measured or self._configured(cls)
-            if chosen is not None:
-                borrowed[cls] = chosen
-        self._borrowed = borrowed
-        self._coded = self._coding(self._merged)
-        self._restart_calibration()
-
-    def _restart_calibration(self) -> None:
-        """Restart the online calibration of every class whose model source changed
-        (:meth:`LatencyCalibration.restart`: its ratios were another model's residuals).
-        On a pool of one class the only change is heuristic → model, before any
-        prediction was calibrated: nothing to restart."""
-        sources = {cls: self.source_of(cls) for cls in self.lanes}
-        calibration = self.calibration
-        if calibration is not None:
-            for cls, source in sources.items():
-                before = self._sources.get(cls)
-                if cls is not None and before is not None and before != source:
-                    calibration.restart(cls)
-        self._sources = sources
-
-    def _coding(self, merged: MergedModels | None) -> dict[str | None, tuple[float, float, float]]:
-        borrowed = dict(self._borrowed)
-        for cls in self._speeds:  # configured classes not seen yet
-            configured = None if cls in self.lanes else self._configured(cls)
-            if configured is not None:
-                borrowed[cls] = configured
-        ratios = {c: (b.donor, b.ttft_ratio, b.tpot_ratio) for c, b in borrowed.items()}
-        return {} if merged is None else merged.coding(ratios)
-
     def _bundles(self) -> dict[str | None, ModelBundle]:
         return {c: ln.bundle for c, ln in self.lanes.items() if ln.bundle is not None}
 
@@ -273,22 +178,6 @@ class HardwareAwarePredictor(SynchronousPredictor):
         # Only if the bundles did not change meanwhile (a training on another path).
         bundles = self._bundles()
         self._merged = merged if merged is None or list(merged.codes) == list(bundles) else None
-
-    def _measured(
-        self, cls: str | None, lane: InProcessPredictor, trained: Sequence[str | None]
-    ) -> _Borrowed | None:
-        if lane.store.ttft.train_count < self.settings.ratio_samples:
-            return None
-        donor = (self._closest_by_speed(cls, trained) if cls is not None else None) or max(
-            trained, key=lambda c: self.lanes[c].ttft_samples
-        )
-        bundle = self.lanes[donor].bundle
-        assert bundle is not None
-        ttft = _median_ratio(bundle, lane.store.ttft.training_arrays(), "ttft")
-        tpot = _median_ratio(bundle, lane.store.tpot.training_arrays(), "tpot")
-        if ttft is None:
-            return None
-        return _Borrowed(donor, ttft, ttft if tpot is None else tpot, "measured-ratio")
 
     # ------------------------------------------------------------------ predicting
 
@@ -379,22 +268,6 @@ class HardwareAwarePredictor(SynchronousPredictor):
             self.refresh_borrowing()
         return trained
 
-    def _borrowing_stale(self) -> bool:
-        """A class without a model that has no donor yet while some class has a model,
-        or that reached ``ratio_samples`` and is not measured yet."""
-        if not self.ready:
-            return False
-        for cls, lane in self.lanes.items():
-            if lane.bundle is not None:
-                continue
-            borrowed = self._borrowed.get(cls)
-            if borrowed is None or (
-                borrowed.source != "measured-ratio"
-                and lane.store.ttft.train_count >= self.settings.ratio_samples
-            ):
-                return True
-        return False
-
     async def retrain_async(self) -> bool:
         """Train every class with new samples in a worker thread; True if some new bundle
         is in use."""
@@ -481,25 +354,6 @@ class HardwareAwarePredictor(SynchronousPredictor):
 def _class_dir(directory: str | os.PathLike[str], cls: str | None) -> Path:
     root = Path(directory)
     return root if cls is None else root / CLASSES_DIR / cls
-
-
-def _median_ratio(
-    bundle: ModelBundle, data: tuple[np.ndarray, np.ndarray], target: str
-) -> float | None:
-    """Median of observed / predicted over ``data`` (None: nothing to compare), clamped
-    to [1/16, 16] so a few odd samples cannot make predictions absurd."""
-    x, y = data
-    if len(y) == 0:
-        return None
-    model = bundle.ttft if target == "ttft" else bundle.tpot
-    if model is None:
-        return None
-    predicted = model.predict(x)
-    keep = predicted > 0
-    if not keep.any():
-        return None
-    ratio = float(np.median(y[keep] / predicted[keep]))
-    return min(max(ratio, 1 / 16), 16.0)
 
 
 def configured_speeds(speeds: Mapping[str, float]) -> tuple[tuple[str, float], ...]:

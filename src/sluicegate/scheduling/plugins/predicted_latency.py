@@ -25,7 +25,8 @@ predictor's online scale for its target and the endpoint's hardware class
 routed request updates its class's scales with the chosen endpoint's prediction and what
 happened — at the end, or, on a mixed pool, a streamed TTFT at its first token — so
 that on routed requests, not only on held-out samples, a share α of outcomes stays at or
-below the prediction.
+below the prediction; unless the class's calibration restarted since the request was
+routed (another model predicts it now: the outcome is skipped).
 
 Training: when a request completes on the endpoint it was scheduled to, its features at
 dispatch and what happened are a sample — in streaming mode TTFT (first byte − dispatch)
@@ -102,6 +103,9 @@ _TTFT_CALIBRATED: StateKey[bool] = StateKey("latency-ttft-calibrated")
 """The request's TTFT already fed the calibration, at its first token."""
 _SCALES: StateKey[dict[str, tuple[float, float]]] = StateKey("latency-calibration-scales")
 """The TTFT and TPOT scales each endpoint's predictions were multiplied by."""
+_GENERATIONS: StateKey[dict[str, int]] = StateKey("latency-calibration-generations")
+"""The generation of the trackers that gave each endpoint's scales
+(:meth:`LatencyCalibration.trackers_for_outcome`: an outcome is not fed to newer ones)."""
 _PREFETCHED: StateKey[tuple[dict[str, FeatureRow], Predictions | None, float]] = StateKey(
     "latency-prefetched"
 )
@@ -248,6 +252,7 @@ class PredictedLatencyProducer(
         # predicted, for other candidates, must not outlive it.
         state.discard(PREDICTIONS)
         state.discard(_SCALES)
+        state.discard(_GENERATIONS)
         if not self.params.predict_in_produce:
             return
         if not request.prediction_based:
@@ -286,6 +291,14 @@ class PredictedLatencyProducer(
             return
         state.put(PREDICTIONS, by_endpoint)
         state.put(_SCALES, scales)
+        if calibration is not None:
+            state.put(
+                _GENERATIONS,
+                {
+                    e.name: calibration.generation(c)
+                    for e, c in zip(endpoints, classes, strict=True)
+                },
+            )
         state.put(PREDICTION_OUTCOME, PredictionOutcome("predicted", duration))
 
     def _classes(self, endpoints: Sequence[Endpoint]) -> list[str | None] | None:
@@ -427,13 +440,17 @@ class PredictedLatencyProducer(
         tpot_ms: float | None,
     ) -> None:
         """Feed the prediction the request was routed on, unscaled, and what happened, to
-        the chosen endpoint's class's trackers."""
+        the chosen endpoint's class's trackers — unless they restarted since (the
+        prediction was another model's: :meth:`LatencyCalibration.trackers_for_outcome`)."""
         endpoint, _, cls = chosen
         predicted = (state.get(PREDICTIONS) or {}).get(endpoint)
         scales = (state.get(_SCALES) or {}).get(endpoint)
-        if predicted is None or scales is None:
+        generation = (state.get(_GENERATIONS) or {}).get(endpoint)
+        if predicted is None or scales is None or generation is None:
             return  # scheduled without predictions
-        trackers = calibration.of(cls)
+        trackers = calibration.trackers_for_outcome(cls, generation)
+        if trackers is None:
+            return  # routed on trackers that restarted since
         if ttft_ms is not None:
             trackers.observe_ttft(predicted.ttft_ms / scales[0], ttft_ms)
         if tpot_ms is not None and predicted.tpot_ms > 0:  # 0: no TPOT model yet
