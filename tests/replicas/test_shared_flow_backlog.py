@@ -191,8 +191,10 @@ async def test_without_queues_the_sync_leaves_and_calls_redis_no_more(
     while await seen_by_b() != 2:
         assert time.monotonic() < deadline
         await asyncio.sleep(0.01)
+    # a's own sync has returned (b can read a's snapshot a moment before a reads the reply)
+    await _until(lambda: a.sync.view.as_of is not None, within_s=1.0)
     active = False  # no queue on a any more: its snapshot goes at once
-    await _until(lambda: a.sync.view.as_of is None, within_s=1.0)
+    await _until(lambda: a.sync.view.as_of is None, within_s=1.0)  # cleared once it left
     assert await seen_by_b() == 0
     assert not await a.state.client.exists(a.sync.key)
     before = await _script_calls(a)

@@ -206,12 +206,16 @@ class BacklogSync:
 
     async def idle(self) -> bool:
         """No queue here (``active()`` false): nothing to publish and nothing that could
-        hold, so no Redis call — but this replica's last snapshot is removed, once."""
-        self.view.clear()
+        hold, so no Redis call — but this replica's last snapshot is removed, once. The
+        view is cleared after that removal, so a cleared view means the peers no longer
+        read this replica's counts."""
         if self._published:
-            if await self.state.call("backlog", self._leave()) is None:
+            left = await self.state.call("backlog", self._leave())
+            if left is None:
+                self.view.clear()
                 return False
             self._published = False
+        self.view.clear()
         return True
 
 
