@@ -255,6 +255,20 @@ def test_cost_per_token_at_class_capacity_prices_throughput_not_the_stream() -> 
     )
 
 
+def test_cost_exponent_sharpens_the_preference_for_the_cheapest() -> None:
+    fast, slow = on(new_endpoint(0), H100, 3.95), on(new_endpoint(1), A100, 2.50)
+    state = CycleState()
+    state.put(PREDICTIONS, predictions(**{"ep-0": (200.0, 40.0, True), "ep-1": (9.0, 9.0, True)}))
+    ratio = (3.95 / 3) / 2.50
+    for exponent in (1, 2, 64):
+        scorer = plugin("cost-aware-scorer", costExponent=exponent, **CAPACITY)
+        scores = scorer.score(new_request(), state, [fast, slow])
+        assert scores == pytest.approx([1.0, ratio**exponent])
+    for bad in (0.5, 65, "x"):
+        with pytest.raises(PluginConfigError, match="costExponent"):
+            plugin("cost-aware-scorer", costExponent=bad)
+
+
 def test_cost_scorer_measures_class_capacity_from_saturated_scrapes() -> None:
     fast, slow = on(new_endpoint(0), H100, 3.95), on(new_endpoint(1), A100, 2.50)
     scorer = plugin("cost-aware-scorer", capacityNormalization="measured")
@@ -334,15 +348,20 @@ def test_cost_aware_preset_fills_cheap_hardware_and_spills_when_the_slo_binds() 
     pool[0].hardware = Hardware(H100, 8.0)
     pool[2].metrics = replace(pool[2].metrics or EngineMetrics(0.0), running=3)
     # A loose SLO: every class meets it; per token an A100 costs 1 × 30 against the H100's
-    # 8 × 10: cost score 1.0 against 0.375, which outweighs the H100's larger headroom.
+    # 8 × 10: cost score 1.0 against 0.375 ** 64, which outweighs the H100's lighter load.
     loose = Counter(route("cost-aware", pool, 1000.0, s)[0].name for s in range(40))
     assert set(loose) <= {"ep-1", "ep-2"}
     # Only the H100 meets a tight one (but for the headroom filter's 1 % exploration).
     tight = Counter(route("cost-aware", pool, 150.0, s)[0].name for s in range(40))
     assert tight["ep-0"] >= 38
-    # Without costs it routes by headroom like predicted-latency.
+    # Without costs no class is preferred: every endpoint meeting the SLO is a candidate
+    # of the weighted pick, as in predicted-latency.
     blind = [on(e, e.hardware.accelerator) for e in mixed_pool()]
-    assert route("cost-aware", blind, 1000.0)[0].name == "ep-0"
+    assert set(Counter(route("cost-aware", blind, 1000.0, s)[0].name for s in range(40))) == {
+        "ep-0",
+        "ep-1",
+        "ep-2",
+    }
 
 
 @pytest.mark.parametrize("cls", [None, H100])

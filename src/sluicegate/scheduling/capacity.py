@@ -3,9 +3,10 @@
 On a mixed pool a queue of 4 on an H100 drains about three times faster than the same
 queue on an A100 (Llama-3-8B prefill: 21 against 67 µs per token of linear ops, this
 repository's ``sim/profiles`` calibration), so the ``queue-scorer``,
-``kv-cache-utilization-scorer`` and ``active-request-scorer`` can weigh load by each
-endpoint's hardware class capacity ``c`` (output tokens/s, or any unit common to all
-classes) — an opt-in parameter, ``capacityNormalization``:
+``kv-cache-utilization-scorer``, ``active-request-scorer`` and the ``latency-scorer``'s
+heuristic fallback can weigh load by each endpoint's hardware class capacity ``c`` (output
+tokens/s, or any unit common to all classes), and the ``cost-aware-scorer`` prices a token
+by it — an opt-in parameter, ``capacityNormalization``:
 
 - ``off`` (default): no normalisation, the scorers' formulas as the reference's;
 - ``configured``: ``c`` is ``classCapacity[class]`` (e.g. ``{h100-80gb: 3, a100-80gb: 1}``);

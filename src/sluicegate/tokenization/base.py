@@ -80,8 +80,6 @@ class PoolTokenizer(abc.ABC):
     """``local`` or ``server`` (the configuration's ``source``)."""
     needs_io: bool = False
     """True when ids come from :meth:`fetch` (an awaited call) rather than :meth:`token_ids`."""
-    prefix_cache: PrefixTokenCache | None = None
-    """Its cache of prompts seen, if it keeps one (for metrics)."""
     deferred_counters: DeferredCounters | None = None
     """Its worker's counters, if it finishes prompts after dispatch (for metrics)."""
     progressive: bool = False
@@ -92,6 +90,11 @@ class PoolTokenizer(abc.ABC):
         self.settings = settings
         """The pool's ``spec.tokenizer`` this was built from."""
         self.counters = TokenizerCounters()
+
+    @property
+    def prefix_cache(self) -> PrefixTokenCache | None:
+        """Its cache of prompts seen, if it keeps one (for metrics)."""
+        return None
 
     @abc.abstractmethod
     def token_ids(self, request: LLMRequest, max_tokens: int = 0) -> array[int] | None:

@@ -28,7 +28,7 @@ from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.framework import LLMRequest
 from sluicegate.model_tokenizer.chat import TemplateRejectedError, UnrenderableError
 from sluicegate.model_tokenizer.model import ModelTokenizer
-from sluicegate.model_tokenizer.prefix_cache import chunk_hashes
+from sluicegate.model_tokenizer.prefix_cache import PrefixTokenCache, chunk_hashes
 from sluicegate.tokenization.base import PoolTokenizer
 from sluicegate.tokenization.deferred import DeferredEncoder, Done
 from sluicegate.tokenization.progressive import BlockKeying, Progress, advance, begin, store
@@ -63,7 +63,7 @@ class LocalTokenizer(PoolTokenizer):
         approximately, as vLLM would refuse them)."""
         self.config = model.config
         self.prefix_ids, self.suffix_ids = model.prefix_ids, model.suffix_ids
-        self.cache = self.prefix_cache = model.new_prefix_cache(
+        self.cache = model.new_prefix_cache(
             settings.cache_bytes, settings.cache_entries
         )
         self._lock = threading.Lock()
@@ -97,6 +97,10 @@ class LocalTokenizer(PoolTokenizer):
         made = cls(model, settings)
         made.stamp = stamp
         return made
+
+    @property
+    def prefix_cache(self) -> PrefixTokenCache:
+        return self.cache
 
     def files_unchanged(self) -> bool:
         return file_stamp(self.settings) == self.stamp

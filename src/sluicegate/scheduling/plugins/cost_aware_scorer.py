@@ -45,6 +45,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+from pydantic import Field
+
 from sluicegate.datalayer.endpoint import Endpoint
 from sluicegate.framework import PREDICTIONS, CycleState, LLMRequest
 from sluicegate.scheduling.capacity import CapacityParameters, CapacityScorer
@@ -60,6 +62,7 @@ class CostAwareScorer(CapacityScorer):
     class Parameters(CapacityParameters):
         unknown_cost: Literal["most-expensive", "free"] = "most-expensive"
         shared_batch: bool = False
+        cost_exponent: float = Field(default=1.0, ge=1.0, le=64.0)
 
     params: Parameters
 
@@ -103,6 +106,7 @@ class CostAwareScorer(CapacityScorer):
             for c, (_, _, rate) in zip(costs, meeting, strict=True)
         ]
         cheapest = min(per_token)
+        exponent = self.params.cost_exponent
         for k, (i, _, _) in zip(per_token, meeting, strict=True):
-            out[i] = 1.0 if k <= cheapest else cheapest / k
+            out[i] = 1.0 if k <= cheapest else (cheapest / k) ** exponent
         return out
