@@ -24,9 +24,9 @@ Formula, for a candidate ``e`` with this request added:
 - the *meeting* set ``M``: candidates with a prediction whose TTFT and TPOT are both
   predicted within the SLOs (``EndpointPrediction.valid``);
 - score ``(k_min / k) ** costExponent`` for ``e ∈ M`` (the cheapest 1.0; a cost of 0
-  with ``k_min = 0`` scores 1), 0 outside ``M``. If no candidate has a cost, every member of ``M`` scores 1.0
-  (cost cannot tell them apart). If ``M`` is empty (no prediction, no SLO, or none meets
-  it) every candidate scores 0: the other scorers decide.
+  with ``k_min = 0`` scores 1), 0 outside ``M``. If no candidate has a cost, every member
+  of ``M`` scores 1.0 (cost cannot tell them apart). If ``M`` is empty (no prediction, no
+  SLO, or none meets it) every candidate scores 0: the other scorers decide.
 
 Why class capacity: a request's share of an endpoint's hour is its tokens over what the
 engine emits in that hour, so the per-token cost is price / throughput of the class. The
