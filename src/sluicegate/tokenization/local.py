@@ -63,9 +63,7 @@ class LocalTokenizer(PoolTokenizer):
         approximately, as vLLM would refuse them)."""
         self.config = model.config
         self.prefix_ids, self.suffix_ids = model.prefix_ids, model.suffix_ids
-        self.cache = model.new_prefix_cache(
-            settings.cache_bytes, settings.cache_entries
-        )
+        self.cache = model.new_prefix_cache(settings.cache_bytes, settings.cache_entries)
         self._lock = threading.Lock()
         self.stamp: tuple[tuple[int, int] | None, ...] = ()
         """The files' (mtime_ns, size) when loaded (see
