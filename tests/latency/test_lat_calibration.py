@@ -7,6 +7,7 @@ import math
 import random
 
 import pytest
+from lat_support import random_rows
 
 from sluicegate.latency.calibration import LatencyCalibration, QuantileTracker
 
@@ -143,3 +144,24 @@ def test_a_restarted_class_forgets_its_ratios_but_not_its_counts() -> None:
         fresh.update(10.0, 20.0)
         assert trackers.ttft.scale == fresh.scale
     assert trackers.ttft.scale == pytest.approx(2.0)
+
+
+def test_tpot_outcomes_are_scored_against_the_model_in_use_after_a_rebase() -> None:
+    calibration = LatencyCalibration(0.9)
+    trackers = calibration.pool
+    rows = random_rows(120, seed=3)
+    for row in rows:
+        trackers.observe_tpot(10.0, 30.0, row)
+    assert (trackers.tpot.scale, trackers.tpot.kept) == (3.0, 120)
+    calibration.rebase_tpot(None, lambda row: 60.0)
+    assert (trackers.tpot.scale, trackers.tpot.kept) == (3.0, 0)  # kept until new ratios
+    for row in rows[:49]:
+        trackers.observe_tpot(10.0, 30.0, row)
+    assert trackers.tpot.scale == 3.0
+    for row in rows[49:60]:
+        trackers.observe_tpot(10.0, 30.0, row)
+    assert trackers.tpot.scale == 0.5  # 30 / 60, the model in use, not 30 / 10
+    calibration.rebase_tpot(None, lambda row: 0.0)  # a model that cannot say: at dispatch
+    for row in rows:
+        trackers.observe_tpot(10.0, 30.0, row)
+    assert trackers.tpot.scale == 3.0

@@ -394,3 +394,47 @@ def test_a_class_whose_donor_changes_restarts_its_calibration() -> None:
     assert aware.source_of(A100) == "measured-ratio"  # its donor is the L40S now
     assert calibration.of(A100).ttft.scale == 1.0
     assert calibration.of(A100).ttft.kept == 0
+
+
+def test_a_retrained_class_scores_later_tpot_outcomes_against_the_new_model() -> None:
+    """After a retraining the TPOT ratios of the previous model are forgotten, its scale
+    kept until new ratios arrive, and outcomes are scored against the model in use: a
+    request routed on a prediction half of the truth counts as the new model's ratio."""
+    aware = trained(classed(samples(400, seed=4, sigma=0.05), H100))
+    calibration = aware.calibration
+    assert calibration is not None
+    calibration.see([H100, A100], aware.clock.now())  # a mixed pool
+    trackers = calibration.of(H100)
+    rows = random_rows(200, seed=9)
+    model = aware.predict(rows, [H100] * len(rows))
+    assert model is not None
+    truth = [float(t) for t in model.tpot_ms]
+    for row, tpot in zip(rows[:100], truth, strict=False):
+        trackers.observe_tpot(tpot / 2.0, tpot, row)  # no model hook yet: against dispatch
+    assert trackers.tpot.scale == pytest.approx(2.0, rel=0.01)
+    for s in classed(samples(200, seed=8, sigma=0.05), H100):
+        aware.observe(s)
+    later(aware)
+    assert aware.maybe_retrain()
+    assert (trackers.tpot.kept, trackers.tpot.scale) == (0, pytest.approx(2.0, rel=0.01))
+    for row, tpot in zip(rows[100:], truth[100:], strict=True):
+        trackers.observe_tpot(tpot / 2.0, tpot, row)
+    assert trackers.tpot.kept == 100
+    assert trackers.tpot.scale == pytest.approx(1.0, abs=0.15)
+    assert trackers.tpot.observations == 200  # the counters go on
+
+
+def test_a_pool_of_one_class_calibrates_tpot_against_the_model_at_dispatch() -> None:
+    aware = trained(classed(samples(400, seed=4, sigma=0.05), H100))
+    calibration = aware.calibration
+    assert calibration is not None
+    calibration.see([H100], aware.clock.now())
+    trackers = calibration.of(H100)
+    for row in random_rows(100, seed=9):
+        trackers.observe_tpot(10.0, 20.0, row)
+    for s in classed(samples(200, seed=8, sigma=0.05), H100):
+        aware.observe(s)
+    later(aware)
+    assert aware.maybe_retrain()
+    assert trackers.tpot_model is None
+    assert (trackers.tpot.kept, trackers.tpot.scale) == (100, pytest.approx(2.0))

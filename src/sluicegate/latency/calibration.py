@@ -25,12 +25,16 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sluicegate.latency.presence import ClassPresence
+
+if TYPE_CHECKING:
+    from sluicegate.latency.features import FeatureRow
 
 WINDOW = 1000
 """Routed requests whose outcome ratios set the scale (at 100 req/s: the last ~10 s)."""
@@ -87,6 +91,12 @@ class QuantileTracker:
         """Ratios in the window (at most ``window``)."""
         return len(self._ratios)
 
+    def rebase(self) -> None:
+        """Forget the window's ratios but keep the scale until ``min_observations`` new
+        ones arrive (the model they were residuals of was replaced)."""
+        self._ratios.clear()
+        self._updates = 0
+
 
 TTFT_BIN_EDGES_MS = (64.0, 128.0, 256.0, 512.0)
 """Edges of the TTFT calibration's bins, by the unscaled prediction (ms): five bins."""
@@ -121,6 +131,9 @@ class ClassTrackers:
     generation: int = 0
     """Which trackers these are (:attr:`LatencyCalibration.generation`): a request routed
     on predictions scaled by other trackers of its class is not theirs to learn from."""
+    tpot_model: Callable[[FeatureRow], float] | None = None
+    """The unscaled TPOT (ms) the model now in use predicts for a row, when the predictor
+    can say so synchronously: outcomes are then scored against it (:meth:`observe_tpot`)."""
 
     @classmethod
     def new(cls, alpha: float, generation: int = 0) -> ClassTrackers:
@@ -131,6 +144,24 @@ class ClassTrackers:
         """The TTFT multiplier for an unscaled prediction of ``predicted_ms``."""
         tracker = self.ttft_bins[ttft_bin(predicted_ms)]
         return tracker.scale if tracker.kept >= tracker.min_observations else self.ttft.scale
+
+    def observe_tpot(self, predicted_ms: float, observed_ms: float, row: FeatureRow) -> None:
+        """One routed request's unscaled TPOT prediction at dispatch, its observed TPOT
+        (ms) and the feature row it was predicted from. With :attr:`tpot_model` set the
+        ratio is against the model in use now, not the one at dispatch.
+
+        Why: a TPOT is known only when its request ends, seconds after dispatch, so after a
+        retraining the ratios arriving are the previous model's residuals for seconds, and
+        the window holds them for ``window`` outcomes (heterogeneous-pool, 80 req/s: a TPOT
+        scale of ~2 set by a model that under-predicted a flood multiplied a retrained one
+        that over-predicted the flood's end, and no endpoint was predicted to meet the TPOT
+        SLO). An outcome that ends after the retraining was not in its training set, so
+        its ratio is out of sample, as split conformal calibration needs."""
+        if self.tpot_model is not None:
+            now = self.tpot_model(row)
+            if now > 0.0:
+                predicted_ms = now
+        self.tpot.update(predicted_ms, observed_ms)
 
     def observe_ttft(self, predicted_ms: float, observed_ms: float) -> None:
         """One routed request's unscaled TTFT prediction and its observed TTFT (ms)."""
@@ -313,6 +344,16 @@ class LatencyCalibration:
         (``heterogeneous-pool``, 80 req/s: 69.6 % against 64.2 %). A class whose servers
         all left stops counting after the presence window (class docstring)."""
         return self.presence.mixed(self._now)
+
+    def rebase_tpot(
+        self, hardware_class: str | None, model: Callable[[FeatureRow], float] | None
+    ) -> None:
+        """``hardware_class``'s model was retrained: its TPOT ratios are forgotten (the
+        scale stays until new ones arrive) and later outcomes are scored against
+        ``model`` (:meth:`ClassTrackers.observe_tpot`)."""
+        trackers = self.of(hardware_class)
+        trackers.tpot.rebase()
+        trackers.tpot_model = model
 
     def scales(self, hardware_class: str | None, ttft_ms: float) -> tuple[float, float]:
         """The (TTFT, TPOT) multipliers for a row of ``hardware_class`` whose unscaled TTFT

@@ -442,7 +442,7 @@ class PredictedLatencyProducer(
         """Feed the prediction the request was routed on, unscaled, and what happened, to
         the chosen endpoint's class's trackers — unless they restarted since (the
         prediction was another model's: :meth:`LatencyCalibration.trackers_for_outcome`)."""
-        endpoint, _, cls = chosen
+        endpoint, row, cls = chosen
         predicted = (state.get(PREDICTIONS) or {}).get(endpoint)
         scales = (state.get(_SCALES) or {}).get(endpoint)
         generation = (state.get(_GENERATIONS) or {}).get(endpoint)
@@ -454,7 +454,7 @@ class PredictedLatencyProducer(
         if ttft_ms is not None:
             trackers.observe_ttft(predicted.ttft_ms / scales[0], ttft_ms)
         if tpot_ms is not None and predicted.tpot_ms > 0:  # 0: no TPOT model yet
-            trackers.tpot.update(predicted.tpot_ms / scales[1], tpot_ms)
+            trackers.observe_tpot(predicted.tpot_ms / scales[1], tpot_ms, row)
 
     def _sample(
         self, request: LLMRequest, row: FeatureRow, cls: str | None, outcome: ResponseOutcome
