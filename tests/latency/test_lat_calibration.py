@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 
 import pytest
 from lat_support import random_rows
 
 from sluicegate.latency.calibration import LatencyCalibration, QuantileTracker
+from sluicegate.latency.features import FeatureRow
 
 
 def coverage(tracker: QuantileTracker, rng: random.Random, draw, n: int) -> float:
@@ -153,7 +155,7 @@ def test_tpot_outcomes_are_scored_against_the_model_in_use_after_a_rebase() -> N
     for row in rows:
         trackers.observe_tpot(10.0, 30.0, row)
     assert (trackers.tpot.scale, trackers.tpot.kept) == (3.0, 120)
-    calibration.rebase_tpot(None, lambda row: 60.0)
+    calibration.rebase_tpot(lambda rows, cls: [60.0] * len(rows))
     assert (trackers.tpot.scale, trackers.tpot.kept) == (3.0, 0)  # kept until new ratios
     for row in rows[:49]:
         trackers.observe_tpot(10.0, 30.0, row)
@@ -161,7 +163,51 @@ def test_tpot_outcomes_are_scored_against_the_model_in_use_after_a_rebase() -> N
     for row in rows[49:60]:
         trackers.observe_tpot(10.0, 30.0, row)
     assert trackers.tpot.scale == 0.5  # 30 / 60, the model in use, not 30 / 10
-    calibration.rebase_tpot(None, lambda row: 0.0)  # a model that cannot say: at dispatch
+    calibration.rebase_tpot(lambda rows, cls: [0.0] * len(rows))  # cannot say: at dispatch
     for row in rows:
         trackers.observe_tpot(10.0, 30.0, row)
     assert trackers.tpot.scale == 3.0
+
+
+def test_tpot_outcomes_scored_in_batches_move_the_scale_as_one_at_a_time() -> None:
+    """One model call per ``refresh_every`` outcomes, at most that many waiting, and the
+    scale and counters exactly those of scoring each outcome on arrival."""
+    calls: list[int] = []
+
+    def model(rows: Sequence[FeatureRow], cls: str | None) -> list[float]:
+        calls.append(len(rows))
+        return [10.0 + row.num_request_waiting for row in rows]
+
+    batched = LatencyCalibration(0.9, max_classes=4)
+    batched.rebase_tpot(model)
+    one_by_one = QuantileTracker(alpha=0.9)
+    trackers = batched.of("h100")  # a class first seen after the rebase: scored too
+    rng = random.Random(5)
+    for i, row in enumerate(random_rows(237, seed=6)):
+        observed = rng.uniform(5.0, 40.0)
+        trackers.observe_tpot(99.0, observed, row)
+        one_by_one.update(10.0 + row.num_request_waiting, observed)
+        assert len(trackers._pending_tpot) < trackers.tpot.refresh_every
+        if (i + 1) % trackers.tpot.refresh_every == 0:
+            assert trackers.tpot.scale == one_by_one.scale
+    assert calls == [20] * 11
+    trackers.flush_tpot()
+    assert (trackers.tpot.scale, trackers.tpot.observations, trackers.tpot.misses) == (
+        one_by_one.scale,
+        one_by_one.observations,
+        one_by_one.misses,
+    )
+
+
+def test_waiting_tpot_outcomes_count_through_a_restart_and_back_to_dispatch() -> None:
+    calibration = LatencyCalibration(0.9, max_classes=4)
+    calibration.rebase_tpot(lambda rows, cls: [20.0] * len(rows))
+    for row in random_rows(7, seed=2):
+        calibration.of("a100").observe_tpot(10.0, 30.0, row)
+    assert calibration.restart("a100")
+    assert calibration.of("a100").tpot.observations == 7  # scored, then carried over
+    for row in random_rows(5, seed=3):
+        calibration.of("a100").observe_tpot(10.0, 30.0, row)
+    calibration.score_tpot_at_dispatch()
+    assert calibration.totals("tpot")[0] == 12
+    assert calibration.of("a100").tpot_model is None

@@ -307,16 +307,14 @@ class HardwareAwarePredictor(DonorBorrowing, SynchronousPredictor):
         if calibration is None:
             return
         if not calibration.mixed:
-            for trackers in (*calibration.classes.values(), calibration.pool):
-                trackers.tpot_model = None
+            calibration.score_tpot_at_dispatch()
             return
-        for cls in (*calibration.classes, None):
 
-            def tpot(row: FeatureRow, cls: str | None = cls) -> float:
-                out = self.predict([row], [cls])
-                return 0.0 if out is None else float(out.tpot_ms[0])
+        def tpot(rows: Sequence[FeatureRow], cls: str | None) -> Sequence[float]:
+            out = self.predict(rows, [cls] * len(rows))
+            return [0.0] * len(rows) if out is None else out.tpot_ms.tolist()
 
-            calibration.rebase_tpot(cls, tpot)
+        calibration.rebase_tpot(tpot)
 
     # ------------------------------------------------------------------ metrics
 
