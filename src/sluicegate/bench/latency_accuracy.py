@@ -179,11 +179,13 @@ class Plan:
 
     @classmethod
     def mixed(cls, quick: bool = False) -> Plan:
-        """The mixed-pool section: :data:`MIXED_CASE`, no ablation, 180 s of arrivals
-        (as :meth:`precise`)."""
+        """The mixed-pool section: :data:`MIXED_CASE`, no ablation, seeds 0–2, 180 s of
+        arrivals (as :meth:`precise`). Three seeds because the routing decides which
+        samples each class's model learns from: on seed 0 alone the A100s' TTFT MAPE at
+        90 % load read 9.8, 10.3, 8.6 and 10.5 % across four routing changes."""
         if quick:
             return replace(cls.quick(), cases=(MIXED_CASE,), ablation=False, load_fractions=(0.25,))
-        return cls(cases=(MIXED_CASE,), ablation=False, duration_s=180.0)
+        return cls(cases=(MIXED_CASE,), ablation=False, duration_s=180.0, seeds=(0, 1, 2))
 
 
 _COLUMNS: Final = 8
