@@ -155,59 +155,112 @@ def test_tpot_outcomes_are_scored_against_the_model_in_use_after_a_rebase() -> N
     for row in rows:
         trackers.observe_tpot(10.0, 30.0, row)
     assert (trackers.tpot.scale, trackers.tpot.kept) == (3.0, 120)
-    calibration.rebase_tpot(lambda rows, cls: [60.0] * len(rows))
-    assert (trackers.tpot.scale, trackers.tpot.kept) == (3.0, 0)  # kept until new ratios
-    for row in rows[:49]:
+    calibration.rebase_tpot(lambda rows, cls: [60.0] * len(rows), [None])
+    assert (trackers.tpot.scale, trackers.tpot.kept) == (3.0, 0)  # kept until recomputed
+    for row in rows[:59]:
         trackers.observe_tpot(10.0, 30.0, row)
-    assert trackers.tpot.scale == 3.0
-    for row in rows[49:60]:
-        trackers.observe_tpot(10.0, 30.0, row)
+    assert trackers.tpot.scale == 3.0  # first recomputed at 60 (≥ 50, a multiple of 20)
+    trackers.observe_tpot(10.0, 30.0, rows[59])
     assert trackers.tpot.scale == 0.5  # 30 / 60, the model in use, not 30 / 10
-    calibration.rebase_tpot(lambda rows, cls: [0.0] * len(rows))  # cannot say: at dispatch
+    calibration.rebase_tpot(lambda rows, cls: [0.0] * len(rows), [None])  # cannot say
     for row in rows:
         trackers.observe_tpot(10.0, 30.0, row)
-    assert trackers.tpot.scale == 3.0
+    assert trackers.tpot.scale == 3.0  # at dispatch
 
 
 def test_tpot_outcomes_scored_in_batches_move_the_scale_as_one_at_a_time() -> None:
-    """One model call per ``refresh_every`` outcomes, at most that many waiting, and the
-    scale and counters exactly those of scoring each outcome on arrival."""
-    calls: list[int] = []
+    """One model call per class in a batch, fewer than ``refresh_every`` waiting, and the
+    scale and counters exactly those of scoring each outcome on arrival — also with
+    outcomes the tracker ignores (NaN, negative) and a model that cannot say for some."""
+    calls: list[tuple[str | None, int]] = []
 
     def model(rows: Sequence[FeatureRow], cls: str | None) -> list[float]:
-        calls.append(len(rows))
-        return [10.0 + row.num_request_waiting for row in rows]
+        calls.append((cls, len(rows)))
+        return [
+            0.0 if row.num_request_waiting % 7 == 0 else 10.0 + row.num_request_waiting
+            for row in rows
+        ]
 
     batched = LatencyCalibration(0.9, max_classes=4)
-    batched.rebase_tpot(model)
+    batched.rebase_tpot(model, [])
     one_by_one = QuantileTracker(alpha=0.9)
     trackers = batched.of("h100")  # a class first seen after the rebase: scored too
     rng = random.Random(5)
-    for i, row in enumerate(random_rows(237, seed=6)):
+    for i, row in enumerate(random_rows(300, seed=6)):
         observed = rng.uniform(5.0, 40.0)
-        trackers.observe_tpot(99.0, observed, row)
-        one_by_one.update(10.0 + row.num_request_waiting, observed)
+        if i % 37 == 5:
+            observed = math.nan
+        elif i % 41 == 7:
+            observed = -1.0
+        trackers.observe_tpot(99.0, observed, row, "h100")
+        in_use = 10.0 + row.num_request_waiting
+        one_by_one.update(99.0 if row.num_request_waiting % 7 == 0 else in_use, observed)
         assert len(trackers._pending_tpot) < trackers.tpot.refresh_every
-        if (i + 1) % trackers.tpot.refresh_every == 0:
-            assert trackers.tpot.scale == one_by_one.scale
-    assert calls == [20] * 11
+        assert trackers.tpot.scale == one_by_one.scale  # at every step
     trackers.flush_tpot()
     assert (trackers.tpot.scale, trackers.tpot.observations, trackers.tpot.misses) == (
         one_by_one.scale,
         one_by_one.observations,
         one_by_one.misses,
     )
+    assert {cls for cls, _ in calls} == {"h100"}
+    assert max(n for _, n in calls) == 20
+
+
+def test_a_shared_tracker_scores_each_outcome_against_its_own_class_model() -> None:
+    """Classes beyond ``max_classes`` share the unnamed class's trackers: each waiting
+    outcome is scored against its own class's model."""
+    calibration = LatencyCalibration(0.9, max_classes=1)
+    calibration.of("h100")
+    calibration.rebase_tpot(lambda rows, cls: [{"l40s": 40.0, None: 10.0}[cls]] * len(rows), [])
+    pool = calibration.of("l40s")
+    assert pool is calibration.pool
+    for row in random_rows(60, seed=4):
+        pool.observe_tpot(5.0, 40.0, row, "l40s")
+    assert pool.tpot.scale == 1.0  # 40 / 40, not 40 / 10
+
+
+def test_a_model_that_fails_scores_the_waiting_outcomes_at_dispatch() -> None:
+    def broken(rows: Sequence[FeatureRow], cls: str | None) -> list[float]:
+        raise RuntimeError("booster gone")
+
+    calibration = LatencyCalibration(0.9)
+    calibration.rebase_tpot(broken, [None])
+    for row in random_rows(60, seed=4):
+        calibration.pool.observe_tpot(10.0, 20.0, row)
+    assert (calibration.pool.tpot.observations, calibration.pool.tpot.scale) == (60, 2.0)
+
+
+def test_a_rebase_forgets_only_the_changed_classes_ratios() -> None:
+    calibration = LatencyCalibration(0.9, max_classes=4)
+    for cls in ("h100", "a100"):
+        for row in random_rows(60, seed=1):
+            calibration.of(cls).observe_tpot(10.0, 20.0, row)
+    waiting: list[tuple[str | None, int]] = []
+    calibration.rebase_tpot(lambda rows, cls: [20.0] * len(rows), [])
+    for row in random_rows(3, seed=2):  # waiting when the next model comes
+        calibration.of("a100").observe_tpot(10.0, 20.0, row, "a100")
+
+    def next_model(rows: Sequence[FeatureRow], cls: str | None) -> list[float]:
+        waiting.append((cls, len(rows)))
+        return [40.0] * len(rows)
+
+    calibration.rebase_tpot(next_model, ["a100"])
+    assert calibration.of("h100").tpot.kept == 60  # its model did not change
+    assert calibration.of("a100").tpot.kept == 0
+    assert calibration.of("a100").tpot.observations == 63  # the 3 scored by the old model
+    assert waiting == []
 
 
 def test_waiting_tpot_outcomes_count_through_a_restart_and_back_to_dispatch() -> None:
     calibration = LatencyCalibration(0.9, max_classes=4)
-    calibration.rebase_tpot(lambda rows, cls: [20.0] * len(rows))
+    calibration.rebase_tpot(lambda rows, cls: [20.0] * len(rows), [])
     for row in random_rows(7, seed=2):
-        calibration.of("a100").observe_tpot(10.0, 30.0, row)
+        calibration.of("a100").observe_tpot(10.0, 30.0, row, "a100")
     assert calibration.restart("a100")
     assert calibration.of("a100").tpot.observations == 7  # scored, then carried over
     for row in random_rows(5, seed=3):
-        calibration.of("a100").observe_tpot(10.0, 30.0, row)
+        calibration.of("a100").observe_tpot(10.0, 30.0, row, "a100")
     calibration.score_tpot_at_dispatch()
     assert calibration.totals("tpot")[0] == 12
     assert calibration.of("a100").tpot_model is None

@@ -409,8 +409,8 @@ def test_a_retrained_class_scores_later_tpot_outcomes_against_the_new_model() ->
     model = aware.predict(rows, [H100] * len(rows))
     assert model is not None
     truth = [float(t) for t in model.tpot_ms]
-    for row, tpot in zip(rows[:100], truth, strict=False):
-        trackers.observe_tpot(tpot / 2.0, tpot, row)  # no model hook yet: against dispatch
+    for row, tpot in zip(rows[:100], truth[:100], strict=True):
+        trackers.observe_tpot(tpot / 2.0, tpot, row, H100)  # no model yet: against dispatch
     assert trackers.tpot.scale == pytest.approx(2.0, rel=0.01)
     for s in classed(samples(200, seed=8, sigma=0.05), H100):
         aware.observe(s)
@@ -418,23 +418,54 @@ def test_a_retrained_class_scores_later_tpot_outcomes_against_the_new_model() ->
     assert aware.maybe_retrain()
     assert (trackers.tpot.kept, trackers.tpot.scale) == (0, pytest.approx(2.0, rel=0.01))
     for row, tpot in zip(rows[100:], truth[100:], strict=True):
-        trackers.observe_tpot(tpot / 2.0, tpot, row)
+        trackers.observe_tpot(tpot / 2.0, tpot, row, H100)
     assert trackers.tpot.kept == 100
     assert trackers.tpot.scale == pytest.approx(1.0, abs=0.15)
     assert trackers.tpot.observations == 200  # the counters go on
 
 
 def test_a_pool_of_one_class_calibrates_tpot_against_the_model_at_dispatch() -> None:
+    """Mixed, a retraining points the TPOT calibration at the model in use; once the pool
+    is of one class again, the next one points it back at the prediction at dispatch."""
     aware = trained(classed(samples(400, seed=4, sigma=0.05), H100))
     calibration = aware.calibration
     assert calibration is not None
-    calibration.see([H100], aware.clock.now())
+    calibration.see([H100, A100], aware.clock.now())
     trackers = calibration.of(H100)
-    for row in random_rows(100, seed=9):
-        trackers.observe_tpot(10.0, 20.0, row)
     for s in classed(samples(200, seed=8, sigma=0.05), H100):
         aware.observe(s)
     later(aware)
     assert aware.maybe_retrain()
+    assert trackers.tpot_model is not None
+    calibration.see([H100], aware.clock.now() + 3600.0)  # the A100s left long ago
+    assert not calibration.mixed
+    for s in classed(samples(200, seed=10, sigma=0.05), H100):
+        aware.observe(s)
+    later(aware)
+    assert aware.maybe_retrain()
     assert trackers.tpot_model is None
+    for row in random_rows(100, seed=9):
+        trackers.observe_tpot(10.0, 20.0, row, H100)
     assert (trackers.tpot.kept, trackers.tpot.scale) == (100, pytest.approx(2.0))
+
+
+def test_a_retraining_rebases_the_classes_it_changed_and_their_borrowers() -> None:
+    """Each lane trains on its own schedule: a retraining of the H100s' model forgets the
+    H100 TPOT ratios, not those of a class with a model of its own that did not change."""
+    aware = trained(
+        classed(samples(400, seed=4, sigma=0.05), H100)
+        + classed(samples(400, seed=5, sigma=0.05), A100)
+    )
+    calibration = aware.calibration
+    assert calibration is not None
+    calibration.see([H100, A100], aware.clock.now())
+    assert aware.source_of(A100) == "model"
+    for cls in (H100, A100):
+        for row in random_rows(60, seed=2):
+            calibration.of(cls).observe_tpot(10.0, 20.0, row, cls)
+    for s in classed(samples(200, seed=8, sigma=0.05), H100):
+        aware.observe(s)
+    later(aware)
+    assert aware.maybe_retrain()  # only the H100 lane has new samples
+    assert calibration.of(H100).tpot.kept == 0
+    assert calibration.of(A100).tpot.kept == 60

@@ -18,16 +18,18 @@ over a sliding window), recomputed every ``refresh_every`` observations once
 the request ends, seconds after thousands of later requests were dispatched on the old
 scale, and a per-observation step integrates all of those misses at once and overshoots.
 The scale is clamped to [``min_scale``, ``max_scale``]. Predictions handed to the plugins
-are the models' times the scale; a mean-objective model is not rescaled. On a mixed pool a
-retraining rebases each class's TPOT tracker (:meth:`LatencyCalibration.rebase_tpot`):
-later outcomes are scored against the model in use, not the one at dispatch.
+are the models' times the scale; a mean-objective model is not rescaled. On a mixed pool,
+when what predicts a class's TPOT changes, its TPOT tracker is rebased
+(:meth:`LatencyCalibration.rebase_tpot`): later outcomes are scored against the model in
+use, not the one at dispatch.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
@@ -35,6 +37,8 @@ import numpy as np
 
 from sluicegate.latency.features import FeatureRow
 from sluicegate.latency.presence import ClassPresence
+
+log = logging.getLogger(__name__)
 
 WINDOW = 1000
 """Routed requests whose outcome ratios set the scale (at 100 req/s: the last ~10 s)."""
@@ -53,7 +57,9 @@ class QuantileTracker:
     scale: float = 1.0
     observations: int = 0
     misses: int = 0
-    """Observations above ``scale · prediction`` at the time they were made."""
+    """Observations above ``scale · prediction`` at the time they were made (for a TPOT
+    tracker scoring against the model in use, :meth:`ClassTrackers.observe_tpot`, that
+    model's prediction, not the one the request was routed on)."""
     _ratios: deque[float] = field(init=False, repr=False)
     _updates: int = field(init=False, repr=False, default=0)
     """Ratios filed by this tracker (``observations`` may start higher: a restarted class's
@@ -87,20 +93,28 @@ class QuantileTracker:
             self.scale = min(self.max_scale, max(self.min_scale, quantile))
 
     @property
+    def until_refresh(self) -> int:
+        """Valid updates until the scale may be recomputed (1 … ``refresh_every``)."""
+        return self.refresh_every - self._updates % self.refresh_every
+
+    @property
     def kept(self) -> int:
         """Ratios in the window (at most ``window``)."""
         return len(self._ratios)
 
     def rebase(self) -> None:
-        """Forget the window's ratios but keep the scale until ``min_observations`` new
-        ones arrive (the model they were residuals of was replaced)."""
+        """Forget the window's ratios but keep the scale until it is next recomputed: at
+        the first multiple of ``refresh_every`` new ratios at or above
+        ``min_observations`` (60 by default; the model they were residuals of was
+        replaced)."""
         self._ratios.clear()
         self._updates = 0
 
 
 TpotModel: TypeAlias = Callable[[Sequence[FeatureRow], str | None], Sequence[float]]
 """The unscaled TPOT (ms) the model in use predicts for rows of a hardware class (None: the
-unnamed class), one value per row; ≤ 0 where it cannot say."""
+unnamed class), one value per row; ≤ 0 where it cannot say (then the prediction at
+dispatch is used)."""
 
 TTFT_BIN_EDGES_MS = (64.0, 128.0, 256.0, 512.0)
 """Edges of the TTFT calibration's bins, by the unscaled prediction (ms): five bins."""
@@ -135,13 +149,14 @@ class ClassTrackers:
     generation: int = 0
     """Which trackers these are (:attr:`LatencyCalibration.generation`): a request routed
     on predictions scaled by other trackers of its class is not theirs to learn from."""
-    tpot_model: Callable[[Sequence[FeatureRow]], Sequence[float]] | None = None
-    """The unscaled TPOT (ms) the model now in use predicts for this class's rows, when the
-    predictor can say so synchronously: outcomes are then scored against it
-    (:meth:`observe_tpot`)."""
-    _pending_tpot: list[tuple[float, float, FeatureRow]] = field(default_factory=list, repr=False)
+    tpot_model: TpotModel | None = field(default=None, compare=False)
+    """What predicts TPOT now (set by :class:`LatencyCalibration`): outcomes are scored
+    against it (:meth:`observe_tpot`); None: against the prediction at dispatch."""
+    _pending_tpot: list[tuple[float, float, FeatureRow, str | None]] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
     """Outcomes waiting to be scored against :attr:`tpot_model` (dispatch prediction,
-    observed, row; fewer than the TPOT tracker's ``refresh_every``)."""
+    observed, row, class; fewer than the TPOT tracker's ``refresh_every``)."""
 
     @classmethod
     def new(cls, alpha: float, generation: int = 0) -> ClassTrackers:
@@ -153,10 +168,17 @@ class ClassTrackers:
         tracker = self.ttft_bins[ttft_bin(predicted_ms)]
         return tracker.scale if tracker.kept >= tracker.min_observations else self.ttft.scale
 
-    def observe_tpot(self, predicted_ms: float, observed_ms: float, row: FeatureRow) -> None:
+    def observe_tpot(
+        self,
+        predicted_ms: float,
+        observed_ms: float,
+        row: FeatureRow,
+        hardware_class: str | None = None,
+    ) -> None:
         """One routed request's unscaled TPOT prediction at dispatch, its observed TPOT
-        (ms) and the feature row it was predicted from. With :attr:`tpot_model` set the
-        ratio is against the model in use now, not the one at dispatch.
+        (ms), the feature row it was predicted from and its endpoint's class. With
+        :attr:`tpot_model` set the ratio is against the model in use now, not the one at
+        dispatch.
 
         Why: a TPOT is known only when its request ends, seconds after dispatch, so after a
         retraining the ratios arriving are the previous model's residuals for seconds, and
@@ -166,29 +188,43 @@ class ClassTrackers:
         SLO). An outcome that ends after the retraining was not in its training set, so
         its ratio is out of sample, as split conformal calibration needs.
 
-        The outcomes are scored ``refresh_every`` at a time (one model call for them: a
-        call of one row costs ~130 µs, of 20 rows ~15 µs per row). The scale is
-        recomputed only every ``refresh_every`` ratios, so it moves exactly as if each
-        were scored on arrival; the observation and miss counters lag by fewer than
-        ``refresh_every`` outcomes."""
+        The outcomes are scored in batches up to the tracker's next refresh (one model
+        call per class in a batch: a call of one row costs 130–200 µs, a batch of 20 about
+        14 µs per row). The scale is recomputed only at a refresh, and each outcome kept
+        here is one valid ratio, so it moves exactly as if each were scored on arrival;
+        the observation and miss counters lag by fewer than ``refresh_every`` outcomes."""
         if self.tpot_model is None:
             self.tpot.update(predicted_ms, observed_ms)
             return
-        self._pending_tpot.append((predicted_ms, observed_ms, row))
-        if len(self._pending_tpot) >= self.tpot.refresh_every:
+        if not (0.0 < predicted_ms < math.inf and 0.0 <= observed_ms < math.inf):
+            return  # what :meth:`QuantileTracker.update` ignores
+        self._pending_tpot.append((predicted_ms, observed_ms, row, hardware_class))
+        if len(self._pending_tpot) >= self.tpot.until_refresh:
             self.flush_tpot()
 
     def flush_tpot(self) -> None:
-        """Score the outcomes waiting for :attr:`tpot_model` now (each against its
-        dispatch prediction where the model cannot say)."""
+        """Score the outcomes waiting for :attr:`tpot_model` now, in arrival order (each
+        against its dispatch prediction where the model cannot say or fails)."""
         pending, self._pending_tpot = self._pending_tpot, []
         if not pending:
             return
+        in_use = [0.0] * len(pending)
         model = self.tpot_model
-        now = model([row for _, _, row in pending]) if model is not None else ()
-        for i, (at_dispatch, observed_ms, _) in enumerate(pending):
-            in_use = now[i] if i < len(now) else 0.0
-            self.tpot.update(in_use if in_use > 0.0 else at_dispatch, observed_ms)
+        if model is not None:
+            groups: dict[str | None, list[int]] = {}
+            for i, entry in enumerate(pending):
+                groups.setdefault(entry[3], []).append(i)
+            try:
+                for cls, index in groups.items():
+                    values = model([pending[i][2] for i in index], cls)
+                    for i, value in zip(index, values, strict=True):
+                        in_use[i] = float(value)
+            except Exception:  # a model that cannot predict must not lose the outcomes
+                log.exception("latency calibration: TPOT outcomes scored at dispatch")
+                in_use = [0.0] * len(pending)
+        for now, (at_dispatch, observed_ms, _, _) in zip(in_use, pending, strict=True):
+            valid = now > 0.0 and math.isfinite(observed_ms / now)
+            self.tpot.update(now if valid else at_dispatch, observed_ms)
 
     def observe_ttft(self, predicted_ms: float, observed_ms: float) -> None:
         """One routed request's unscaled TTFT prediction and its observed TTFT (ms)."""
@@ -276,25 +312,14 @@ class LatencyCalibration:
         if trackers is None:
             if len(self.classes) >= self.max_classes and not self._free_slot():
                 return self.pool
-            trackers = self.classes[hardware_class] = self._new_trackers(hardware_class)
+            trackers = self.classes[hardware_class] = self._new_trackers()
         return trackers
 
-    def _new_trackers(self, hardware_class: str) -> ClassTrackers:
+    def _new_trackers(self) -> ClassTrackers:
         self._generations += 1
         trackers = ClassTrackers.new(self.alpha, self._generations)
-        self._bind_tpot_model(hardware_class, trackers)
+        trackers.tpot_model = self._tpot_model
         return trackers
-
-    def _bind_tpot_model(self, hardware_class: str | None, trackers: ClassTrackers) -> None:
-        model = self._tpot_model
-        if model is None:
-            trackers.tpot_model = None
-            return
-
-        def tpot(rows: Sequence[FeatureRow]) -> Sequence[float]:
-            return model(rows, hardware_class)
-
-        trackers.tpot_model = tpot
 
     def generation(self, hardware_class: str | None) -> int:
         """The generation of the trackers :meth:`of` gives ``hardware_class`` now: a
@@ -352,7 +377,7 @@ class LatencyCalibration:
         if gone is None:
             return False
         gone.flush_tpot()
-        fresh = self._new_trackers(hardware_class)
+        fresh = self._new_trackers()
         # The counters go on (the per-class observation counter stays monotonic).
         for old, new in zip(
             (gone.ttft, gone.tpot, *gone.ttft_bins),
@@ -390,26 +415,41 @@ class LatencyCalibration:
         all left stops counting after the presence window (class docstring)."""
         return self.presence.mixed(self._now)
 
-    def rebase_tpot(self, model: TpotModel) -> None:
-        """The models were retrained: every class's TPOT ratios are forgotten (each scale
-        stays until new ones arrive) and later outcomes, also of classes first seen later,
-        are scored against ``model`` (:meth:`ClassTrackers.observe_tpot`). Outcomes still
-        waiting are scored against the previous model first (they ended before the
-        retraining)."""
-        self._tpot_model = model
-        for hardware_class, trackers in self._all_trackers():
+    def rebase_tpot(self, model: TpotModel, changed: Iterable[str | None]) -> None:
+        """What predicts TPOT is now ``model``; the ``changed`` classes' TPOT models (or
+        ratios) are not those of before. Outcomes still waiting are scored against the
+        previous model (it was in use when they ended); then every later outcome, of
+        every class, against ``model`` (:meth:`ClassTrackers.observe_tpot`), and the
+        trackers of the changed classes forget their ratios (each scale stays until it
+        is next recomputed). A changed class without trackers of its own (none yet, or
+        beyond ``max_classes``: the unnamed class's) rebases the unnamed class's."""
+        for _, trackers in self._all_trackers():
             trackers.flush_tpot()
-            trackers.tpot.rebase()
-            self._bind_tpot_model(hardware_class, trackers)
+        self._tpot_model = model
+        rebased: list[ClassTrackers] = []
+        for cls in changed:
+            own = None if cls is None else self.classes.get(cls)
+            if own is None and cls is not None and not self._overflows():
+                continue  # no trackers yet: nothing to forget
+            trackers = self.pool if own is None else own
+            if all(trackers is not t for t in rebased):
+                trackers.tpot.rebase()
+                rebased.append(trackers)
+        for _, trackers in self._all_trackers():
+            trackers.tpot_model = model
+
+    def _overflows(self) -> bool:
+        """Whether a class without trackers would be calibrated as the unnamed class."""
+        return self.max_classes == 0 or len(self.classes) >= self.max_classes
 
     def score_tpot_at_dispatch(self) -> None:
         """Score TPOT outcomes against the prediction each request was routed on again
         (the pool is of one class: :meth:`rebase_tpot` is for mixed pools); the ratios are
         kept."""
-        self._tpot_model = None
         for _, trackers in self._all_trackers():
             trackers.flush_tpot()
             trackers.tpot_model = None
+        self._tpot_model = None
 
     def _all_trackers(self) -> list[tuple[str | None, ClassTrackers]]:
         return [(None, self.pool), *self.classes.items()]

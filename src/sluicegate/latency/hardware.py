@@ -65,7 +65,7 @@ from sluicegate.latency.calibration import LatencyCalibration
 from sluicegate.latency.features import FeatureRow, Sample, feature_matrix
 from sluicegate.latency.inprocess import InProcessPredictor, PredictorSettings
 from sluicegate.latency.merged import MergedModels, merge_bundles
-from sluicegate.latency.model import ModelBundle
+from sluicegate.latency.model import ModelBundle, TargetModel
 from sluicegate.latency.predictor import PredictionQuery, Predictions, SynchronousPredictor
 from sluicegate.latency.wire import CLASS_NAME
 
@@ -97,6 +97,7 @@ class HardwareAwarePredictor(DonorBorrowing, SynchronousPredictor):
         self._borrowed: dict[str | None, Borrowed] = {}
         self._speeds: dict[str, float] = dict(self.settings.class_speeds)
         self._sources: dict[str | None, tuple[ModelSource, str | None]] = {}
+        self._tpot_in_use: dict[str | None, tuple[TargetModel, float]] = {}
         """Each class's model source and donor at the last :meth:`refresh_borrowing`."""
         self.refused_class_samples = 0
         """Samples of a class beyond ``max_classes``."""
@@ -266,8 +267,6 @@ class HardwareAwarePredictor(DonorBorrowing, SynchronousPredictor):
             self._set_merged(merge_bundles(self._bundles()))
         if trained or self._borrowing_stale():
             self.refresh_borrowing()
-        if trained:
-            self._rescore_calibration()
         return trained
 
     async def retrain_async(self) -> bool:
@@ -281,8 +280,6 @@ class HardwareAwarePredictor(DonorBorrowing, SynchronousPredictor):
             self._set_merged(await asyncio.to_thread(merge_bundles, self._bundles()))
         if trained or self._borrowing_stale():
             self.refresh_borrowing()
-        if trained:
-            self._rescore_calibration()
         return trained
 
     async def run_trainer(self, interval_s: float | None = None) -> None:
@@ -292,29 +289,6 @@ class HardwareAwarePredictor(DonorBorrowing, SynchronousPredictor):
             first = not self.ready
             await asyncio.sleep(min(interval, _FIRST_MODEL_POLL_S) if first else interval)
             await self.retrain_async()
-
-    def _rescore_calibration(self) -> None:
-        """On a mixed pool, point every class's TPOT calibration at the models now in use
-        (:meth:`~sluicegate.latency.calibration.LatencyCalibration.rebase_tpot`); on a
-        pool of one class, calibrate against the model at dispatch, as before.
-
-        Why only mixed: on ``heterogeneous-pool`` (3 seeds) it raised `predicted-latency`
-        at 80 req/s from 90.4 / 86.2 / 78.1 % to 91.3 / 93.3 / 80.2 %; on the
-        homogeneous ``slo-mixed`` at 85 req/s it moved the seeds by −5.0 / +4.2 / −0.4
-        points around an unchanged median (86.9 %): seed noise, no gain to trade for every
-        homogeneous benchmark's rows."""
-        calibration = self.calibration
-        if calibration is None:
-            return
-        if not calibration.mixed:
-            calibration.score_tpot_at_dispatch()
-            return
-
-        def tpot(rows: Sequence[FeatureRow], cls: str | None) -> Sequence[float]:
-            out = self.predict(rows, [cls] * len(rows))
-            return [0.0] * len(rows) if out is None else out.tpot_ms.tolist()
-
-        calibration.rebase_tpot(tpot)
 
     # ------------------------------------------------------------------ metrics
 

@@ -454,7 +454,7 @@ class PredictedLatencyProducer(
         if ttft_ms is not None:
             trackers.observe_ttft(predicted.ttft_ms / scales[0], ttft_ms)
         if tpot_ms is not None and predicted.tpot_ms > 0:  # 0: no TPOT model yet
-            trackers.observe_tpot(predicted.tpot_ms / scales[1], tpot_ms, row)
+            trackers.observe_tpot(predicted.tpot_ms / scales[1], tpot_ms, row, cls)
 
     def _sample(
         self, request: LLMRequest, row: FeatureRow, cls: str | None, outcome: ResponseOutcome
