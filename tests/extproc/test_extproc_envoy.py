@@ -252,12 +252,11 @@ async def test_repeated_prompts_stick_to_their_cached_replica(stack: Stack) -> N
     homes: dict[int, set[str]] = {}
     for round_ in range(4):
         for i, prompt in enumerate(prompts):
-            before = generated_tokens(stack)
             status, headers, body = await post(stack, ask(prompt=prompt, max_tokens=1))
             assert status == 200, body
             homes.setdefault(i, set()).add(headers[SERVED])
-            if round_ == 0:  # let a scrape see the first request end (however loaded)
-                await wait_generated(stack, f"127.0.0.1:{headers[SERVED]}", before)
+            if round_ == 0:
+                await asyncio.sleep(0.1)  # let a scrape see the first request end
     assert all(len(ports) == 1 for ports in homes.values()), homes
     assert len({next(iter(p)) for p in homes.values()}) > 1  # not all on one replica
 
@@ -501,25 +500,3 @@ async def test_benchmark_config_is_valid(tmp_path_factory: pytest.TempPathFactor
         timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-
-
-def generated_tokens(stack: Stack) -> dict[str, float]:
-    """The picker's view of each main replica's generated-token counter (by address)."""
-    return {
-        e.address: e.metrics.generation_tokens
-        for e in stack.picker.runtime.datastore.all_endpoints()
-        if e.pool == "main" and e.metrics is not None and e.metrics.generation_tokens is not None
-    }
-
-
-async def wait_generated(stack: Stack, address: str, before: dict[str, float]) -> None:
-    """Until a scrape of ``address`` counted tokens generated since ``before`` (at most 5 s;
-    a fixed sleep was too short when the machine was loaded: every prompt then went to
-    the replica whose view had not moved yet)."""
-    for _ in range(100):
-        now = generated_tokens(stack).get(address)
-        if now is not None and now > before.get(address, -1.0):
-            await asyncio.sleep(0.06)  # and one more scrape of every replica
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"no scrape of {address} counted the request")
