@@ -423,7 +423,7 @@ class LatencyCalibration:
         trackers of the changed classes forget their ratios (each scale stays until it
         is next recomputed). A changed class without trackers of its own (none yet, or
         beyond ``max_classes``: the unnamed class's) rebases the unnamed class's."""
-        for _, trackers in self._all_trackers():
+        for trackers in self._all_trackers():
             trackers.flush_tpot()
         self._tpot_model = model
         rebased: list[ClassTrackers] = []
@@ -435,7 +435,7 @@ class LatencyCalibration:
             if all(trackers is not t for t in rebased):
                 trackers.tpot.rebase()
                 rebased.append(trackers)
-        for _, trackers in self._all_trackers():
+        for trackers in self._all_trackers():
             trackers.tpot_model = model
 
     def _overflows(self) -> bool:
@@ -446,13 +446,13 @@ class LatencyCalibration:
         """Score TPOT outcomes against the prediction each request was routed on again
         (the pool is of one class: :meth:`rebase_tpot` is for mixed pools); the ratios are
         kept."""
-        for _, trackers in self._all_trackers():
+        for trackers in self._all_trackers():
             trackers.flush_tpot()
             trackers.tpot_model = None
         self._tpot_model = None
 
-    def _all_trackers(self) -> list[tuple[str | None, ClassTrackers]]:
-        return [(None, self.pool), *self.classes.items()]
+    def _all_trackers(self) -> list[ClassTrackers]:
+        return [self.pool, *self.classes.values()]
 
     def scales(self, hardware_class: str | None, ttft_ms: float) -> tuple[float, float]:
         """The (TTFT, TPOT) multipliers for a row of ``hardware_class`` whose unscaled TTFT
