@@ -565,7 +565,7 @@ async def test_a_frozen_token_counter_under_relayed_tokens_turns_stale(
     with caplog.at_level(logging.WARNING, logger="sluicegate.datalayer"):
         for _ in range(4):
             clock.advance(0.25)
-            ep.inflight.tokens_since_scrape += 3
+            ep.inflight.relayed(10)  # an answer to a request dispatched on the count of 10
             ep.inflight.dispatch(10, 5)
             await collector.refresh(ep)
             assert ep.metrics.scraped_at == believed_at
@@ -575,7 +575,7 @@ async def test_a_frozen_token_counter_under_relayed_tokens_turns_stale(
     assert sum("frozen" in r.getMessage() for r in caplog.records) == 1
     # Sticky: with nothing relayed any more (it gets no traffic), still not believed...
     clock.advance(5.0)
-    ep.inflight.tokens_since_scrape = 0
+    ep.inflight.token_check = None
     await collector.refresh(ep)
     assert ep.metrics.scraped_at == believed_at
     # ...until the counter moves again.
@@ -584,7 +584,40 @@ async def test_a_frozen_token_counter_under_relayed_tokens_turns_stale(
     await collector.refresh(ep)
     assert ep.metrics.scraped_at == clock.now()
     assert ep.health.metrics_frozen_at is None
-    assert ep.inflight.tokens_since_scrape == 0
+    assert ep.inflight.token_check is None
+
+
+async def test_an_answer_relayed_after_a_scrape_counted_it_is_not_frozen(
+    fake_server: Any, datastore: Datastore, make_collector: Any, clock: ManualClock, gauges: Any
+) -> None:
+    """The counter moves while the tokens are generated, before the answer is relayed: a
+    scrape between the two already counts them. The endpoint then idles, its counter
+    standing still; it stays believed (it was judged frozen and went stale, out of
+    routing for the recheck time, when relays were compared with the last scrape)."""
+    server = await fake_server()
+    (ep,) = add(datastore, server.address)
+    collector = make_collector(CollectorSettings(frozen_after_s=1.0, frozen_recheck_s=30.0))
+    server.set_metrics(with_tokens(gauges, 10, running=0))
+    await collector.refresh(ep)
+    counter_at_dispatch = 10.0  # the request is dispatched on this scrape
+    server.set_metrics(with_tokens(gauges, 14, running=1))  # its 4 tokens generated...
+    clock.advance(0.05)
+    await collector.refresh(ep)  # ...and counted by a scrape
+    ep.inflight.relayed(counter_at_dispatch)  # then its answer is relayed
+    server.set_metrics(with_tokens(gauges, 14, running=0))
+    for _ in range(20):  # idle for 5 s
+        clock.advance(0.25)
+        await collector.refresh(ep)
+        assert ep.metrics is not None
+        assert ep.metrics.scraped_at == clock.now()
+    assert ep.health.metrics_frozen_at is None
+    assert ep.inflight.token_check is None
+    # Relayed again on a dispatch after the count of 14, nothing counted: judged frozen.
+    for _ in range(5):
+        ep.inflight.relayed(14)
+        clock.advance(0.25)
+        await collector.refresh(ep)
+    assert ep.health.metrics_frozen_at is not None
 
 
 async def test_a_frozen_endpoint_gets_another_chance_after_the_recheck_time(
@@ -597,7 +630,7 @@ async def test_a_frozen_endpoint_gets_another_chance_after_the_recheck_time(
     await collector.refresh(ep)
     for _ in range(5):
         clock.advance(0.25)
-        ep.inflight.tokens_since_scrape += 1
+        ep.inflight.relayed(10)
         await collector.refresh(ep)
     assert ep.health.metrics_frozen_at is not None
     clock.advance(30.0)
@@ -615,7 +648,7 @@ async def test_engines_without_a_token_counter_are_not_judged_frozen(
     (ep,) = add(datastore, server.address)
     collector = make_collector(CollectorSettings(frozen_after_s=1.0))
     for _ in range(10):
-        ep.inflight.tokens_since_scrape += 1
+        ep.inflight.relayed(0.0)
         await collector.refresh(ep)
         assert ep.metrics is not None
         assert ep.metrics.scraped_at == clock.now()

@@ -9,11 +9,14 @@ Failed *requests* are the outlier detector's (:mod:`sluicegate.datalayer.outlier
 scrape neither counts nor clears them.
 
 Stale is not idle, and neither is frozen: a scrape whose token counter
-(``EngineMetrics.generation_tokens``) has not moved since the last believable one, although
-this gateway relayed tokens from the endpoint since, is not believed — it is stored with the
-last believable scrape's timestamp (so after ``staleness_s`` of that the endpoint is stale)
-and, once that lasts ``frozen_after_s``, the endpoint is marked frozen until its counter
-moves again (or ``frozen_recheck_s`` passed: then it is given another chance).
+(``EngineMetrics.generation_tokens``) does not count tokens this gateway relayed before it
+sent the scrape is not believed. Relayed tokens were generated after the scrape their
+request was dispatched on (``InFlight.relayed`` keeps that scrape's count in
+``token_check``), so an honest counter shows more; a scrape sent before the relay is not
+judged (it may count the tokens or not). A scrape not believed is stored with the last
+believable scrape's timestamp (so after ``staleness_s`` of that the endpoint is stale) and,
+once that lasts ``frozen_after_s``, the endpoint is marked frozen until its counter moves
+again (or ``frozen_recheck_s`` passed: then it is given another chance).
 """
 
 from __future__ import annotations
@@ -138,26 +141,31 @@ class Collector:
             for listener in self.on_reachable:
                 listener(endpoint)
 
-    def _believable(self, endpoint: Endpoint, new: EngineMetrics) -> bool:
-        """Whether scrape ``new`` shows the endpoint's state now (see the module)."""
+    def _believable(self, endpoint: Endpoint, new: EngineMetrics, check: float | None) -> bool:
+        """Whether scrape ``new`` shows the endpoint's state now (see the module);
+        ``check`` is the endpoint's ``token_check`` when the scrape was sent."""
         old = endpoint.metrics
         health = endpoint.health
-        if old is None or new.generation_tokens is None or old.generation_tokens is None:
+        counter = new.generation_tokens
+        if old is None or counter is None or old.generation_tokens is None:
             return True
         now = new.scraped_at
-        if new.generation_tokens != old.generation_tokens:
-            if health.metrics_frozen_at is not None:
-                health.metrics_frozen_at = None
-                log.info("endpoint %s: its metrics move again", endpoint.name)
-            return True
         frozen_at = health.metrics_frozen_at
         if frozen_at is not None:
+            if counter != old.generation_tokens:
+                health.metrics_frozen_at = None
+                log.info("endpoint %s: its metrics move again", endpoint.name)
+                self._checked(endpoint, check)
+                return True
             if now - frozen_at < self.settings.frozen_recheck_s:
                 return False
             health.metrics_frozen_at = None  # another chance: traffic will tell
+            self._checked(endpoint, check)
             return True
-        if endpoint.inflight.tokens_since_scrape == 0:
-            return True  # idle, and saying so
+        if check is None or counter != check:
+            # Nothing to check, or the counter moved past it (or went back: a restart).
+            self._checked(endpoint, check)
+            return True
         if now - old.scraped_at >= self.settings.frozen_after_s:
             health.metrics_frozen_at = now
             log.warning(
@@ -168,6 +176,14 @@ class Collector:
                 now - old.scraped_at,
             )
         return False
+
+    @staticmethod
+    def _checked(endpoint: Endpoint, check: float | None) -> None:
+        """The relays before the scrape that was sent with ``check`` are accounted for;
+        a later relay that raised the check waits for the next scrape."""
+        inflight = endpoint.inflight
+        if check is not None and inflight.token_check == check:
+            inflight.token_check = None
 
     # ------------------------------------------------------------------ tasks
 
@@ -206,6 +222,7 @@ class Collector:
             await asyncio.sleep(max(0.0, interval - (loop.time() - started)))
 
     async def _scrape_once(self, endpoint: Endpoint, parser: MetricsParser) -> None:
+        check = endpoint.inflight.token_check  # relayed before this scrape is sent
         try:
             status, body = await self._get(endpoint, "/metrics")
             if status != 200:
@@ -216,7 +233,7 @@ class Collector:
             return
         self.record_success(endpoint)
         old = endpoint.metrics
-        if self._believable(endpoint, metrics):
+        if self._believable(endpoint, metrics, check):
             endpoint.metrics = metrics
             endpoint.inflight.scraped()
         else:

@@ -95,7 +95,8 @@ class InFlight:
     ``prompt_tokens`` counts uncached prompt tokens still to prefill (released at the first
     response byte); ``decode_tokens`` the expected output tokens of running requests
     (released at completion). ``*_since_scrape`` count what was dispatched after the last
-    metrics scrape and reset when a new one arrives. ``last_token_at`` and
+    metrics scrape and reset when a new one arrives; ``token_check`` is what a scrape's
+    token counter must exceed (see :meth:`relayed`). ``last_token_at`` and
     ``token_interval_s`` time the endpoint's iterations from the tokens relayed (see
     :meth:`token`); they are not compared.
     """
@@ -105,10 +106,11 @@ class InFlight:
     decode_tokens: int = 0
     requests_since_scrape: int = 0
     prompt_tokens_since_scrape: int = 0
-    tokens_since_scrape: int = field(default=0, compare=False)
-    """Pieces of successful answers (first bytes and streamed chunks: generated tokens)
-    relayed from the endpoint since its last believable scrape: when some were, its token
-    counter must have moved (see ``Dispatch.mark_first_byte``)."""
+    token_check: float | None = field(default=None, compare=False)
+    """The generated-token counter (``EngineMetrics.generation_tokens``) a scrape sent from
+    now on must show more than, since this gateway relayed tokens of a request dispatched
+    when the endpoint's last scrape showed this count; None when no relayed answer awaits
+    a scrape (see :meth:`relayed` and ``datalayer.collector``)."""
     prompt_tokens_before_last_token: int = 0
     """Prompt tokens (cached or not) of requests dispatched before the first token of the
     endpoint's last burst and not answered yet: prefills in the iteration in progress, or
@@ -140,6 +142,20 @@ class InFlight:
         self.token_epoch += 1
         self.prompt_tokens_before_last_token += self.prompt_tokens_after_last_token
         self.prompt_tokens_after_last_token = 0
+
+    def relayed(self, counter_at_dispatch: float | None) -> None:
+        """Tokens of a successful answer (a first byte or a streamed chunk) were relayed
+        from the endpoint, for a request dispatched when its last scrape's token counter
+        read ``counter_at_dispatch`` (None: unknown). They were generated after that
+        scrape, so any scrape sent from now on counts them, unless its ``/metrics`` is
+        frozen. (A scrape sent before the relay may already count them: the counter
+        moves as tokens are generated, before they are sent. Comparing with the last
+        scrape instead judged an endpoint frozen whenever a scrape fell between its last
+        answer's final token and the relay of that answer and it then went idle.)"""
+        if counter_at_dispatch is None:
+            return
+        if self.token_check is None or counter_at_dispatch > self.token_check:
+            self.token_check = counter_at_dispatch
 
     def dispatch(self, prompt_tokens: int, decode_tokens: int) -> None:
         self.requests += 1
@@ -174,7 +190,6 @@ class InFlight:
     def scraped(self) -> None:
         self.requests_since_scrape = 0
         self.prompt_tokens_since_scrape = 0
-        self.tokens_since_scrape = 0
 
 
 @dataclass(slots=True)

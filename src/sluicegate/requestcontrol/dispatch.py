@@ -48,6 +48,9 @@ class Dispatch:
     _released_prompt: bool = False
     _epoch: int = 0
     """The endpoint's token epoch when the request was queued there (``InFlight``)."""
+    _counter_at_dispatch: float | None = None
+    """The endpoint's generated-token counter in its last scrape when the request was
+    dispatched there (``InFlight.relayed``)."""
     _holding: bool = False
     """Whether ``endpoint``'s in-flight counters currently carry this request."""
     observers: Sequence[ResponseObserver] = ()
@@ -66,6 +69,8 @@ class Dispatch:
         inflight = self.endpoint.inflight
         inflight.dispatch(self._charged_prompt, self._charged_decode)
         self._epoch = inflight.prefill_queued(self.request.prompt_tokens)
+        metrics = self.endpoint.metrics
+        self._counter_at_dispatch = metrics.generation_tokens if metrics is not None else None
         self._holding = True
 
     def _release(self) -> None:
@@ -83,7 +88,7 @@ class Dispatch:
         """The upstream answered: its prefill is done (prompt tokens leave the queue).
         ``generated``: the answer is a success, so the server generated tokens for it."""
         if generated:
-            self.endpoint.inflight.tokens_since_scrape += 1
+            self.endpoint.inflight.relayed(self._counter_at_dispatch)
         if self.first_byte_at is None:
             self.first_byte_at = now
             self.endpoint.inflight.token(now)
@@ -99,7 +104,7 @@ class Dispatch:
         iterations for the latency models (``InFlight.token``). ``generated`` as for
         :meth:`mark_first_byte`."""
         if generated:
-            self.endpoint.inflight.tokens_since_scrape += 1
+            self.endpoint.inflight.relayed(self._counter_at_dispatch)
         self.endpoint.inflight.token(now)
 
     def has_fallback(self) -> bool:
