@@ -124,8 +124,12 @@ async def test_a_hung_server_costs_a_few_attempts_and_is_ejected(
     bad = gw.datastore.all_endpoints()[0]
     assert bad.health.ejected
     # Three attempts waited out the first-byte timeout there, then it was out.
-    assert gw.metrics.upstream_failures.labels(bad.name, "timeout").value == 3
-    assert gw.metrics.retries.value == 3
+    failures = dict(gw.metrics.upstream_failures.items())
+    assert failures[(bad.name, "timeout")].value == 3
+    assert sum(f.value for (name, _), f in failures.items() if name == bad.name) == 3
+    # Every failed attempt was retried: the hung server's three, and on a loaded machine
+    # a healthy server's first byte can miss the 200 ms too (one did in a CI run).
+    assert gw.metrics.retries.value == sum(f.value for f in failures.values())
     assert ejections(gw, bad, CONSECUTIVE_GATEWAY_FAILURE) == 1
     await settle(gw)
 
