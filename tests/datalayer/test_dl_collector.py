@@ -620,6 +620,43 @@ async def test_an_answer_relayed_after_a_scrape_counted_it_is_not_frozen(
     assert ep.health.metrics_frozen_at is not None
 
 
+async def test_a_restarted_server_whose_counter_stands_on_the_check_is_believed(
+    fake_server: Any, datastore: Datastore, make_collector: Any, clock: ManualClock, gauges: Any
+) -> None:
+    """A request dispatched on the count of 0 is answered and the process dies before a
+    scrape counts the answer; restarted, the server counts from 0 again, exactly the
+    check. Its counter went back, so that is a restart, not a frozen /metrics (it was
+    judged frozen at once, the last believed scrape being seconds old, and got no traffic
+    for the recheck time: the killed-server reliability test's flake)."""
+    server = await fake_server()
+    (ep,) = add(datastore, server.address)
+    collector = make_collector(CollectorSettings(frozen_after_s=1.0, frozen_recheck_s=30.0))
+    server.set_metrics(with_tokens(gauges, 0, running=0))
+    await collector.refresh(ep)  # a request is dispatched on this count of 0
+    server.set_metrics(with_tokens(gauges, 240, running=4))  # its tokens are generated
+    clock.advance(0.05)
+    await collector.refresh(ep)
+    ep.inflight.relayed(0.0)  # its answer is relayed; then the process is killed
+    server.set_metrics("", status=503)
+    for _ in range(3):
+        clock.advance(1.0)
+        await collector.refresh(ep)
+    assert ep.inflight.token_check == 0.0
+    server.set_metrics(with_tokens(gauges, 0, running=0))  # restarted: counting from 0
+    clock.advance(0.05)
+    await collector.refresh(ep)
+    assert ep.health.metrics_frozen_at is None
+    assert ep.metrics is not None
+    assert ep.metrics.scraped_at == clock.now()
+    assert ep.inflight.token_check is None
+    # It is watched as before: relays on the new count of 0 that nothing counts freeze it.
+    for _ in range(6):
+        ep.inflight.relayed(0.0)
+        clock.advance(0.25)
+        await collector.refresh(ep)
+    assert ep.health.metrics_frozen_at is not None
+
+
 async def test_a_frozen_endpoint_gets_another_chance_after_the_recheck_time(
     fake_server: Any, datastore: Datastore, make_collector: Any, clock: ManualClock, gauges: Any
 ) -> None:

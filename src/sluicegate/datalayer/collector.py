@@ -10,13 +10,14 @@ scrape neither counts nor clears them.
 
 Stale is not idle, and neither is frozen: a scrape whose token counter
 (``EngineMetrics.generation_tokens``) does not count tokens this gateway relayed before it
-sent the scrape is not believed. Relayed tokens were generated after the scrape their
-request was dispatched on (``InFlight.relayed`` keeps that scrape's count in
-``token_check``), so an honest counter shows more; a scrape sent before the relay is not
-judged (it may count the tokens or not). A scrape not believed is stored with the last
-believable scrape's timestamp (so after ``staleness_s`` of that the endpoint is stale) and,
-once that lasts ``frozen_after_s``, the endpoint is marked frozen until its counter moves
-again (or ``frozen_recheck_s`` passed: then it is given another chance).
+sent the scrape, and stands where the previous scrape had it, is not believed. Relayed
+tokens were generated after the scrape their request was dispatched on
+(``InFlight.relayed`` keeps that scrape's count in ``token_check``), so an honest counter
+shows more; a scrape sent before the relay is not judged (it may count the tokens or not).
+A scrape not believed is stored with the last believable scrape's timestamp (so after
+``staleness_s`` of that the endpoint is stale) and, once that lasts ``frozen_after_s``,
+the endpoint is marked frozen until its counter moves again (or ``frozen_recheck_s``
+passed: then it is given another chance).
 """
 
 from __future__ import annotations
@@ -162,8 +163,11 @@ class Collector:
             health.metrics_frozen_at = None  # another chance: traffic will tell
             self._checked(endpoint, check)
             return True
-        if check is None or counter != check:
-            # Nothing to check, or the counter moved past it (or went back: a restart).
+        if check is None or counter != check or counter != old.generation_tokens:
+            # Nothing to check, or the counter moved past it, or it went back since the
+            # last scrape: a restarted server counts from zero, and may stand exactly on
+            # the check (a relay on the count of 0 not yet checked when the old process
+            # died), which is no evidence of a frozen /metrics.
             self._checked(endpoint, check)
             return True
         if now - old.scraped_at >= self.settings.frozen_after_s:
