@@ -541,6 +541,18 @@ def with_tokens(gauges: Any, generated: float, running: int = 1) -> str:
     return gauges(running=running) + counter
 
 
+async def relayed_but_not_counted(
+    collector: Collector, ep: Endpoint, clock: ManualClock, counter_at_dispatch: float, n: int
+) -> None:
+    """``n`` scrapes 0.25 s apart, each after an answer dispatched on the count of
+    ``counter_at_dispatch`` was relayed, none counting it: the endpoint is judged frozen."""
+    for _ in range(n):
+        ep.inflight.relayed(counter_at_dispatch)
+        clock.advance(0.25)
+        await collector.refresh(ep)
+    assert ep.health.metrics_frozen_at is not None
+
+
 async def test_a_frozen_token_counter_under_relayed_tokens_turns_stale(
     fake_server: Any,
     datastore: Datastore,
@@ -613,11 +625,7 @@ async def test_an_answer_relayed_after_a_scrape_counted_it_is_not_frozen(
     assert ep.health.metrics_frozen_at is None
     assert ep.inflight.token_check is None
     # Relayed again on a dispatch after the count of 14, nothing counted: judged frozen.
-    for _ in range(5):
-        ep.inflight.relayed(14)
-        clock.advance(0.25)
-        await collector.refresh(ep)
-    assert ep.health.metrics_frozen_at is not None
+    await relayed_but_not_counted(collector, ep, clock, 14, 5)
 
 
 async def test_a_restarted_server_whose_counter_stands_on_the_check_is_believed(
@@ -650,11 +658,7 @@ async def test_a_restarted_server_whose_counter_stands_on_the_check_is_believed(
     assert ep.metrics.scraped_at == clock.now()
     assert ep.inflight.token_check is None
     # It is watched as before: relays on the new count of 0 that nothing counts freeze it.
-    for _ in range(6):
-        ep.inflight.relayed(0.0)
-        clock.advance(0.25)
-        await collector.refresh(ep)
-    assert ep.health.metrics_frozen_at is not None
+    await relayed_but_not_counted(collector, ep, clock, 0.0, 6)
 
 
 async def test_a_frozen_endpoint_gets_another_chance_after_the_recheck_time(
@@ -665,11 +669,7 @@ async def test_a_frozen_endpoint_gets_another_chance_after_the_recheck_time(
     collector = make_collector(CollectorSettings(frozen_after_s=1.0, frozen_recheck_s=30.0))
     server.set_metrics(with_tokens(gauges, 10))
     await collector.refresh(ep)
-    for _ in range(5):
-        clock.advance(0.25)
-        ep.inflight.relayed(10)
-        await collector.refresh(ep)
-    assert ep.health.metrics_frozen_at is not None
+    await relayed_but_not_counted(collector, ep, clock, 10, 5)
     clock.advance(30.0)
     await collector.refresh(ep)
     assert ep.health.metrics_frozen_at is None

@@ -305,7 +305,9 @@ def _servable_table(results: dict[str, Any]) -> list[str]:
         "",
         "Share of prompt tokens served from the engines' prefix caches, and the share an "
         "oracle could have served: for each request, the longest cached prefix any engine "
-        "held at the instant it was dispatched (whatever that engine's load).",
+        "held at the instant it was dispatched (whatever that engine's load), or what its "
+        "engine served it when that is more (a request waiting in an engine's queue finds "
+        "blocks another request computed meanwhile).",
         "",
         f"| {unit} | policy | served from cache | servable | served / servable |",
         "|---|---|---|---|---|",
