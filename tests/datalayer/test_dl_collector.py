@@ -646,9 +646,10 @@ async def test_a_restarted_server_whose_counter_stands_on_the_check_is_believed(
     await collector.refresh(ep)
     ep.inflight.relayed(0.0)  # its answer is relayed; then the process is killed
     server.set_metrics("", status=503)
-    for _ in range(3):
+    for _ in range(2):  # fewer failures than eject it: the check stays
         clock.advance(1.0)
         await collector.refresh(ep)
+    assert not ep.health.scrape_ejected
     assert ep.inflight.token_check == 0.0
     server.set_metrics(with_tokens(gauges, 0, running=0))  # restarted: counting from 0
     clock.advance(0.05)
@@ -659,6 +660,32 @@ async def test_a_restarted_server_whose_counter_stands_on_the_check_is_believed(
     assert ep.inflight.token_check is None
     # It is watched as before: relays on the new count of 0 that nothing counts freeze it.
     await relayed_but_not_counted(collector, ep, clock, 0.0, 6)
+
+
+async def test_a_server_restarted_on_the_count_it_last_showed_is_believed(
+    fake_server: Any, datastore: Datastore, make_collector: Any, clock: ManualClock, gauges: Any
+) -> None:
+    """Killed right after an answer dispatched on the count of 0, before any scrape saw
+    the counter move; restarted, it shows 0 again: the same count as the check *and* as
+    the last scrape. The outage ejected it, and relays before an outage are not checked
+    against what answers after it."""
+    server = await fake_server()
+    (ep,) = add(datastore, server.address)
+    collector = make_collector(CollectorSettings(frozen_after_s=1.0, frozen_recheck_s=30.0))
+    server.set_metrics(with_tokens(gauges, 0, running=0))
+    await collector.refresh(ep)
+    ep.inflight.relayed(0.0)
+    server.set_metrics("", status=503)
+    for _ in range(3):
+        clock.advance(1.0)
+        await collector.refresh(ep)
+    assert ep.health.scrape_ejected
+    server.set_metrics(with_tokens(gauges, 0, running=0))
+    clock.advance(0.05)
+    await collector.refresh(ep)
+    assert ep.health.metrics_frozen_at is None
+    assert ep.metrics is not None
+    assert ep.metrics.scraped_at == clock.now()
 
 
 async def test_a_frozen_endpoint_gets_another_chance_after_the_recheck_time(

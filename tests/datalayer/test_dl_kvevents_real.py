@@ -76,11 +76,39 @@ def test_real_frames_decode(recorded: dict[str, Any]) -> None:
     assert kinds == {BlockStored, BlockRemoved, AllBlocksCleared}
 
 
-def test_one_pass_and_event_by_event_decoding_agree(recorded: dict[str, Any]) -> None:
-    """Whole batches decode in one pass; the event-by-event path (batches mixing layouts
-    or holding unknown kinds) gives the same events for every recorded batch."""
+def test_real_batches_decode_in_one_pass_as_event_by_event(recorded: dict[str, Any]) -> None:
+    """Every batch a real vLLM 0.32 sent fits a whole-batch layout (the one-pass decoder
+    takes it, not the fallback), and the event-by-event path (batches mixing layouts or
+    holding unknown kinds) gives the same events for it."""
     for payload in payloads(recorded):
-        assert decode_batch(payload) == wire._decode_each(payload, is_map=wire._is_map(payload))
+        is_map = wire._is_map(payload)
+        assert wire._decode_whole(payload, is_map) is not None
+        assert decode_batch(payload) == wire._decode_each(payload, is_map)
+
+
+def test_every_whole_layout_decodes_in_one_pass() -> None:
+    """The three layouts vLLM has sent: early (arrays in an array), 0.32 (maps in an array)
+    and the newest source (maps in a map); a batch mixing them takes the fallback."""
+    stored_map = {
+        "type": "BlockStored",
+        "block_hashes": [1],
+        "parent_block_hash": None,
+        "token_ids": [5, 6],
+        "block_size": 2,
+    }
+    stored_array = ["BlockStored", [1], None, [5, 6], 2, None]
+    layouts = {
+        "early": [1.0, [stored_array]],
+        "0.32": [1.0, [stored_map], 0],
+        "newest": {"ts": 1.0, "events": [stored_map], "data_parallel_rank": 0},
+    }
+    for name, batch in layouts.items():
+        payload = msgspec.msgpack.encode(batch)
+        assert wire._decode_whole(payload, wire._is_map(payload)) is not None, name
+        assert decode_batch(payload).events == (BlockStored((1,), None, [5, 6], 2),), name
+    mixed = msgspec.msgpack.encode([1.0, [stored_map, stored_array], 0])
+    assert wire._decode_whole(mixed, False) is None
+    assert len(decode_batch(mixed).events) == 2
 
 
 def as_sim_events(batch: KVEventBatch) -> list[WireMapEvent]:

@@ -1,8 +1,9 @@
-"""KV-event ingestion's cost: real ZeroMQ sockets on loopback; pre-encoded vLLM-layout
-batches (map layout, as vLLM 0.32 sends) published to ``KVEventSubscribers``, which
-decode them and fill the ``PreciseIndex``; the process CPU time per block event while the
-subscriber drains them (the publisher's send calls are in the same process, so the
-figure is an upper bound). Reported by :mod:`sluicegate.bench.tokenization_cost`."""
+"""KV-event ingestion's cost: real ZeroMQ sockets on loopback; pre-encoded batches in vLLM
+0.32's layout (an array envelope of map events, as recorded from a real server) published
+to ``KVEventSubscribers``, which decode them and fill the ``PreciseIndex``; the process
+CPU time per block event while the subscriber drains them (the publisher's send calls are
+in the same process, so the figure is an upper bound). Reported by
+:mod:`sluicegate.bench.tokenization_cost`."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import zmq.asyncio
 
 from sluicegate.clock import MonotonicClock
 from sluicegate.datalayer.kvevents import KVEventSource, KVEventSubscribers, PreciseIndex
-from sluicegate.kv_wire import BlockHash, WireBatchMap, WireRemovedMap, WireStoredMap, encode_seq
+from sluicegate.kv_wire import BlockHash, WireBatchArray, WireRemovedMap, WireStoredMap, encode_seq
 
 BLOCK = 16
 """Tokens per block of the events."""
@@ -43,10 +44,10 @@ async def ingestion(messages: int, events_per_message: int, blocks_per_event: in
             live.extend(hashes)
             gone, live[:blocks_per_event] = live[:blocks_per_event], []
             events.append(msgspec.Raw(encoder.encode(WireRemovedMap(gone))))
-        payloads.append(encoder.encode(WireBatchMap(time.time(), events, 0)))
+        payloads.append(encoder.encode(WireBatchArray(time.time(), events, 0)))
     stream = subs.streams["ep"]
     for _ in range(200):  # the slow joiner: wait until a probe batch arrives
-        await pub.send_multipart([b"", encode_seq(0), encoder.encode(WireBatchMap(0.0, [], 0))])
+        await pub.send_multipart([b"", encode_seq(0), encoder.encode(WireBatchArray(0.0, [], 0))])
         await asyncio.sleep(0.01)
         if stream.counters.decoded:
             break

@@ -17,7 +17,8 @@ shows more; a scrape sent before the relay is not judged (it may count the token
 A scrape not believed is stored with the last believable scrape's timestamp (so after
 ``staleness_s`` of that the endpoint is stale) and, once that lasts ``frozen_after_s``,
 the endpoint is marked frozen until its counter moves again (or ``frozen_recheck_s``
-passed: then it is given another chance).
+passed: then it is given another chance). An ejection forgets the relays before it: they
+are not checked against whatever answers after the outage.
 """
 
 from __future__ import annotations
@@ -121,6 +122,9 @@ class Collector:
         if not health.scrape_ejected and health.consecutive_failures >= self.settings.eject_after:
             health.scrape_ejected = True
             health.sync()
+            # Relays before an outage are not checked against whatever answers after it:
+            # a restarted server counts from 0 and may stand exactly on the check.
+            endpoint.inflight.token_check = None
             log.warning(
                 "endpoint %s (%s) ejected after %d failed scrapes: %s",
                 endpoint.name,
