@@ -339,14 +339,26 @@ def test_cost_per_million_tokens_busy_and_fleet() -> None:
         done(0.0, 0.5, 1.0, 100, 10, 0, 0),
         done(1.0, 1.5, 2.0, 300, 10, 0, 1),
     ]
-    # Endpoint 0 costs 3.6 $/h and was busy 1,000 s; endpoint 1 7.2 $/h, busy 500 s.
-    costs = cost_summary(records, [3.6, 7.2], [1000.0, 500.0])
+    # Endpoint 0 costs 3.6 $/h and was busy 1,000 s; endpoint 1 7.2 $/h, busy 500 s, of
+    # a run of 2,000 s.
+    costs = cost_summary(records, [3.6, 7.2], [1000.0, 500.0], 2000.0)
     assert costs["cost_per_1m_output_tokens"] == pytest.approx((1.0 + 1.0) / 400 * 1e6)
     # Fleet: 10.8 $/h over the arrival window [0, 1] s, over the tokens emitted within
     # it: the first request's 100 (the second's first token comes at 1.5 s).
     assert costs["fleet_cost_per_1m_output_tokens"] == pytest.approx(10.8 / 3600 / 100 * 1e6)
-    assert costs["busy_fraction"] == pytest.approx(1500.0 / (2 * 2.0))
-    assert cost_summary([not_done(0.0, 429)], [1.0], [0.0])["cost_per_1m_output_tokens"] is None
+    assert costs["busy_fraction"] == pytest.approx(1500.0 / (2 * 2000.0))
+    assert (
+        cost_summary([not_done(0.0, 429)], [1.0], [0.0], 1.0)["cost_per_1m_output_tokens"] is None
+    )
+
+
+def test_busy_fraction_counts_the_whole_span_of_a_cut_run() -> None:
+    """A run cut at its horizon: its engines kept working on a request that never
+    completed, after the last completion (the busy fraction read over 100 % when its
+    denominator was the last completion)."""
+    records = [done(0.0, 0.5, 1.0, 100, 10, 0, 0), not_done(0.5, 0)]
+    costs = cost_summary(records, [1.0], [3.0], 4.0)  # busy 3 s of a 4 s horizon
+    assert costs["busy_fraction"] == pytest.approx(0.75)
 
 
 def test_by_accelerator_groups_endpoints_of_a_class() -> None:
@@ -356,13 +368,18 @@ def test_by_accelerator_groups_endpoints_of_a_class() -> None:
         done(0.0, 0.75, 1.0, 10, 10, 0, 2),
         not_done(0.5, 429),
     ]
-    classes = by_accelerator(records, ["h100", "a100", "a100"], [4.0, 2.0, 2.0], [1.0, 1.0, 1.0])
+    classes = by_accelerator(
+        records, ["h100", "a100", "a100"], [4.0, 2.0, 2.0], [1.0, 1.0, 1.0], 1.0
+    )
     assert set(classes) == {"h100", "a100"}
     assert (classes["a100"]["requests"], classes["a100"]["endpoints"]) == (2, 2)
     assert classes["h100"]["ttft_s"]["p90"] == pytest.approx(0.25)
     assert classes["a100"]["cost_per_1m_output_tokens"] == pytest.approx(4.0 / 3600 / 20 * 1e6)
     # Unpriced (or no busy times, as over HTTP): the breakdown without costs.
-    plain = by_accelerator(records, ["h100", "a100", "a100"], [4.0, None, 2.0], [1.0] * 3)
+    plain = by_accelerator(records, ["h100", "a100", "a100"], [4.0, None, 2.0], [1.0] * 3, 1.0)
     assert "cost_per_1m_output_tokens" not in plain["a100"]
-    assert "cost_per_1m_output_tokens" not in by_accelerator(records, ["h", "a", "a"], (), ())["a"]
-    assert by_accelerator(records, ["h100"] * 3, [1.0] * 3, [1.0] * 3) == {}
+    assert (
+        "cost_per_1m_output_tokens"
+        not in by_accelerator(records, ["h", "a", "a"], (), (), 1.0)["a"]
+    )
+    assert by_accelerator(records, ["h100"] * 3, [1.0] * 3, [1.0] * 3, 1.0) == {}

@@ -163,11 +163,15 @@ def by_class(records: Sequence[Record]) -> dict[str, dict[str, Any]]:
 
 
 def cost_summary(
-    records: Sequence[Record], costs: Sequence[float], busy_s: Sequence[float]
+    records: Sequence[Record], costs: Sequence[float], busy_s: Sequence[float], span_s: float
 ) -> dict[str, float | None]:
     """Busy and fleet cost per 1M output tokens (see the module docstring) of endpoints
-    costing ``costs`` USD/hour whose engines were busy ``busy_s`` seconds; the records
-    are the requests they served. None where no token was produced."""
+    costing ``costs`` USD/hour whose engines were busy ``busy_s`` seconds of the run's
+    ``span_s`` (s from its start to its end: the last completion, or the horizon when the
+    run was cut); the records are the requests they served. None where no token was
+    produced. ``busy_fraction`` is the busy time over ``span_s`` per engine (measured over
+    the last completion instead, it passed 100 % when a cut run's engines kept working on
+    requests that never completed)."""
     done = [r for r in records if r.completed]
     total_tokens = sum(r.output_tokens for r in done)
     start, end = arrival_window(records)
@@ -179,9 +183,7 @@ def cost_summary(
         "fleet_cost_per_1m_output_tokens": (
             fleet_cost / window_tokens * 1e6 if window_tokens else None
         ),
-        "busy_fraction": (
-            sum(busy_s) / (len(busy_s) * max(r.finish for r in done)) if done else None
-        ),
+        "busy_fraction": sum(busy_s) / (len(busy_s) * span_s) if busy_s and span_s > 0 else None,
     }
 
 
@@ -190,11 +192,12 @@ def by_accelerator(
     accelerators: Sequence[str],
     costs: Sequence[float | None],
     busy_s: Sequence[float],
+    span_s: float,
 ) -> dict[str, dict[str, Any]]:
     """Per hardware class (``accelerators[i]`` is endpoint *i*'s): the metrics of the
     requests its endpoints served (:func:`summarize`), with its cost when every endpoint
-    of it has one and ``busy_s`` is given. Requests no endpoint took (refused) are in no
-    class. Empty for a pool of one class."""
+    of it has one and ``busy_s`` is given (``span_s`` as for :func:`cost_summary`).
+    Requests no endpoint took (refused) are in no class. Empty for a pool of one class."""
     if len(set(accelerators)) < 2:
         return {}
     out: dict[str, dict[str, Any]] = {}
@@ -205,7 +208,7 @@ def by_accelerator(
         block["endpoints"] = len(members)
         prices = [c for i in members if i < len(costs) and (c := costs[i]) is not None]
         if busy_s and len(prices) == len(members):
-            block.update(cost_summary(served, prices, [busy_s[i] for i in members]))
+            block.update(cost_summary(served, prices, [busy_s[i] for i in members], span_s))
         out[cls] = block
     return out
 

@@ -192,7 +192,9 @@ def hardware_tables(results: dict[str, Any]) -> list[str]:
             "Goodput: requests/s completed within the arrival window meeting their SLOs. "
             "Cost per 1M output tokens in USD: *busy* charges each endpoint's price for the "
             "time its engine was in iterations (idle servers released), *fleet* every "
-            "endpoint for the whole arrival window.",
+            "endpoint for the whole arrival window. *Busy* (last column): the engines' "
+            "time in iterations over the run, from its start to its end (the last "
+            "completion, or the horizon of a cut run).",
             "",
             f"| {unit} | policy | SLO | goodput rps | busy $/1M out | fleet $/1M out | busy |",
             "|---|---|---|---|---|---|---|",

@@ -164,10 +164,12 @@ def entry_from_records(
     metrics = summarize(records)
     metrics["by_class"] = by_class(records)
     if accelerators:
-        metrics["by_accelerator"] = by_accelerator(records, accelerators, costs, busy_s)
+        metrics["by_accelerator"] = by_accelerator(
+            records, accelerators, costs, busy_s, simulated_s
+        )
     priced = [c for c in costs if c is not None]
     if busy_s and costs and len(priced) == len(costs):
-        metrics.update(cost_summary(records, priced, busy_s))
+        metrics.update(cost_summary(records, priced, busy_s, simulated_s))
     loads = replica_loads(records, scenario.replicas)
     metrics["engine_prefix_hit_rate"] = prefix_hits / prefix_queries if prefix_queries else 0.0
     metrics["preemptions"] = preemptions
