@@ -7,6 +7,10 @@ replica setting (count and state), the scenario's headline number
 Critical mean TTFT) as median [min–max] over the seeds, and beside it the same for its
 difference from one replica *of the same seed* (same arrivals): relative for the hit rate
 and TTFT, in points for attainment, plus how many seeds met the goal.
+
+``--noise DIR...`` adds the yardstick: one-replica runs of the same seeds made with
+``--decision-seed`` (the same arrivals, other draws of the gateway), each compared with its
+seed's one-replica run as the replica runs are: how far one replica moves from itself.
 """
 
 from __future__ import annotations
@@ -90,12 +94,71 @@ def summary(documents: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def noise_summary(documents: Sequence[dict[str, Any]], noise: Sequence[dict[str, Any]]) -> str:
+    """The noise table: per policy and level, each ``noise`` run's difference from the
+    one-replica run of its seed in ``documents`` (in the replica table's unit), and the
+    largest of them in size."""
+    scenario = documents[0]["scenario"]
+    headline = HEADLINES.get(scenario)
+    if headline is None:
+        raise ValueError(f"scenario {scenario!r} has no replica headline")
+    if any(d["scenario"] != scenario for d in noise):
+        raise ValueError("the noise runs are of another scenario")
+    points = scenario == "slo-mixed"
+
+    def one_replica(r: dict[str, Any]) -> bool:
+        flow = bool(r.get("flow_control")) == headline.flow_control
+        return flow and r.get("gateway_replicas", 1) == 1
+
+    base: dict[tuple[int, str, float], float] = {}
+    for doc in documents:
+        for r in filter(one_replica, doc["runs"]):
+            value = headline.value(r["metrics"])
+            if value is not None:
+                base[(int(doc["seed"]), r["policy"], float(r["load"]))] = value
+    deltas: dict[tuple[str, float], list[tuple[int, int, float]]] = {}
+    for doc in noise:
+        if doc.get("decision_seed") is None:
+            raise ValueError(f"seed {doc['seed']}: a noise run needs --decision-seed")
+        for r in filter(one_replica, doc["runs"]):
+            value = headline.value(r["metrics"])
+            one = base.get((int(doc["seed"]), r["policy"], float(r["load"])))
+            if value is None or one is None:
+                continue
+            delta = value - one if points else (value / one - 1 if one else 0.0)
+            deltas.setdefault((r["policy"], float(r["load"])), []).append(
+                (int(doc["seed"]), int(doc["decision_seed"]), delta * 100)
+            )
+    unit = "points" if points else "%"
+    lines = [
+        f"| policy | load | one replica, another decision seed: vs its seed's run ({unit}) "
+        "| largest |",
+        "|---|---|---|---|",
+    ]
+    for (policy, load), found in sorted(deltas.items()):
+        each = ", ".join(f"{d:+.1f} (seed {s}, decisions {k})" for s, k, d in sorted(found))
+        largest = max(abs(d) for _, _, d in found)
+        lines.append(f"| {policy} | {load:g} | {each} | {largest:.1f} |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("dirs", nargs="+", help="folders holding a results.json each")
+    parser.add_argument(
+        "--noise",
+        nargs="+",
+        default=[],
+        metavar="DIR",
+        help="one-replica runs of the same seeds with --decision-seed",
+    )
     args = parser.parse_args(argv)
     documents = [json.loads((Path(d) / "results.json").read_text()) for d in args.dirs]
     print(summary(documents))
+    if args.noise:
+        noise = [json.loads((Path(d) / "results.json").read_text()) for d in args.noise]
+        print()
+        print(noise_summary(documents, noise))
     return 0
 
 

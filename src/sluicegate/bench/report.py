@@ -62,7 +62,12 @@ def markdown(results: dict[str, Any], scenario: Scenario, command: str) -> str:
         scenario.description + ".",
         "",
         f"Pool: {pool}; {results['duration_s']:g} s of arrivals per "
-        f"level; mode `{results['mode']}`; seed {results['seed']}.",
+        f"level; mode `{results['mode']}`; seed {results['seed']}"
+        + (
+            f", the gateways' draws from decision seed {results['decision_seed']}."
+            if results.get("decision_seed") is not None
+            else "."
+        ),
         "",
         "```",
         command,

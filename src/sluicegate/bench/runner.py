@@ -9,7 +9,7 @@ a discrete-event run also records its gateway replicas (``gateway_replicas``,
 service, ``own`` when each replica trains its own, ``none`` when the policy has none;
 ``replica_model_sync_ms``, the training service's sync period (None without one), and
 ``replica_sharing``: what shared replicas exchanged, the training service's counts
-included).
+included); a document run with ``--decision-seed`` records it as ``decision_seed``.
 """
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ class RunPlan:
     seed: int = 0
     flow_control: tuple[bool, ...] = (False,)
     """Run each policy with flow control off, on, or both."""
+    decision_seed: int | None = None
+    """Seed of the gateways' own random draws (None: :attr:`seed`); see
+    :attr:`~sluicegate.bench.des_spec.ClusterSpec.decision_seed`."""
     kv_event_delay_s: float = DEFAULT_DELAY_S
     """Lag of the precise index behind the engines' caches (runs with KV events)."""
     gateways: tuple[ReplicaSettings, ...] = (ReplicaSettings(),)
@@ -65,9 +68,11 @@ def cluster_spec(
     flow_control: bool = False,
     kv_event_delay_s: float = DEFAULT_DELAY_S,
     gateways: ReplicaSettings | None = None,
+    decision_seed: int | None = None,
 ) -> ClusterSpec:
     """The simulated cluster of ``scenario`` routed by ``policy``; ``seed`` seeds the
-    cluster's own randomness (the workload takes its seed separately)."""
+    cluster's own randomness (the workload takes its seed separately), ``decision_seed``
+    the gateways' draws (None: ``seed``)."""
     picker, predictor = policy_config(policy)
     return ClusterSpec(
         profile=scenario.profile,
@@ -83,6 +88,7 @@ def cluster_spec(
         kv_event_delay_s=kv_event_delay_s,
         connections=client_connections(policy),
         gateways=gateways or ReplicaSettings(),
+        decision_seed=decision_seed,
     )
 
 
@@ -95,9 +101,12 @@ def run_level(
     flow_control: bool = False,
     kv_event_delay_s: float = DEFAULT_DELAY_S,
     gateways: ReplicaSettings | None = None,
+    decision_seed: int | None = None,
 ) -> RunResult:
     """One simulated run of ``policy`` at load ``level``."""
-    spec = cluster_spec(scenario, policy, seed, flow_control, kv_event_delay_s, gateways)
+    spec = cluster_spec(
+        scenario, policy, seed, flow_control, kv_event_delay_s, gateways, decision_seed
+    )
     sim = ClusterSimulation(spec)
     workload = scenario.workload(level, duration_s, seed)
     return sim.run(workload, horizon_s=duration_s * (1.0 + scenario.drain_factor))
@@ -242,6 +251,7 @@ def run_plan(plan: RunPlan, progress: Progress | None = None) -> dict[str, Any]:
             flow_control,
             plan.kv_event_delay_s,
             gateways,
+            plan.decision_seed,
         )
         entry = run_entry(plan.scenario, policy, level, result, time.perf_counter() - started)
         entry["flow_control"] = flow_control
@@ -268,6 +278,8 @@ def results_document(plan: RunPlan, runs: list[dict[str, Any]], mode: str) -> di
     }
     if mode == "des":
         document["kv_event_delay_s"] = plan.kv_event_delay_s
+        if plan.decision_seed is not None:
+            document["decision_seed"] = plan.decision_seed
     if s.dataset == "sharegpt":
         loaded = sharegpt.load()
         document["dataset"] = {

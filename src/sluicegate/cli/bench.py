@@ -46,6 +46,15 @@ def add_parser(sub: Subparsers) -> None:
     )
     run.add_argument("--duration", type=float, default=None, help="seconds of arrivals")
     run.add_argument("--seed", type=int, default=0)
+    run.add_argument(
+        "--decision-seed",
+        type=int,
+        default=None,
+        metavar="N",
+        help="--mode des: seed of the gateways' own random draws (ties between equal "
+        "scores, random picks; default --seed): the same arrivals routed with other draws "
+        "show how much of a difference between runs is noise",
+    )
     run.add_argument("--quick", action="store_true", help="a reduced run (under a minute)")
     run.add_argument(
         "--flow-control",
@@ -265,6 +274,8 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
         return fail(str(exc))
     if args.time_scale is not None and args.mode != "http":
         return fail("--time-scale applies to --mode http only")
+    if args.decision_seed is not None and args.mode != "des":
+        return fail("--decision-seed applies to --mode des only")
     if args.kv_event_delay_ms is not None and args.mode != "des":
         return fail("--kv-event-delay-ms applies to --mode des only")
     if args.kv_event_delay_ms is not None and not 0 <= args.kv_event_delay_ms <= 60_000:
@@ -320,7 +331,9 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
         return fail("no policy to run")
     flow = {"off": (False,), "on": (True,), "both": (False, True)}
     flow_control = flow[args.flow_control] if args.flow_control else scenario.flow_control
-    plan = RunPlan(scenario, policies, levels, duration, args.seed, flow_control)
+    plan = RunPlan(
+        scenario, policies, levels, duration, args.seed, flow_control, args.decision_seed
+    )
     if args.kv_event_delay_ms is not None:
         plan = replace(plan, kv_event_delay_s=args.kv_event_delay_ms / 1000.0)
     if gateways is not None:
