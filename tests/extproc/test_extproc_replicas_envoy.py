@@ -117,9 +117,7 @@ async def stack(workdir: Path) -> AsyncIterator[Stack]:
     servers = [("127.0.0.1", int(url.rsplit(":", 1)[1])) for url in sims.urls]
     listeners = [
         ListenerSpec("main", port),
-        ListenerSpec(
-            "open", open_port, failure_mode_allow=True, fallback_cluster="pool_fallback"
-        ),
+        ListenerSpec("open", open_port, failure_mode_allow=True, fallback_cluster="pool_fallback"),
     ]
     cfg = config(
         free_port(),
@@ -244,4 +242,3 @@ async def test_sigterm_of_one_picker_under_load_loses_nothing(stack: Stack) -> N
     assert await asyncio.to_thread(victim.proc.wait, 15) == 0
     assert [o for o in outcomes if o.status != 200] == []
     assert await asyncio.to_thread(stack.envoy.healthy_hosts, "sluicegate_epp") == 1
-
