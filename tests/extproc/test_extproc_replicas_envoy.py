@@ -205,16 +205,26 @@ async def load(
     return list(await asyncio.gather(*tasks))
 
 
+def ejections(s: Stack) -> int:
+    """Pickers Envoy's outlier detection took out for local-origin failures, so far."""
+    name = (
+        "cluster.sluicegate_epp.outlier_detection."
+        "ejections_enforced_consecutive_local_origin_failure"
+    )
+    return s.envoy.stats(name).get(name, 0)
+
+
 async def test_sigkill_of_one_picker_moves_streams_to_the_other(stack: Stack) -> None:
     victim = stack.pickers[0]
     outcomes = await load(stack, 200, 3.0, victim.proc.kill)
     assert victim.proc.wait(5) == -signal.SIGKILL
     failed = [o for o in outcomes if o.status != 200]
-    # Fail-closed: a request whose stream was on the killed picker, or sent to it before
-    # the health check marked it down, gets Envoy's 500; nothing else fails.
+    # Fail-closed: a request whose stream was on the killed picker, or that met its refused
+    # connection, gets Envoy's 500; the refusal ejects the picker; nothing else fails.
     assert all(3.0 - 0.1 <= o.sent_at <= 3.0 + DETECTION_S for o in failed), failed
     assert all(o.status == 500 for o in failed)
     assert len(failed) <= LOST_AT_KILL, failed
+    assert await asyncio.to_thread(ejections, stack) >= 1
     assert await asyncio.to_thread(stack.envoy.healthy_hosts, "sluicegate_epp") == 1
     print(f"SIGKILL: {len(failed)} of {len(outcomes)} failed")
     # Restarted on its port, it takes streams again.
