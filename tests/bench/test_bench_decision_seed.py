@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from sluicegate import cli
+from sluicegate.bench.des_sharing import ReplicaSettings
 from sluicegate.bench.des_spec import RunResult
 from sluicegate.bench.replica_seeds import noise_summary
-from sluicegate.bench.runner import run_level
+from sluicegate.bench.runner import cluster_spec, run_level
 from sluicegate.bench.scenarios import get_scenario
 
 
@@ -19,6 +20,27 @@ def run(policy: str, decision_seed: int | None) -> RunResult:
     """Open-loop arrivals (a chat's next turn would wait for the previous answer)."""
     scenario = get_scenario("slo-mixed").quick_variant()
     return run_level(scenario, policy, 20.0, 3.0, 0, decision_seed=decision_seed)
+
+
+def test_the_decision_seed_leaves_the_cluster_seed_alone() -> None:
+    scenario = get_scenario("slo-mixed").quick_variant()
+    spec = cluster_spec(scenario, "random", 0, decision_seed=101)
+    assert (spec.seed, spec.decision_seed) == (0, 101)
+
+
+def test_every_replica_of_a_run_takes_its_draws_from_the_decision_seed() -> None:
+    def replicas(decision_seed: int | None) -> RunResult:
+        scenario = get_scenario("slo-mixed").quick_variant()
+        two = ReplicaSettings(2, "independent")
+        return run_level(
+            scenario, "random", 20.0, 3.0, 0, gateways=two, decision_seed=decision_seed
+        )
+
+    base, other = replicas(None), replicas(101)
+    assert [r.arrival for r in base.records] == [r.arrival for r in other.records]
+    # replica 1 (every other request, round-robin) moves too, not only replica 0
+    odd = [(a.endpoint, b.endpoint) for a, b in zip(base.records, other.records, strict=True)]
+    assert sum(x != y for x, y in odd[1::2]) > len(odd) // 8
 
 
 def test_the_run_seed_is_the_default_decision_seed() -> None:
@@ -29,8 +51,10 @@ def test_the_run_seed_is_the_default_decision_seed() -> None:
     ]
 
 
-def test_another_decision_seed_routes_the_same_arrivals_otherwise() -> None:
-    base, other = run("random", None), run("random", 101)
+@pytest.mark.parametrize("policy", ["random", "kube-service"])
+def test_another_decision_seed_routes_the_same_arrivals_otherwise(policy: str) -> None:
+    """The plugins' draws, and the per-connection balancer's of ``kube-service``."""
+    base, other = run(policy, None), run(policy, 101)
     # the workload and the engines keep the run's seed: the same requests arrive ...
     assert [(r.arrival, r.prompt_tokens) for r in base.records] == [
         (r.arrival, r.prompt_tokens) for r in other.records
@@ -61,9 +85,12 @@ def test_cli_refuses_a_decision_seed_outside_the_simulation(
 
 
 def test_noise_table_compares_each_decision_seed_with_its_own_seed() -> None:
-    def doc(seed: int, attainment: float, decisions: int | None = None) -> dict[str, object]:
+    def doc(
+        seed: int, attainment: float, decisions: int | None = None, duration: float = 600.0
+    ) -> dict[str, object]:
         run = {"policy": "default", "load": 85, "metrics": {"slo_attainment": attainment}}
         out: dict[str, object] = {"scenario": "slo-mixed", "seed": seed, "runs": [run]}
+        out |= {"mode": "des", "duration_s": duration, "kv_event_delay_s": 0.005}
         if decisions is not None:
             out["decision_seed"] = decisions
         return out
@@ -73,5 +100,11 @@ def test_noise_table_compares_each_decision_seed_with_its_own_seed() -> None:
     row = next(line for line in table.splitlines() if line.startswith("| default"))
     assert "+0.9 (seed 0, decisions 101), -1.8 (seed 1, decisions 102)" in row
     assert row.endswith("| 1.8 |")
-    with pytest.raises(ValueError, match="needs --decision-seed"):
+    with pytest.raises(ValueError, match="needs another --decision-seed"):
         noise_summary(base, [doc(0, 0.795)])
+    with pytest.raises(ValueError, match="needs another --decision-seed"):
+        noise_summary(base, [doc(0, 0.795, 0)])
+    with pytest.raises(ValueError, match="not run as the replica runs were"):
+        noise_summary(base, [doc(0, 0.795, 101, duration=120.0)])
+    with pytest.raises(ValueError, match="without --decision-seed"):
+        noise_summary([doc(0, 0.786, 101)], [doc(0, 0.795, 202)])

@@ -140,8 +140,10 @@ class ClusterSimulation:
         """The client's connections (``spec.connections``); None: per-request routing."""
         self._sender: ClientSender[RequestSpec] | None = None
         if spec.connections is not None:
-            # Its own stream, so that the policy's draws do not shift the backends'.
-            rng = random.Random(f"connections-{spec.seed}")
+            # Its own stream, so that the policy's draws do not shift the backends'; a
+            # routing draw like the gateways' (the baseline's balancer), so the decision seed.
+            draws = spec.seed if spec.decision_seed is None else spec.decision_seed
+            rng = random.Random(f"connections-{draws}")
             backends = spec.replicas if spec.connections.pinned else 1  # 1: the gateway
             self.client = ConnectionPool(spec.connections, backends, rng)
             self._sender = ClientSender(self.client)

@@ -44,9 +44,10 @@ from sluicegate.requestcontrol.models import ModelTable
 from sluicegate.scheduling.config import build_scheduler
 
 SEED_STRIDE = 7919
-"""Replica *g*'s plugins draw from seed ``seed + g × SEED_STRIDE``: independent processes
-do not share a random stream (replica 0 keeps the run's seed, so one replica is the
-single-gateway run exactly)."""
+"""Replica *g*'s plugins draw from seed ``decision seed + g × SEED_STRIDE`` (the decision
+seed defaults to the run's): independent processes do not share a random stream (replica
+0 keeps the decision seed, so one replica is the single-gateway run exactly, and one
+replica with decision seed ``seed + g × SEED_STRIDE`` draws as replica *g* does)."""
 
 
 class QueueOwner(Protocol):

@@ -105,10 +105,11 @@ class ClusterSpec:
     staleness_s: float = 1.0
     seed: int = 0
     decision_seed: int | None = None
-    """Seed of the gateways' plugins (ties between equal scores, random picks; replica
-    *g* adds *g* × ``SEED_STRIDE``); None: :attr:`seed`. Another decision seed routes the
-    same arrivals, engines and sharing channel with other draws: the run-to-run noise of
-    a scenario, apart from any change of policy."""
+    """Seed of the routing's own draws: the gateways' plugins (ties between equal scores,
+    random picks; replica *g* adds *g* × ``SEED_STRIDE``) and the ``kube-service``
+    baseline's choice of backend per connection; None: :attr:`seed`. Another decision seed
+    routes the same arrivals, engines and sharing channel with other draws: the run-to-run
+    noise of a scenario, apart from any change of policy."""
     flow_control: bool = False
     """Queue requests in the gateway while the pool is saturated (the pool annotation)."""
     predictor: Literal["none", "model", "oracle"] = "none"

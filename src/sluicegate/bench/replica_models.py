@@ -110,7 +110,11 @@ def _replica_stats(model: HardwareAwarePredictor) -> ModelStats:
 def run_variant(variant: Variant, qps: float, seed: int) -> VariantRun:
     scenario = get_scenario(SCENARIO)
     spec = cluster_spec(
-        scenario, POLICY, seed + variant.plugin_seed_offset, gateways=variant.gateways
+        scenario,
+        POLICY,
+        seed,
+        gateways=variant.gateways,
+        decision_seed=seed + variant.plugin_seed_offset if variant.plugin_seed_offset else None,
     )
     started = time.perf_counter()
     sim = ClusterSimulation(spec)

@@ -105,6 +105,17 @@ def noise_summary(documents: Sequence[dict[str, Any]], noise: Sequence[dict[str,
     if any(d["scenario"] != scenario for d in noise):
         raise ValueError("the noise runs are of another scenario")
     points = scenario == "slo-mixed"
+    setting = {(d["mode"], d["duration_s"], d.get("kv_event_delay_s")) for d in documents}
+    if any(d.get("decision_seed") is not None for d in documents):
+        raise ValueError("the replica runs are to be made without --decision-seed")
+    for doc in noise:
+        if doc.get("decision_seed") is None or doc["decision_seed"] == doc["seed"]:
+            raise ValueError(f"seed {doc['seed']}: a noise run needs another --decision-seed")
+        if (doc["mode"], doc["duration_s"], doc.get("kv_event_delay_s")) not in setting:
+            raise ValueError(
+                f"seed {doc['seed']}, decisions {doc['decision_seed']}: not run as the "
+                "replica runs were (mode, duration, KV-event delay)"
+            )
 
     def one_replica(r: dict[str, Any]) -> bool:
         flow = bool(r.get("flow_control")) == headline.flow_control
@@ -118,14 +129,12 @@ def noise_summary(documents: Sequence[dict[str, Any]], noise: Sequence[dict[str,
                 base[(int(doc["seed"]), r["policy"], float(r["load"]))] = value
     deltas: dict[tuple[str, float], list[tuple[int, int, float]]] = {}
     for doc in noise:
-        if doc.get("decision_seed") is None:
-            raise ValueError(f"seed {doc['seed']}: a noise run needs --decision-seed")
         for r in filter(one_replica, doc["runs"]):
             value = headline.value(r["metrics"])
             one = base.get((int(doc["seed"]), r["policy"], float(r["load"])))
-            if value is None or one is None:
-                continue
-            delta = value - one if points else (value / one - 1 if one else 0.0)
+            if value is None or one is None or (not points and not one):
+                continue  # (a relative change from nothing is no number)
+            delta = value - one if points else value / one - 1
             deltas.setdefault((r["policy"], float(r["load"])), []).append(
                 (int(doc["seed"]), int(doc["decision_seed"]), delta * 100)
             )

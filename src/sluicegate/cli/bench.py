@@ -51,9 +51,10 @@ def add_parser(sub: Subparsers) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="--mode des: seed of the gateways' own random draws (ties between equal "
-        "scores, random picks; default --seed): the same arrivals routed with other draws "
-        "show how much of a difference between runs is noise",
+        help="--mode des: seed of the routing's own random draws (the gateways' ties "
+        "between equal scores and random picks, kube-service's backend per connection; "
+        "default --seed): the same arrivals routed with other draws show how much of a "
+        "difference between runs is noise",
     )
     run.add_argument("--quick", action="store_true", help="a reduced run (under a minute)")
     run.add_argument(
@@ -332,7 +333,13 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
     flow = {"off": (False,), "on": (True,), "both": (False, True)}
     flow_control = flow[args.flow_control] if args.flow_control else scenario.flow_control
     plan = RunPlan(
-        scenario, policies, levels, duration, args.seed, flow_control, args.decision_seed
+        scenario,
+        policies,
+        levels,
+        duration,
+        args.seed,
+        flow_control,
+        decision_seed=args.decision_seed,
     )
     if args.kv_event_delay_ms is not None:
         plan = replace(plan, kv_event_delay_s=args.kv_event_delay_ms / 1000.0)
