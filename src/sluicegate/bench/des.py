@@ -142,8 +142,7 @@ class ClusterSimulation:
         if spec.connections is not None:
             # Its own stream, so that the policy's draws do not shift the backends'; a
             # routing draw like the gateways' (the baseline's balancer), so the decision seed.
-            draws = spec.seed if spec.decision_seed is None else spec.decision_seed
-            rng = random.Random(f"connections-{draws}")
+            rng = random.Random(f"connections-{spec.draws_seed}")
             backends = spec.replicas if spec.connections.pinned else 1  # 1: the gateway
             self.client = ConnectionPool(spec.connections, backends, rng)
             self._sender = ClientSender(self.client)

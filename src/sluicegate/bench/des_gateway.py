@@ -107,8 +107,7 @@ class GatewayReplica:
         share = services.get(SHARED_PREFIX_SERVICE)
         self.share = share if isinstance(share, PrefixShare) else None
         """This replica's prefix outbox and sinks (shared state on), else None."""
-        base = spec.seed if spec.decision_seed is None else spec.decision_seed
-        seed = base + number * SEED_STRIDE
+        seed = spec.draws_seed + number * SEED_STRIDE
         context = PluginContext(clock, seed, services=dict(services))
         registry = default_registry()
         built = build_scheduler(config.picker, context, registry)

@@ -135,6 +135,12 @@ class ClusterSpec:
     """The gateway replicas in front of the pool, how arrivals reach them and what they
     share (one replica by default; :mod:`sluicegate.bench.des_sharing`)."""
 
+    @property
+    def draws_seed(self) -> int:
+        """The seed the routing's own draws start from: :attr:`decision_seed`, else
+        :attr:`seed`."""
+        return self.seed if self.decision_seed is None else self.decision_seed
+
 
 @dataclass(slots=True)
 class RunResult:
