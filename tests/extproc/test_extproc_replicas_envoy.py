@@ -205,6 +205,13 @@ async def load(
     return list(await asyncio.gather(*tasks))
 
 
+async def restart(s: Stack, i: int) -> None:
+    """Start picker ``i`` again on its port and wait until Envoy sees both healthy."""
+    old = s.pickers[i]
+    s.pickers[i] = await asyncio.to_thread(start_picker, s.config_path, old.log, old.grpc_port)
+    await wait_healthy(s, 2)
+
+
 def ejections(s: Stack) -> int:
     """Pickers Envoy's outlier detection took out for local-origin failures, so far."""
     name = (
@@ -227,11 +234,7 @@ async def test_sigkill_of_one_picker_moves_streams_to_the_other(stack: Stack) ->
     assert await asyncio.to_thread(ejections, stack) >= 1
     assert await asyncio.to_thread(stack.envoy.healthy_hosts, "sluicegate_epp") == 1
     print(f"SIGKILL: {len(failed)} of {len(outcomes)} failed")
-    # Restarted on its port, it takes streams again.
-    stack.pickers[0] = await asyncio.to_thread(
-        start_picker, stack.config_path, victim.log, victim.grpc_port
-    )
-    await wait_healthy(stack, 2)
+    await restart(stack, 0)  # on its port, it takes streams again
 
 
 async def test_sigkill_of_one_picker_with_fail_open_loses_nothing(stack: Stack) -> None:
@@ -246,10 +249,7 @@ async def test_sigkill_of_one_picker_with_fail_open_loses_nothing(stack: Stack) 
     assert failed == []
     assert await asyncio.to_thread(stack.envoy.healthy_hosts, "sluicegate_epp") == 1
     print(f"SIGKILL, fail-open: {len(failed)} of {len(outcomes)} failed")
-    stack.pickers[0] = await asyncio.to_thread(
-        start_picker, stack.config_path, victim.log, victim.grpc_port
-    )
-    await wait_healthy(stack, 2)
+    await restart(stack, 0)
 
 
 async def test_sigterm_of_one_picker_under_load_loses_nothing(stack: Stack) -> None:
